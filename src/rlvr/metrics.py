@@ -1,0 +1,85 @@
+"""Per-step metrics: metrics.jsonl (one JSON object per step), samples.jsonl, TensorBoard,
+and a rich progress bar. Only the writing lives here; the trainer computes the numbers."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+
+def _clean(v: Any) -> Any:
+    """JSON has no NaN/inf: write them as strings so a bad step is visible, not a parse error."""
+    if isinstance(v, float) and not math.isfinite(v):
+        return str(v)
+    return v
+
+
+class RunLogger:
+    """Appends to the run directory's jsonl files; each line is flushed when written, so a
+    crash loses at most the step in flight."""
+
+    def __init__(self, run_dir: Path, *, total_steps: int, console: Console | None = None,
+                 tensorboard: bool = True, show_progress: bool = True):
+        self.run_dir = run_dir
+        self.console = console or Console(stderr=True)
+        self._metrics = open(run_dir / "metrics.jsonl", "a")  # noqa: SIM115 (closed in close())
+        self._samples = open(run_dir / "samples.jsonl", "a")  # noqa: SIM115
+        self._tb = None
+        if tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+
+                self._tb = SummaryWriter(str(run_dir / "tensorboard"))
+            except ImportError:
+                self.console.print("[yellow]tensorboard not installed: no TensorBoard logs")
+        self.progress = Progress(
+            TextColumn("[bold]step"), MofNCompleteColumn(), BarColumn(),
+            TextColumn("{task.fields[info]}"), TimeRemainingColumn(),
+            console=self.console, disable=not show_progress, transient=False,
+        )
+        self._task = self.progress.add_task("train", total=total_steps, info="")
+        self._start = time.time()
+
+    def __enter__(self) -> RunLogger:
+        self.progress.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def log(self, step: int, metrics: dict[str, Any]) -> None:
+        row = {"step": step, **{k: _clean(v) for k, v in metrics.items()}}
+        self._metrics.write(json.dumps(row) + "\n")
+        self._metrics.flush()
+        if self._tb is not None:
+            for k, v in metrics.items():
+                if isinstance(v, (int, float)) and not isinstance(v, bool):
+                    self._tb.add_scalar(k, v, step)
+        info = (f"reward {metrics.get('reward/mean', 0):+.3f}  acc {metrics.get('accuracy', 0):.3f}"
+                f"  ent {metrics.get('entropy', 0):.3f}  tok/s {metrics.get('tokens_per_s', 0):.0f}")
+        if "eval/accuracy" in metrics:
+            info += f"  eval {metrics['eval/accuracy']:.3f}"
+        self.progress.update(self._task, completed=step, info=info)
+
+    def samples(self, step: int, rows: list[dict[str, Any]]) -> None:
+        for r in rows:
+            self._samples.write(json.dumps({"step": step, **r}) + "\n")
+        self._samples.flush()
+
+    def message(self, text: str) -> None:
+        self.progress.console.print(text)
+
+    def close(self) -> None:
+        self.progress.stop()
+        for f in (self._metrics, self._samples):
+            if not f.closed:
+                f.close()
+        if self._tb is not None:
+            self._tb.close()
+            self._tb = None

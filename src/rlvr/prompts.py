@@ -1,0 +1,106 @@
+"""Prompts for a run, from a built-in task or a dataset file, rendered and tokenized once.
+
+Either source yields `Prompt`s with the chat-rendered text, its token ids, the reference
+answer and the raw example; the accuracy reward sees the same answer string either way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from rlvr.config import Config, ConfigError
+
+EVAL_SEED = 1234  # the held-out set is the same for every run of a task, whatever train.seed
+
+
+@dataclass(frozen=True)
+class Prompt:
+    text: str
+    ids: list[int]
+    answer: str
+    example: Any
+    columns: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class PromptSource:
+    """Training prompts, held-out prompts, and the task (None for a dataset file)."""
+
+    train: list[Prompt]
+    eval: list[Prompt]
+    task: Any | None
+    name: str
+
+
+def render_messages(messages: list[dict], tokenizer) -> tuple[str, list[int]]:
+    """Chat template when the tokenizer has one (it holds the special tokens itself, so none
+    are added again); otherwise the plain contents with the tokenizer's own special tokens."""
+    if getattr(tokenizer, "chat_template", None):
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        return text, tokenizer(text, add_special_tokens=False)["input_ids"]
+    text = "\n".join(m["content"] for m in messages) + "\n"
+    return text, tokenizer(text)["input_ids"]
+
+
+def _from_task(cfg: Config, tokenizer) -> PromptSource:
+    from rlvr.tasks import TASKS
+
+    task = TASKS[cfg.data.task]
+
+    def build(split: str, n: int, seed: int) -> list[Prompt]:
+        out = []
+        for ex in task.make_examples(split, n, seed):
+            messages = task.prompt_messages(ex)
+            if cfg.data.system_prompt:
+                messages = [{"role": "system", "content": cfg.data.system_prompt}, *messages]
+            text, ids = render_messages(messages, tokenizer)
+            out.append(Prompt(text=text, ids=ids, answer=ex.answer, example=ex))
+        return out
+
+    return PromptSource(train=build("train", cfg.data.train_size, cfg.train.seed),
+                        eval=build("test", cfg.train.eval_size, EVAL_SEED),
+                        task=task, name=cfg.data.task)
+
+
+def _from_dataset(cfg: Config, tokenizer) -> PromptSource:
+    from rlvr.data import load_prompt_dataset, render_prompt
+
+    d = cfg.data
+
+    def build(path: str | None) -> list[Prompt]:
+        if path is None:
+            return []
+        rows = load_prompt_dataset(path, preset=d.preset, prompt_field=d.prompt_field,
+                                   answer_field=d.answer_field, dedup=d.dedup)
+        out = []
+        for ex in rows:
+            text = render_prompt(ex, tokenizer, template=d.prompt_template,
+                                 system_prompt=d.system_prompt)
+            special = not getattr(tokenizer, "chat_template", None)
+            ids = tokenizer(text, add_special_tokens=special)["input_ids"]
+            out.append(Prompt(text=text, ids=ids, answer=ex.answer, example=ex,
+                              columns=dict(ex.columns)))
+        return out
+
+    train = build(d.path)
+    held_out = build(d.eval_path)[: cfg.train.eval_size]
+    return PromptSource(train=train, eval=held_out, task=None, name=str(d.path))
+
+
+def load_prompts(cfg: Config, tokenizer, max_context: int | None) -> PromptSource:
+    """Build the prompts and check, before any work, that each fits the model's context."""
+    source = _from_task(cfg, tokenizer) if cfg.data.path is None else _from_dataset(cfg, tokenizer)
+    if not source.train:
+        raise ConfigError(f"data: no training prompts from {source.name}")
+    if max_context is not None:
+        budget = max_context - cfg.rollout.max_new_tokens
+        for split, prompts in (("train", source.train), ("eval", source.eval)):
+            for i, p in enumerate(prompts):
+                if len(p.ids) > budget:
+                    raise ConfigError(
+                        f"rollout.max_new_tokens: {split} prompt {i} has {len(p.ids)} tokens; with "
+                        f"max_new_tokens {cfg.rollout.max_new_tokens} it exceeds the model's "
+                        f"context of {max_context} tokens"
+                    )
+    return source

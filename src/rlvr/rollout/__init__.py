@@ -1,0 +1,9 @@
+"""Rollout engines: prompts in, a `Rollout` (ids, lengths, truncation flags) out."""
+
+from rlvr.rollout.base import Rollout, RolloutEngine, SamplingParams, lengths_from_eos
+from rlvr.rollout.hf import HFEngine, left_pad
+
+ENGINES = {"hf": HFEngine}
+
+__all__ = ["ENGINES", "HFEngine", "Rollout", "RolloutEngine", "SamplingParams", "left_pad",
+           "lengths_from_eos"]

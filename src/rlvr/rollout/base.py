@@ -1,0 +1,79 @@
+"""The rollout contract: prompts in, a typed `Rollout` out.
+
+An engine samples `n` responses for each prompt (a group of contiguous rows) and reports
+what the trainer needs to build masks from lengths, never by comparing tokens with pad_id
+(pad may equal EOS, and the EOS token is part of the response).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How one batch is sampled. `seed` makes the draw reproducible (resume replays it)."""
+
+    n: int
+    max_new_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int = 0
+    greedy: bool = False
+
+
+@dataclass(frozen=True)
+class Rollout:
+    """`B = len(prompt_ids) * n` responses; rows i*n .. i*n+n-1 answer prompt i.
+
+    prompt_ids: token ids of each row's prompt (B lists, repeated across a group).
+    completion_ids: (B, T) generated ids, right-padded with pad_id after each response.
+    lengths: (B,) generated tokens per response, EOS included.
+    truncated: (B,) True where no EOS came before max_new_tokens.
+    sampling_log_probs: (B, T) the engine's own log-probs of the sampled tokens, if it has them
+        (diagnostics only: old log-probs always come from the trainer's forward, ALGORITHMS.md §8).
+    """
+
+    prompt_ids: list[list[int]]
+    completion_ids: torch.Tensor
+    lengths: torch.Tensor
+    truncated: torch.Tensor
+    group_size: int
+    sampling_log_probs: torch.Tensor | None = None
+
+    @property
+    def response_mask(self) -> torch.Tensor:
+        """(B, T) float mask: 1 on generated tokens including EOS, 0 on padding."""
+        steps = torch.arange(self.completion_ids.shape[1], device=self.lengths.device)
+        return (steps[None, :] < self.lengths[:, None]).float()
+
+    def __len__(self) -> int:
+        return len(self.prompt_ids)
+
+
+class RolloutEngine(Protocol):
+    """What the trainer asks of an engine. The hf engine shares the policy module, so
+    `sync_weights` is a no-op there; an inference engine (vLLM) copies weights in it."""
+
+    def generate(self, prompt_ids: list[list[int]], params: SamplingParams) -> Rollout: ...
+
+    def sync_weights(self) -> None: ...
+
+
+def lengths_from_eos(completion_ids: torch.Tensor, eos_ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Response lengths (EOS included) and truncation flags from generated ids.
+
+    A row's length is the index of its first EOS + 1, or T when it has none (truncated).
+    Anything after the first EOS is padding, whatever token it holds.
+    """
+    is_eos = torch.isin(completion_ids, torch.tensor(eos_ids, device=completion_ids.device))
+    T = completion_ids.shape[1]
+    steps = torch.arange(T, device=completion_ids.device).expand_as(completion_ids)
+    first = torch.where(is_eos, steps, torch.full_like(steps, T)).min(dim=1).values
+    truncated = first == T
+    lengths = torch.where(truncated, torch.full_like(first, T), first + 1)
+    return lengths, truncated
