@@ -1,0 +1,240 @@
+"""The clipped policy-gradient loss of PPO, GRPO, DAPO and GSPO (ALGORITHMS.md §2, §3.3, §5, §6).
+
+Per valid token, with rho = exp(logp - logp_old) and bounds [1 - clip_low, 1 + clip_high]:
+
+    L_t = max(-rho A, -clip(rho, 1 - clip_low, 1 + clip_high) A)     (= -min(rho A, clip(rho) A))
+          then, if dual_clip = c and A < 0:  L_t = min(L_t, -c A)
+          plus kl_coef * KL_t                                        (KL enters with +beta)
+    loss = aggregate(L, response_mask, agg)
+
+Which bound zeroes a token's gradient (§2): the upper only when A > 0 and rho > 1 + clip_high,
+the lower only when A < 0 and rho < 1 - clip_low; dual clip only when A < 0 and rho > c.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+from .aggregate import AGGREGATIONS, AggMode, Count, aggregate
+from .kl import KL_ESTIMATORS, KLKind, kl_k3
+
+Ratio = Literal["token", "sequence"]
+
+
+@dataclass(frozen=True)
+class LossOutput:
+    """What policy_loss returns.
+
+    loss: 0-d tensor to minimise (carries the graph back to log_probs).
+    metrics: floats about this call's valid tokens (all 0.0 when there are none):
+        clip_frac_low, clip_frac_high  fraction of valid tokens whose gradient the lower /
+                                       upper bound zeroed
+        dual_clip_frac                 fraction zeroed by the dual clip (0 if off)
+        ratio_mean, ratio_max          of rho over valid tokens (GSPO: of s_i, per token)
+        kl                             mean k3 over valid tokens; present only when
+                                       ref_log_probs is given (also with kl_coef = 0).
+                                       Always k3 whatever kl_kind, so runs stay comparable.
+        log_ratio_clamped              how many log-ratios log_ratio_clamp cut (tokens for
+                                       ratio="token", sequences for ratio="sequence")
+        num_tokens                     valid tokens in this call
+      and the raw sums that combine micro-batches / ranks exactly: clip_low_count,
+      clip_high_count, dual_clip_count, ratio_sum, kl_sum (if kl). For the whole step,
+      frac = sum(count) / sum(num_tokens), ratio_mean = sum(ratio_sum) / sum(num_tokens),
+      ratio_max = max(ratio_max), log_ratio_clamped = sum(log_ratio_clamped).
+    """
+
+    loss: Tensor
+    metrics: dict[str, float]
+
+
+def _check(
+    log_probs: Tensor,
+    old_log_probs: Tensor,
+    advantages: Tensor,
+    response_mask: Tensor,
+    ref_log_probs: Tensor | None,
+) -> None:
+    shape = tuple(log_probs.shape)
+    if len(shape) != 2:
+        raise ValueError(f"log_probs must be (B, T), got {shape}")
+    for name, t in (("old_log_probs", old_log_probs), ("response_mask", response_mask)):
+        if tuple(t.shape) != shape:
+            raise ValueError(f"{name} has shape {tuple(t.shape)}, expected {shape}")
+    if ref_log_probs is not None and tuple(ref_log_probs.shape) != shape:
+        raise ValueError(f"ref_log_probs has shape {tuple(ref_log_probs.shape)}, expected {shape}")
+    if tuple(advantages.shape) not in (shape[:1], shape):
+        raise ValueError(
+            f"advantages has shape {tuple(advantages.shape)}, expected {shape[:1]} or {shape}"
+        )
+
+
+def policy_loss(
+    log_probs: Tensor,
+    old_log_probs: Tensor,
+    advantages: Tensor,
+    response_mask: Tensor,
+    *,
+    clip_low: float = 0.2,
+    clip_high: float = 0.2,
+    dual_clip: float | None = None,
+    agg: AggMode = "token_mean",
+    num_tokens: Count | None = None,
+    num_sequences: Count | None = None,
+    norm_constant: float | None = None,
+    kl_coef: float = 0.0,
+    ref_log_probs: Tensor | None = None,
+    kl_kind: KLKind = "k3",
+    ratio: Ratio = "token",
+    log_ratio_clamp: float | None = None,
+) -> LossOutput:
+    """Clipped surrogate loss (formula in the module docstring) aggregated by `agg`.
+
+    Shapes: log_probs, old_log_probs, response_mask, ref_log_probs (B, T); advantages (B,)
+    (one per response, broadcast over its tokens) or (B, T). Masked positions of every input
+    may hold garbage, NaN included: they are replaced before any arithmetic, so they reach
+    neither the loss nor the gradient. bf16/fp16 log-probs are computed in fp32.
+
+    Settings, by paper:
+      GRPO (DeepSeekMath): clip_low = clip_high = 0.2, agg="sample_mean", kl_coef 0.04.
+      DAPO (arXiv 2503.14476): clip_low 0.2, clip_high 0.28 ("clip-higher"), agg="token_mean",
+        kl_coef 0.
+      Dr. GRPO: agg="token_sum_norm" with norm_constant = max_new_tokens.
+      Dual clip (Ye et al. 2020, arXiv 1912.09729; verl clip_ratio_c = 3): for A < 0 the loss
+        is capped at -dual_clip * A, so a huge rho cannot blow up a negative-advantage token.
+        Must be > 1.
+      GSPO (arXiv 2507.18071), ratio="sequence": s_i = exp(sum_t m (logp - logp_old) / |o_i|);
+        tokens use the paper's GSPO-token ratio s_it = sg[s_i] * pi_t / sg[pi_t], equal to
+        s_i in value with gradient s_i * grad logp_t; clipping acts on s_i with the same
+        bounds (the paper uses clip_low 3e-4, clip_high 4e-4). With sequence advantages and
+        agg="sample_mean" this is exactly GSPO's gradient.
+
+    kl_coef > 0 needs ref_log_probs; the KL term is kl_coef * KL_ESTIMATORS[kl_kind] per token,
+    added before aggregation. The policy and KL gradients are those of ALGORITHMS.md §3.3:
+    per token -(w A rho) + w kl_coef (1 - pi_ref / pi_theta) for weight w of `agg`.
+
+    log_ratio_clamp = c clamps logp - logp_old (or the sequence log-ratio) to [-c, c] before
+    exp, like verl's 20; clamped entries get no gradient and are counted in the metrics.
+    Default None: no clamp (never a silent one, STYLE.md).
+
+    num_tokens / num_sequences / norm_constant go to `aggregate` (global counts for exact
+    micro-batching). Returns LossOutput; its metrics are documented there.
+    """
+    _check(log_probs, old_log_probs, advantages, response_mask, ref_log_probs)
+    if not 0.0 <= clip_low <= 1.0 or not clip_high >= 0.0:
+        raise ValueError(f"need 0 <= clip_low <= 1 and clip_high >= 0, got {clip_low}, {clip_high}")
+    if dual_clip is not None and not dual_clip > 1.0:
+        raise ValueError(f"dual_clip must be > 1 (verl uses 3), got {dual_clip}")
+    if kl_coef < 0:
+        raise ValueError(f"kl_coef must be >= 0, got {kl_coef}")
+    if kl_coef > 0 and ref_log_probs is None:
+        raise ValueError("kl_coef > 0 needs ref_log_probs")
+    if kl_kind not in KL_ESTIMATORS:
+        raise ValueError(f"unknown kl_kind {kl_kind!r}; valid: {sorted(KL_ESTIMATORS)}")
+    if ratio not in ("token", "sequence"):
+        raise ValueError(f"ratio must be 'token' or 'sequence', got {ratio!r}")
+    if agg not in AGGREGATIONS:
+        raise ValueError(f"unknown aggregation {agg!r}; valid: {sorted(AGGREGATIONS)}")
+    if log_ratio_clamp is not None and not log_ratio_clamp > 0:
+        raise ValueError(f"log_ratio_clamp must be > 0 or None, got {log_ratio_clamp}")
+
+    mask = response_mask if response_mask.dtype == torch.bool else response_mask != 0
+    dtype = torch.float32 if log_probs.dtype in (torch.float16, torch.bfloat16) else log_probs.dtype
+
+    def clean(t: Tensor) -> Tensor:
+        # Replace masked entries *before* any arithmetic: NaN * 0 is NaN, and torch.where's
+        # gradient to the unused branch is 0 only if that branch's own gradient is finite.
+        return torch.where(mask, t.to(dtype), torch.zeros((), dtype=dtype, device=t.device))
+
+    logp = clean(log_probs)
+    old = clean(old_log_probs)
+    adv = advantages.to(dtype)
+    adv = clean(adv.unsqueeze(1).expand_as(logp) if adv.dim() == 1 else adv)
+    mask_f = mask.to(dtype)
+    lengths = mask_f.sum(dim=1)  # (B,)
+
+    clamped = torch.zeros((), dtype=dtype, device=logp.device)
+    if ratio == "token":
+        log_ratio = logp - old
+        if log_ratio_clamp is not None:
+            clamped = ((log_ratio.abs() > log_ratio_clamp) & mask).sum().to(dtype)
+            log_ratio = log_ratio.clamp(-log_ratio_clamp, log_ratio_clamp)
+    else:
+        seq_log_ratio = (logp - old).sum(dim=1) / lengths.clamp_min(1)  # (B,)
+        if log_ratio_clamp is not None:
+            clamped = ((seq_log_ratio.abs() > log_ratio_clamp) & (lengths > 0)).sum().to(dtype)
+            seq_log_ratio = seq_log_ratio.clamp(-log_ratio_clamp, log_ratio_clamp)
+        # GSPO-token: value log s_i on every token, gradient that of logp_t alone.
+        log_ratio = seq_log_ratio.detach().unsqueeze(1) + logp - logp.detach()
+    rho = torch.exp(log_ratio)  # (B, T)
+
+    lo, hi = 1.0 - clip_low, 1.0 + clip_high
+    pg = torch.maximum(-rho * adv, -rho.clamp(lo, hi) * adv)
+    clip_low_hit = mask & (adv < 0) & (rho < lo)
+    clip_high_hit = mask & (adv > 0) & (rho > hi)
+    if dual_clip is not None:
+        cap = -dual_clip * adv
+        dual_hit = mask & (adv < 0) & (pg > cap)
+        pg = torch.where(adv < 0, torch.minimum(pg, cap), pg)
+    else:
+        dual_hit = torch.zeros_like(mask)
+
+    per_token = pg
+    kl3 = None
+    if ref_log_probs is not None:
+        ref = clean(ref_log_probs)
+        if kl_coef > 0:
+            per_token = per_token + kl_coef * KL_ESTIMATORS[kl_kind](logp, ref)
+        kl3 = kl_k3(logp.detach(), ref)
+
+    loss = aggregate(
+        per_token,
+        mask,
+        agg,
+        num_tokens=num_tokens,
+        num_sequences=num_sequences,
+        norm_constant=norm_constant,
+    )
+    return LossOutput(
+        loss=loss, metrics=_metrics(rho, mask, clip_low_hit, clip_high_hit, dual_hit, kl3, clamped)
+    )
+
+
+def _metrics(
+    rho: Tensor,
+    mask: Tensor,
+    clip_low_hit: Tensor,
+    clip_high_hit: Tensor,
+    dual_hit: Tensor,
+    kl3: Tensor | None,
+    clamped: Tensor,
+) -> dict[str, float]:
+    rho = rho.detach()
+    zero = torch.zeros((), dtype=rho.dtype, device=rho.device)
+    sums = {
+        "num_tokens": mask.sum().to(rho.dtype),
+        "clip_low_count": clip_low_hit.sum().to(rho.dtype),
+        "clip_high_count": clip_high_hit.sum().to(rho.dtype),
+        "dual_clip_count": dual_hit.sum().to(rho.dtype),
+        "ratio_sum": torch.where(mask, rho, zero).sum(),
+        "ratio_max": torch.where(mask, rho, zero).amax() if rho.numel() else zero,
+        "log_ratio_clamped": clamped,
+    }
+    if kl3 is not None:
+        sums["kl_sum"] = torch.where(mask, kl3, zero).sum()
+    # One device->host transfer for all metrics instead of one sync per .item().
+    values = dict(zip(sums, torch.stack(list(sums.values())).tolist()))
+    n = max(values["num_tokens"], 1.0)
+    out = {
+        "clip_frac_low": values["clip_low_count"] / n,
+        "clip_frac_high": values["clip_high_count"] / n,
+        "dual_clip_frac": values["dual_clip_count"] / n,
+        "ratio_mean": values["ratio_sum"] / n,
+    }
+    if kl3 is not None:
+        out["kl"] = values["kl_sum"] / n
+    out.update(values)
+    return out
