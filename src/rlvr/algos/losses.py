@@ -41,10 +41,10 @@ class LossOutput:
         log_ratio_clamped              how many log-ratios log_ratio_clamp cut (tokens for
                                        ratio="token", sequences for ratio="sequence")
         num_tokens                     valid tokens in this call
-      and the raw sums that combine micro-batches / ranks exactly: clip_low_count,
-      clip_high_count, dual_clip_count, ratio_sum, kl_sum (if kl). For the whole step,
-      frac = sum(count) / sum(num_tokens), ratio_mean = sum(ratio_sum) / sum(num_tokens),
-      ratio_max = max(ratio_max), log_ratio_clamped = sum(log_ratio_clamped).
+      Combining micro-batches / ranks exactly: the fractions, ratio_mean and kl are means
+      over valid tokens, so their num_tokens-weighted mean is the whole step's value;
+      ratio_max combines by max (0.0, the value of an empty call, is neutral);
+      log_ratio_clamped and num_tokens by sum (they are counts, not means).
     """
 
     loss: Tensor
@@ -214,27 +214,18 @@ def _metrics(
 ) -> dict[str, float]:
     rho = rho.detach()
     zero = torch.zeros((), dtype=rho.dtype, device=rho.device)
-    sums = {
-        "num_tokens": mask.sum().to(rho.dtype),
-        "clip_low_count": clip_low_hit.sum().to(rho.dtype),
-        "clip_high_count": clip_high_hit.sum().to(rho.dtype),
-        "dual_clip_count": dual_hit.sum().to(rho.dtype),
-        "ratio_sum": torch.where(mask, rho, zero).sum(),
+    n = mask.sum().to(rho.dtype)
+    denom = n.clamp_min(1)  # an empty call reports 0.0 everywhere
+    values = {
+        "clip_frac_low": clip_low_hit.sum() / denom,
+        "clip_frac_high": clip_high_hit.sum() / denom,
+        "dual_clip_frac": dual_hit.sum() / denom,
+        "ratio_mean": torch.where(mask, rho, zero).sum() / denom,
         "ratio_max": torch.where(mask, rho, zero).amax() if rho.numel() else zero,
         "log_ratio_clamped": clamped,
+        "num_tokens": n,
     }
     if kl3 is not None:
-        sums["kl_sum"] = torch.where(mask, kl3, zero).sum()
-    # One device->host transfer for all metrics instead of one sync per .item().
-    values = dict(zip(sums, torch.stack(list(sums.values())).tolist()))
-    n = max(values["num_tokens"], 1.0)
-    out = {
-        "clip_frac_low": values["clip_low_count"] / n,
-        "clip_frac_high": values["clip_high_count"] / n,
-        "dual_clip_frac": values["dual_clip_count"] / n,
-        "ratio_mean": values["ratio_sum"] / n,
-    }
-    if kl3 is not None:
-        out["kl"] = values["kl_sum"] / n
-    out.update(values)
-    return out
+        values["kl"] = torch.where(mask, kl3, zero).sum() / denom
+    # One device-to-host transfer for all metrics instead of a sync per .item().
+    return dict(zip(values, torch.stack(list(values.values())).tolist()))
