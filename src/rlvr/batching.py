@@ -66,8 +66,11 @@ def collate(samples: list[Sample], pad_id: int, device: torch.device | str) -> M
     lengths = torch.tensor([len(s.completion_ids) for s in samples])
     mask = (torch.arange(T)[None, :] < lengths[:, None]).float()
     return MicroBatch(
-        input_ids=ids.to(device), attention_mask=attn.to(device),
-        position_ids=position_ids.to(device), prompt_width=P, response_mask=mask.to(device),
+        input_ids=ids.to(device),
+        attention_mask=attn.to(device),
+        position_ids=position_ids.to(device),
+        prompt_width=P,
+        response_mask=mask.to(device),
         advantages=torch.tensor([s.advantage for s in samples], dtype=torch.float32, device=device),
         old_log_probs=_to(_pad_rows([s.old_log_probs for s in samples], T), device),
         ref_log_probs=_to(_pad_rows([s.ref_log_probs for s in samples], T), device),
@@ -86,8 +89,13 @@ def token_log_probs(
     completion tokens are scored by the logits at positions P-1 .. P+T-2. The sampling
     temperature is applied before the log-softmax (ALGORITHMS.md §8)."""
     T = mb.response_mask.shape[1]
-    out = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask,
-                position_ids=mb.position_ids, logits_to_keep=T + 1, use_cache=False)
+    out = model(
+        input_ids=mb.input_ids,
+        attention_mask=mb.attention_mask,
+        position_ids=mb.position_ids,
+        logits_to_keep=T + 1,
+        use_cache=False,
+    )
     logits = out.logits[:, :-1, :].float() / temperature  # (B, T, V)
     targets = mb.input_ids[:, mb.prompt_width :]  # (B, T)
     log_z = torch.logsumexp(logits, dim=-1)

@@ -63,7 +63,7 @@ class DataConfig:
     system_prompt: str | None = None
     prompt_template: str = "{question}"
     dedup: bool = False
-    train_size: int = 20000
+    train_size: int = 4000
 
 
 @dataclass(frozen=True)
@@ -220,18 +220,36 @@ SECTIONS = {f.name: f.type for f in fields(Config) if f.name != "preset"}
 # the algorithm fields are what each paper specifies (ALGORITHMS.md §3, §5, §6).
 PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     "grpo": {
-        "algo": {"advantage": "grpo", "clip_low": 0.2, "clip_high": 0.2, "kl_coef": 0.04,
-                 "kl_kind": "k3", "agg": "sample_mean"},
+        "algo": {
+            "advantage": "grpo",
+            "clip_low": 0.2,
+            "clip_high": 0.2,
+            "kl_coef": 0.04,
+            "kl_kind": "k3",
+            "agg": "sample_mean",
+        },
     },
     "dapo": {
-        "algo": {"advantage": "grpo", "clip_low": 0.2, "clip_high": 0.28, "kl_coef": 0.0,
-                 "agg": "token_mean", "dynamic_sampling": True, "overlong_filter": True,
-                 "soft_overlong": True},
+        "algo": {
+            "advantage": "grpo",
+            "clip_low": 0.2,
+            "clip_high": 0.28,
+            "kl_coef": 0.0,
+            "agg": "token_mean",
+            "dynamic_sampling": True,
+            "overlong_filter": True,
+            "soft_overlong": True,
+        },
         "reward": {"wrong_score": -1.0},
     },
     "dr_grpo": {
-        "algo": {"advantage": "dr_grpo", "clip_low": 0.2, "clip_high": 0.2, "kl_coef": 0.0,
-                 "agg": "token_sum_norm"},
+        "algo": {
+            "advantage": "dr_grpo",
+            "clip_low": 0.2,
+            "clip_high": 0.2,
+            "kl_coef": 0.0,
+            "agg": "token_sum_norm",
+        },
     },
 }
 
@@ -264,9 +282,11 @@ def _coerce(key: str, tp: Any, value: Any) -> Any:
     """Convert `value` (from YAML or a command-line string) to field type `tp`, or raise."""
     origin, args = get_origin(tp), get_args(tp)
     if origin in (typing.Union, types.UnionType):
-        if value is None or (isinstance(value, str) and value.lower() in ("none", "null", "")):
-            if type(None) in args:
-                return None
+        is_none = value is None or (
+            isinstance(value, str) and value.lower() in ("none", "null", "")
+        )
+        if is_none and type(None) in args:
+            return None
         inner = [a for a in args if a is not type(None)]
         return _coerce(key, inner[0], value)
     if origin is Literal:
@@ -320,7 +340,9 @@ def apply_changes(cfg: Config, changes: dict[str, Any], source: str) -> Config:
         if section == "preset":
             continue
         if section not in SECTIONS:
-            raise ConfigError(f"{source}: unknown section {section!r}; valid: {', '.join(SECTIONS)}")
+            raise ConfigError(
+                f"{source}: unknown section {section!r}; valid: {', '.join(SECTIONS)}"
+            )
         if not isinstance(values, dict):
             raise ConfigError(f"{source}: section {section!r} must be a mapping of keys to values")
         sub = getattr(cfg, section)
@@ -415,24 +437,40 @@ def validate(cfg: Config) -> None:
     _check(a.kl_coef >= 0, "algo.kl_coef", ">= 0", a.kl_coef)
     _check(a.mu >= 1, "algo.mu", ">= 1", a.mu)
     _check(a.mini_batches >= 1, "algo.mini_batches", ">= 1", a.mini_batches)
-    _check(r.prompts_per_step % a.mini_batches == 0, "algo.mini_batches",
-           f"a divisor of rollout.prompts_per_step ({r.prompts_per_step}) so groups stay whole",
-           a.mini_batches)
+    _check(
+        r.prompts_per_step % a.mini_batches == 0,
+        "algo.mini_batches",
+        f"a divisor of rollout.prompts_per_step ({r.prompts_per_step}) so groups stay whole",
+        a.mini_batches,
+    )
     _check(a.max_gen_batches >= 1, "algo.max_gen_batches", ">= 1", a.max_gen_batches)
-    _check(0 < a.overlong_cache < r.max_new_tokens or not a.soft_overlong, "algo.overlong_cache",
-           f"0 < overlong_cache < rollout.max_new_tokens ({r.max_new_tokens})", a.overlong_cache)
-    _check(a.log_ratio_clamp is None or a.log_ratio_clamp > 0, "algo.log_ratio_clamp",
-           "none or > 0", a.log_ratio_clamp)
-    _check(a.advantage != "grpo" or a.std != "unbiased" or r.group_size >= 2, "algo.std",
-           "population when group_size is 1", a.std)
+    _check(
+        0 < a.overlong_cache < r.max_new_tokens or not a.soft_overlong,
+        "algo.overlong_cache",
+        f"0 < overlong_cache < rollout.max_new_tokens ({r.max_new_tokens})",
+        a.overlong_cache,
+    )
+    _check(
+        a.log_ratio_clamp is None or a.log_ratio_clamp > 0,
+        "algo.log_ratio_clamp",
+        "none or > 0",
+        a.log_ratio_clamp,
+    )
+    _check(
+        a.advantage != "grpo" or a.std != "unbiased" or r.group_size >= 2,
+        "algo.std",
+        "population when group_size is 1",
+        a.std,
+    )
     _check(o.lr > 0, "optim.lr", "> 0", o.lr)
     _check(o.weight_decay >= 0, "optim.weight_decay", ">= 0", o.weight_decay)
     _check(0 <= o.beta1 < 1, "optim.beta1", "in [0, 1)", o.beta1)
     _check(0 <= o.beta2 < 1, "optim.beta2", "in [0, 1)", o.beta2)
     _check(o.warmup_steps >= 0, "optim.warmup_steps", ">= 0", o.warmup_steps)
     _check(o.max_grad_norm >= 0, "optim.max_grad_norm", ">= 0", o.max_grad_norm)
-    _check(o.micro_batch_sequences >= 1, "optim.micro_batch_sequences", ">= 1",
-           o.micro_batch_sequences)
+    _check(
+        o.micro_batch_sequences >= 1, "optim.micro_batch_sequences", ">= 1", o.micro_batch_sequences
+    )
     _check(t.max_steps >= 0, "train.max_steps", ">= 0", t.max_steps)
     _check(t.eval_size >= 0, "train.eval_size", ">= 0", t.eval_size)
     _check(t.eval_samples >= 1, "train.eval_samples", ">= 1", t.eval_samples)
@@ -441,13 +479,21 @@ def validate(cfg: Config) -> None:
     _check(t.keep_checkpoints >= 1, "train.keep_checkpoints", ">= 1", t.keep_checkpoints)
     _check(cfg.reward.format_weight >= 0, "reward.format_weight", ">= 0", cfg.reward.format_weight)
     for item in cfg.reward.extra:
-        _check(bool(re.fullmatch(r"[^=]+=[-+0-9.eE]+", item)), "reward.extra",
-               "entries of the form name=weight", item)
+        _check(
+            bool(re.fullmatch(r"[^=]+=[-+0-9.eE]+", item)),
+            "reward.extra",
+            "entries of the form name=weight",
+            item,
+        )
     if cfg.data.path is None:
         from rlvr.tasks import TASKS
 
-        _check(cfg.data.task in TASKS, "data.task", f"one of {', '.join(map(repr, TASKS))}",
-               cfg.data.task)
+        _check(
+            cfg.data.task in TASKS,
+            "data.task",
+            f"one of {', '.join(map(repr, TASKS))}",
+            cfg.data.task,
+        )
     elif not Path(cfg.data.path).exists():
         raise ConfigError(f"data.path: {cfg.data.path} does not exist")
 
@@ -475,6 +521,8 @@ def help_text() -> str:
         docs, hints, default = field_docs(cls), typing.get_type_hints(cls), cls()
         lines.append(f"{name}:")
         for f in fields(cls):
-            lines.append(f"  --{name}.{f.name}={getattr(default, f.name)!r}  "
-                         f"({_type_name(hints[f.name])}) {docs.get(f.name, '')}")
+            lines.append(
+                f"  --{name}.{f.name}={getattr(default, f.name)!r}  "
+                f"({_type_name(hints[f.name])}) {docs.get(f.name, '')}"
+            )
     return "\n".join(lines)

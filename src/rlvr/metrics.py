@@ -24,8 +24,15 @@ class RunLogger:
     """Appends to the run directory's jsonl files; each line is flushed when written, so a
     crash loses at most the step in flight."""
 
-    def __init__(self, run_dir: Path, *, total_steps: int, console: Console | None = None,
-                 tensorboard: bool = True, show_progress: bool = True):
+    def __init__(
+        self,
+        run_dir: Path,
+        *,
+        total_steps: int,
+        console: Console | None = None,
+        tensorboard: bool = True,
+        show_progress: bool = True,
+    ):
         self.run_dir = run_dir
         self.console = console or Console(stderr=True)
         self._metrics = open(run_dir / "metrics.jsonl", "a")  # noqa: SIM115 (closed in close())
@@ -39,9 +46,14 @@ class RunLogger:
             except ImportError:
                 self.console.print("[yellow]tensorboard not installed: no TensorBoard logs")
         self.progress = Progress(
-            TextColumn("[bold]step"), MofNCompleteColumn(), BarColumn(),
-            TextColumn("{task.fields[info]}"), TimeRemainingColumn(),
-            console=self.console, disable=not show_progress, transient=False,
+            TextColumn("[bold]step"),
+            MofNCompleteColumn(),
+            BarColumn(),
+            TextColumn("{task.fields[info]}"),
+            TimeRemainingColumn(),
+            console=self.console,
+            disable=not show_progress,
+            transient=False,
         )
         self._task = self.progress.add_task("train", total=total_steps, info="")
         self._start = time.time()
@@ -61,8 +73,10 @@ class RunLogger:
             for k, v in metrics.items():
                 if isinstance(v, (int, float)) and not isinstance(v, bool):
                     self._tb.add_scalar(k, v, step)
-        info = (f"reward {metrics.get('reward/mean', 0):+.3f}  acc {metrics.get('accuracy', 0):.3f}"
-                f"  ent {metrics.get('entropy', 0):.3f}  tok/s {metrics.get('tokens_per_s', 0):.0f}")
+        info = (
+            f"reward {metrics.get('reward/mean', 0):+.3f}  acc {metrics.get('accuracy', 0):.3f}"
+            f"  ent {metrics.get('entropy', 0):.3f}  tok/s {metrics.get('tokens_per_s', 0):.0f}"
+        )
         if "eval/accuracy" in metrics:
             info += f"  eval {metrics['eval/accuracy']:.3f}"
         self.progress.update(self._task, completed=step, info=info)

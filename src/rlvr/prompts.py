@@ -50,7 +50,12 @@ def _from_task(cfg: Config, tokenizer) -> PromptSource:
 
     def build(split: str, n: int, seed: int) -> list[Prompt]:
         out = []
-        for ex in task.make_examples(split, n, seed):
+        try:
+            examples = task.make_examples(split, n, seed)
+        except ValueError as e:
+            key = "data.train_size" if split == "train" else "train.eval_size"
+            raise ConfigError(f"{key}: {e}") from None
+        for ex in examples:
             messages = task.prompt_messages(ex)
             if cfg.data.system_prompt:
                 messages = [{"role": "system", "content": cfg.data.system_prompt}, *messages]
@@ -58,9 +63,12 @@ def _from_task(cfg: Config, tokenizer) -> PromptSource:
             out.append(Prompt(text=text, ids=ids, answer=ex.answer, example=ex))
         return out
 
-    return PromptSource(train=build("train", cfg.data.train_size, cfg.train.seed),
-                        eval=build("test", cfg.train.eval_size, EVAL_SEED),
-                        task=task, name=cfg.data.task)
+    return PromptSource(
+        train=build("train", cfg.data.train_size, cfg.train.seed),
+        eval=build("test", cfg.train.eval_size, EVAL_SEED),
+        task=task,
+        name=cfg.data.task,
+    )
 
 
 def _from_dataset(cfg: Config, tokenizer) -> PromptSource:
@@ -71,16 +79,23 @@ def _from_dataset(cfg: Config, tokenizer) -> PromptSource:
     def build(path: str | None) -> list[Prompt]:
         if path is None:
             return []
-        rows = load_prompt_dataset(path, preset=d.preset, prompt_field=d.prompt_field,
-                                   answer_field=d.answer_field, dedup=d.dedup)
+        rows = load_prompt_dataset(
+            path,
+            preset=d.preset,
+            prompt_field=d.prompt_field,
+            answer_field=d.answer_field,
+            dedup=d.dedup,
+        )
         out = []
         for ex in rows:
-            text = render_prompt(ex, tokenizer, template=d.prompt_template,
-                                 system_prompt=d.system_prompt)
+            text = render_prompt(
+                ex, tokenizer, template=d.prompt_template, system_prompt=d.system_prompt
+            )
             special = not getattr(tokenizer, "chat_template", None)
             ids = tokenizer(text, add_special_tokens=special)["input_ids"]
-            out.append(Prompt(text=text, ids=ids, answer=ex.answer, example=ex,
-                              columns=dict(ex.columns)))
+            out.append(
+                Prompt(text=text, ids=ids, answer=ex.answer, example=ex, columns=dict(ex.columns))
+            )
         return out
 
     train = build(d.path)

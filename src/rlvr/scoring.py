@@ -42,8 +42,10 @@ class Scorer:
     def build(cls, cfg: Config, task) -> Scorer:
         r = cfg.reward
         if r.accuracy == "task" and task is None:
-            raise ConfigError("reward.accuracy: 'task' needs a built-in task (data.path is set); "
-                              "name a reward such as 'math' instead")
+            raise ConfigError(
+                "reward.accuracy: 'task' needs a built-in task (data.path is set); "
+                "name a reward such as 'math' instead"
+            )
         try:
             accuracy_fn = None if r.accuracy == "task" else _reward_fn(r.accuracy)
             shaping = [("format", r.format_weight, _reward_fn("format"))] if r.format_weight else []
@@ -55,29 +57,38 @@ class Scorer:
         return cls(cfg, task, accuracy_fn, shaping)
 
     def _kwargs(self, prompts: list[Prompt], rollout: Rollout) -> dict:
-        kwargs = dict(group_ids=[i // rollout.group_size for i in range(len(prompts))],
-                      completion_lengths=rollout.lengths.tolist(),
-                      truncated=rollout.truncated.tolist(),
-                      max_new_tokens=self.cfg.rollout.max_new_tokens)
+        kwargs = dict(
+            group_ids=[i // rollout.group_size for i in range(len(prompts))],
+            completion_lengths=rollout.lengths.tolist(),
+            truncated=rollout.truncated.tolist(),
+            max_new_tokens=self.cfg.rollout.max_new_tokens,
+        )
         for key in prompts[0].columns:
             kwargs[key] = [p.columns.get(key) for p in prompts]
         return kwargs
 
-    def accuracy(self, prompts: list[Prompt], completions: list[str],
-                 rollout: Rollout) -> tuple[torch.Tensor, torch.Tensor]:
+    def accuracy(
+        self, prompts: list[Prompt], completions: list[str], rollout: Rollout
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """(B,) accuracy reward values and (B,) bool correctness (value > 0 for a reward fn)."""
         r = self.cfg.reward
         if self.accuracy_fn is None:
-            correct = torch.tensor([self.task.verify(c, p.example)
-                                    for p, c in zip(prompts, completions)], dtype=torch.bool)
+            correct = torch.tensor(
+                [self.task.verify(c, p.example) for p, c in zip(prompts, completions)],
+                dtype=torch.bool,
+            )
             accuracy = torch.where(correct, r.correct_score, r.wrong_score)
         else:
             from rlvr.rewards import combine_rewards
 
-            res = combine_rewards([("accuracy", 1.0, self.accuracy_fn)],
-                                  [p.text for p in prompts], completions,
-                                  [p.answer for p in prompts], on_error=r.on_error,
-                                  **self._kwargs(prompts, rollout))
+            res = combine_rewards(
+                [("accuracy", 1.0, self.accuracy_fn)],
+                [p.text for p in prompts],
+                completions,
+                [p.answer for p in prompts],
+                on_error=r.on_error,
+                **self._kwargs(prompts, rollout),
+            )
             accuracy = torch.tensor(res.total, dtype=torch.float32)
             correct = accuracy > 0
         return accuracy.float(), correct
@@ -91,16 +102,23 @@ class Scorer:
         if self.shaping:
             from rlvr.rewards import combine_rewards
 
-            res = combine_rewards(self.shaping, [p.text for p in prompts], completions,
-                                  [p.answer for p in prompts], on_error=r.on_error,
-                                  **self._kwargs(prompts, rollout))
+            res = combine_rewards(
+                self.shaping,
+                [p.text for p in prompts],
+                completions,
+                [p.answer for p in prompts],
+                on_error=r.on_error,
+                **self._kwargs(prompts, rollout),
+            )
             total += torch.tensor(res.total, dtype=torch.float32)
-            terms.update({k: torch.tensor(v, dtype=torch.float32)
-                          for k, v in res.per_reward.items()})
+            terms.update(
+                {k: torch.tensor(v, dtype=torch.float32) for k, v in res.per_reward.items()}
+            )
             failures.update(res.failures)
         if a.soft_overlong:
-            penalty = soft_overlong_penalty(rollout.lengths, max_len=self.cfg.rollout.max_new_tokens,
-                                            cache_len=a.overlong_cache).float()
+            penalty = soft_overlong_penalty(
+                rollout.lengths, max_len=self.cfg.rollout.max_new_tokens, cache_len=a.overlong_cache
+            ).float()
             terms["soft_overlong"] = penalty
             total += penalty
         return Scores(total=total, correct=correct, terms=terms, failures=failures)

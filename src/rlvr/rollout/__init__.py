@@ -5,5 +5,12 @@ from rlvr.rollout.hf import HFEngine, left_pad
 
 ENGINES = {"hf": HFEngine}
 
-__all__ = ["ENGINES", "HFEngine", "Rollout", "RolloutEngine", "SamplingParams", "left_pad",
-           "lengths_from_eos"]
+__all__ = [
+    "ENGINES",
+    "HFEngine",
+    "Rollout",
+    "RolloutEngine",
+    "SamplingParams",
+    "left_pad",
+    "lengths_from_eos",
+]

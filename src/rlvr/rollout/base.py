@@ -64,7 +64,9 @@ class RolloutEngine(Protocol):
     def sync_weights(self) -> None: ...
 
 
-def lengths_from_eos(completion_ids: torch.Tensor, eos_ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+def lengths_from_eos(
+    completion_ids: torch.Tensor, eos_ids: list[int]
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Response lengths (EOS included) and truncation flags from generated ids.
 
     A row's length is the index of its first EOS + 1, or T when it has none (truncated).

@@ -10,10 +10,21 @@ from rlvr.rollout.base import Rollout, SamplingParams, lengths_from_eos
 # Values `generate` would otherwise fill from the model's own generation_config.json (a hub
 # model may ship repetition_penalty 1.05, top_k 20, ...). They would change the sampling
 # distribution away from softmax(logits / T), which the trainer's log-probs assume.
-_NEUTRAL = dict(repetition_penalty=1.0, min_p=None, typical_p=1.0, epsilon_cutoff=0.0,
-                eta_cutoff=0.0, no_repeat_ngram_size=0, min_new_tokens=0, min_length=0,
-                suppress_tokens=None, begin_suppress_tokens=None, bad_words_ids=None,
-                forced_eos_token_id=None, forced_bos_token_id=None, num_beams=1)
+_NEUTRAL = dict(
+    repetition_penalty=1.0,
+    min_p=None,
+    typical_p=1.0,
+    epsilon_cutoff=0.0,
+    eta_cutoff=0.0,
+    no_repeat_ngram_size=0,
+    min_new_tokens=0,
+    suppress_tokens=None,
+    begin_suppress_tokens=None,
+    bad_words_ids=None,
+    forced_eos_token_id=None,
+    forced_bos_token_id=None,
+    num_beams=1,
+)
 
 
 def left_pad(seqs: list[list[int]], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -23,8 +34,8 @@ def left_pad(seqs: list[list[int]], pad_id: int, device) -> tuple[torch.Tensor, 
     mask = torch.zeros((len(seqs), width), dtype=torch.long)
     for i, s in enumerate(seqs):
         if s:
-            ids[i, width - len(s):] = torch.tensor(s)
-            mask[i, width - len(s):] = 1
+            ids[i, width - len(s) :] = torch.tensor(s)
+            mask[i, width - len(s) :] = 1
     return ids.to(device), mask.to(device)
 
 
@@ -44,10 +55,14 @@ class HFEngine:
         device = next(self.model.parameters()).device
         ids, mask = left_pad(rows, self.pad_id, device)
         gen = GenerationConfig(
-            do_sample=not params.greedy, temperature=params.temperature if not params.greedy else None,
+            do_sample=not params.greedy,
+            temperature=params.temperature if not params.greedy else None,
             top_p=params.top_p if not params.greedy else None,
-            top_k=params.top_k if not params.greedy else None, max_new_tokens=params.max_new_tokens,
-            eos_token_id=self.eos_ids, pad_token_id=self.pad_id, **_NEUTRAL,
+            top_k=params.top_k if not params.greedy else None,
+            max_new_tokens=params.max_new_tokens,
+            eos_token_id=self.eos_ids,
+            pad_token_id=self.pad_id,
+            **_NEUTRAL,
         )
         torch.manual_seed(params.seed)
         was_training = self.model.training
@@ -56,10 +71,15 @@ class HFEngine:
             out = self.model.generate(input_ids=ids, attention_mask=mask, generation_config=gen)
         finally:
             self.model.train(was_training)
-        completion = out[:, ids.shape[1]:].cpu()
+        completion = out[:, ids.shape[1] :].cpu()
         # Width is the longest response; a row without EOS can only be one that hit the cap.
         lengths, truncated = lengths_from_eos(completion, self.eos_ids)
         steps = torch.arange(completion.shape[1])
         completion = torch.where(steps[None] < lengths[:, None], completion, self.pad_id)
-        return Rollout(prompt_ids=rows, completion_ids=completion, lengths=lengths,
-                       truncated=truncated, group_size=params.n)
+        return Rollout(
+            prompt_ids=rows,
+            completion_ids=completion,
+            lengths=lengths,
+            truncated=truncated,
+            group_size=params.n,
+        )

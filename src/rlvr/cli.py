@@ -1,0 +1,168 @@
+"""`rlvr train | eval`: the command line. Config keys are dotted overrides (`--algo.clip_high=0.28`);
+`rlvr train --help` lists every key with its default and documentation."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from rich.console import Console
+
+from rlvr.checkpoint import CheckpointError
+from rlvr.config import ConfigError, help_text, load_config, parse_overrides
+
+TRAIN_EPILOG = "config keys (override with --section.key=value):\n"
+
+
+def _train_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="rlvr train",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Train with GRPO / DAPO. With no arguments: the dapo preset on the built-in "
+        "tiny model and the built-in arithmetic task, on the CPU.",
+        epilog=TRAIN_EPILOG + help_text(),
+    )
+    p.add_argument("config", nargs="?", help="YAML file holding changes to the preset")
+    p.add_argument("--preset", help="grpo, dapo (default) or dr_grpo")
+    p.add_argument("--output-dir", help="run directory (default runs/<timestamp>)")
+    p.add_argument("--max-steps", type=int, help="rollout steps (train.max_steps)")
+    p.add_argument("--seed", type=int, help="run seed (train.seed)")
+    p.add_argument("--save-every", type=int, help="checkpoint interval in steps (train.save_every)")
+    p.add_argument(
+        "--resume", metavar="RUN_DIR", help="continue a run from its newest good checkpoint"
+    )
+    p.add_argument("--no-progress", action="store_true", help="no progress bar (logs only)")
+    return p
+
+
+# Keys a resumed run may change: none of them changes the math of the steps still to come.
+RESUME_SAFE = {
+    ("train", "max_steps"),
+    ("train", "save_every"),
+    ("train", "keep_checkpoints"),
+    ("train", "log_samples"),
+    ("train", "threads"),
+    ("train", "eval_every"),
+}
+
+
+def cmd_train(argv: list[str]) -> int:
+    args, rest = _train_parser().parse_known_args(argv)
+    overrides = parse_overrides(rest)
+    for key, section, value in (
+        ("max_steps", "train", args.max_steps),
+        ("seed", "train", args.seed),
+        ("output_dir", "train", args.output_dir),
+        ("save_every", "train", args.save_every),
+    ):
+        if value is not None:
+            overrides.setdefault(section, {})[key] = value
+    from rlvr.trainer import train
+
+    if args.resume:
+        run_dir = Path(args.resume)
+        if not (run_dir / "config.yaml").is_file():
+            raise ConfigError(f"--resume: {run_dir} holds no config.yaml (not a run directory)")
+        bad = [
+            f"{s}.{k}"
+            for s, kv in overrides.items()
+            for k in kv
+            if (s, k) not in RESUME_SAFE and not (s == "train" and k == "output_dir")
+        ]
+        if bad or args.config or args.preset:
+            raise ConfigError(
+                f"--resume: cannot change {', '.join(bad) or 'the config/preset'} "
+                f"(it would change the run's math); allowed: "
+                f"{', '.join(f'{s}.{k}' for s, k in sorted(RESUME_SAFE))}"
+            )
+        overrides.setdefault("train", {})["output_dir"] = str(run_dir)
+        cfg = load_config(run_dir / "config.yaml", overrides)
+        train(cfg, resume_dir=run_dir, show_progress=not args.no_progress)
+        return 0
+    cfg = load_config(args.config, overrides, preset=args.preset)
+    run_dir = train(cfg, show_progress=not args.no_progress)
+    summary = run_dir / "summary.json"
+    if summary.exists():
+        s = json.loads(summary.read_text())
+        print(f"run directory: {run_dir}")
+        print(
+            f"held-out accuracy: {s['eval_before']['accuracy']:.3f} -> "
+            f"{s['eval_after']['accuracy']:.3f} ({s['steps']} steps, "
+            f"{s['wall_time_s']:.0f} s)"
+        )
+    return 0
+
+
+def cmd_eval(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(
+        prog="rlvr eval",
+        description="avg@k, pass@k and greedy accuracy "
+        "of a model on a built-in task's held-out split",
+    )
+    p.add_argument("--model", required=True, help="model directory, checkpoint, or rlvr-tiny")
+    p.add_argument("--task", required=True, help="built-in task name")
+    p.add_argument("--k", type=int, default=4, help="sampled answers per prompt")
+    p.add_argument("--num-prompts", type=int, default=256)
+    p.add_argument("--max-new-tokens", type=int, default=None)
+    p.add_argument("--temperature", type=float, default=1.0)
+    args = p.parse_args(argv)
+    from rlvr.evaluation import evaluate
+    from rlvr.models import load_model, load_tokenizer
+    from rlvr.prompts import load_prompts
+    from rlvr.rollout import ENGINES
+    from rlvr.scoring import Scorer
+    from rlvr.trainer import eos_ids, eval_params
+
+    overrides = {
+        "model": {"name_or_path": args.model},
+        "data": {"task": args.task},
+        "train": {"eval_size": args.num_prompts, "eval_samples": args.k},
+        "rollout": {"temperature": args.temperature},
+    }
+    if args.max_new_tokens:
+        overrides["rollout"]["max_new_tokens"] = args.max_new_tokens
+    cfg = load_config(None, overrides)
+    tokenizer = load_tokenizer(args.model)
+    model = load_model(args.model).eval()
+    source = load_prompts(cfg, tokenizer, getattr(model.config, "max_position_embeddings", None))
+    scorer = Scorer.build(cfg, source.task)
+    engine = ENGINES["hf"](model, pad_id=tokenizer.pad_token_id, eos_ids=eos_ids(tokenizer, model))
+    sampled = evaluate(engine, tokenizer, scorer, source.eval, params=eval_params(cfg))
+    greedy = evaluate(
+        engine, tokenizer, scorer, source.eval, params=eval_params(cfg, greedy=True, n=1)
+    )
+    result = {
+        f"avg@{args.k}": sampled["accuracy"],
+        f"pass@{args.k}": sampled["pass_at_k"],
+        "greedy_accuracy": greedy["accuracy"],
+        "num_prompts": sampled["num_prompts"],
+        "mean_length": sampled["mean_length"],
+    }
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+COMMANDS = {"train": cmd_train, "eval": cmd_eval}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
+        if argv and argv[0] not in ("-h", "--help"):
+            print(
+                f"rlvr: unknown command {argv[0]!r}; valid: {', '.join(COMMANDS)}", file=sys.stderr
+            )
+            return 2
+        print(
+            "usage: rlvr {train,eval} ...\n\n  train  train a policy with GRPO/DAPO "
+            "(no arguments: the built-in offline demo)\n  eval   held-out accuracy of a model "
+            "on a built-in task\n\nrlvr COMMAND --help for details."
+        )
+        return 0
+    try:
+        return COMMANDS[argv[0]](argv[1:])
+    except (ConfigError, FileNotFoundError, CheckpointError) as e:
+        Console(stderr=True).print(f"[red]error:[/red] {e}", markup=True, highlight=False)
+        return 2
