@@ -1,0 +1,103 @@
+"""A killable math-verify worker process, shared by the threads of one Python process.
+
+Why a process: math-verify's timeouts are SIGALRM-based (main thread only, and unable to
+interrupt sympy's C big-integer arithmetic), and a thread cannot be killed. One worker is kept
+warm; a call waits at most `timeout_s` for its answer, and a worker that misses the deadline
+is killed and replaced at once (the replacement imports math-verify while the caller moves on).
+Calls are serialised by a lock, so the wait for the lock is not part of a call's time limit.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import json
+import os
+import select
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+_WORKER = Path(__file__).with_name("_verify_worker.py")
+_STARTUP_S = 30.0  # importing sympy on a loaded machine
+
+
+class _Worker:
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-I", str(_WORKER)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            bufsize=1,
+            start_new_session=True,  # Ctrl-C in a terminal goes to the trainer, not here
+        )
+        self.ready = False
+
+    def readline(self, timeout_s: float) -> str | None:
+        fd = self.proc.stdout.fileno()
+        deadline = time.monotonic() + timeout_s
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            r, _, _ = select.select([fd], [], [], left)
+            if r:
+                line = self.proc.stdout.readline()
+                return line or None  # "" = the worker died
+
+    def kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            self.proc.kill()
+        self.proc.wait()
+        for f in (self.proc.stdin, self.proc.stdout):
+            f.close()
+
+
+_lock = threading.Lock()
+_worker: _Worker | None = None
+_pid = os.getpid()
+timeouts = 0  # calls that ran past their limit, since import (a metric for the curious)
+
+
+def _get() -> _Worker:
+    global _worker, _pid
+    if _worker is None or _pid != os.getpid():  # after a fork the child starts its own
+        _worker, _pid = _Worker(), os.getpid()
+    if not _worker.ready:
+        line = _worker.readline(_STARTUP_S)
+        if line is None:
+            _worker.kill()
+            _worker = None
+            raise RuntimeError("the math-verify worker did not start (is math-verify installed?)")
+        _worker.ready = True
+    return _worker
+
+
+def verify_in_worker(prediction: str, reference: str, *, timeout_s: float) -> bool:
+    """math-verify's verdict on two bare answers; False on a timeout, crash or parse error."""
+    global _worker, timeouts
+    with _lock:
+        worker = _get()
+        try:
+            worker.proc.stdin.write(json.dumps({"p": prediction, "r": reference}) + "\n")
+            worker.proc.stdin.flush()
+        except (BrokenPipeError, OSError):
+            line = None
+        else:
+            line = worker.readline(timeout_s)
+        if line is None:
+            timeouts += 1
+            worker.kill()
+            _worker = _Worker()  # warm up the replacement in the background
+            return False
+        return bool(json.loads(line).get("ok", False))
+
+
+@atexit.register
+def _shutdown() -> None:
+    if _worker is not None and _pid == os.getpid():
+        _worker.kill()

@@ -1,0 +1,139 @@
+"""Code reward: run the completion's Python against test cases in the sandbox.
+
+The program is the last ```python fenced block of the completion (or the last ``` block);
+with `require_fence=False` a completion without one is run whole. Reward = passed / total;
+no code scores 0; a sample without tests gets None.
+
+Tests come from the dataset column `tests_field` (default "tests"), or, when that column is
+absent, from the reference answer parsed as JSON. Two formats:
+  - assertions: a list of Python snippets (MBPP, HumanEval "check(...)"), or one snippet;
+    the solution and the snippets run in one sandboxed process, each snippet in the
+    solution's namespace, and a snippet passes when it raises nothing;
+  - stdin/stdout: {"inputs": [...], "outputs": [...]} (APPS, CodeContests) or a list of
+    {"input": ..., "output": ...}; each case is its own sandboxed run, and passes when the
+    output equals the expected one up to trailing whitespace on each line and at the end.
+
+Anti-hacking: in assertion mode the harness reaches the program through stdin (no file to
+read), and a passed test is reported by a random per-run token written to a duplicate of
+stdout taken before the solution runs. `sys.exit(0)`, `os._exit(0)` or printing "PASS" does
+not pass anything. A completion that inspects the harness's frames at run time can still
+forge a pass: the sandbox contains code, it does not make its verdict unforgeable.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+from concurrent.futures import ThreadPoolExecutor
+
+from rlvr.rewards.sandbox import Limits, run_python
+
+_FENCE = re.compile(r"```([A-Za-z0-9_+-]*)[ \t]*\n(.*?)```", re.DOTALL)
+
+_HARNESS = """\
+import os, sys
+def _rlvr_run(token, solution, tests):
+    out = os.dup(1)
+    write = os.write
+    g = {"__name__": "solution", "__builtins__": __builtins__}
+    exec(compile(solution, "<solution>", "exec"), g)
+    for i, test in enumerate(tests):
+        try:
+            exec(compile(test, "<test %d>" % i, "exec"), g)
+        except BaseException:
+            continue
+        write(out, ("\\n%s:%d\\n" % (token, i)).encode())
+"""
+
+
+def extract_code(completion: str, *, require_fence: bool = True) -> str | None:
+    """The last ```python block (else the last ``` block) of `completion`, or None."""
+    blocks = _FENCE.findall(completion)
+    for lang, body in reversed(blocks):
+        if lang.lower() in ("python", "py", "python3"):
+            return body
+    if blocks:
+        return blocks[-1][1]
+    return None if require_fence else completion
+
+
+def _parse_tests(tests):
+    """("asserts", [snippets]) or ("stdio", [(input, output)]) or None."""
+    if tests is None:
+        return None
+    if isinstance(tests, str):
+        try:
+            tests = json.loads(tests)
+        except json.JSONDecodeError:
+            return ("asserts", [tests]) if tests.strip() else None
+        if isinstance(tests, str):
+            return ("asserts", [tests])
+    if isinstance(tests, dict) and "inputs" in tests and "outputs" in tests:
+        return ("stdio", [(str(i), str(o)) for i, o in zip(tests["inputs"], tests["outputs"])])
+    if isinstance(tests, list) and tests and all(isinstance(t, dict) for t in tests):
+        return ("stdio", [(str(t["input"]), str(t["output"])) for t in tests])
+    if isinstance(tests, list) and all(isinstance(t, str) for t in tests):
+        return ("asserts", list(tests)) if tests else None
+    raise ValueError(f"code reward: cannot read tests of type {type(tests).__name__}")
+
+
+def _same_output(got: str, want: str) -> bool:
+    def norm(s: str) -> list[str]:
+        return [line.rstrip() for line in s.rstrip().splitlines()]
+
+    return norm(got) == norm(want)
+
+
+def run_tests(code: str, tests, *, limits: Limits | None = None, isolation: str = "auto"):
+    """(passed, total) for `code` against `tests` (either format above)."""
+    parsed = _parse_tests(tests)
+    if parsed is None:
+        return 0, 0
+    kind, cases = parsed
+    if kind == "stdio":
+        passed = 0
+        for stdin, want in cases:
+            r = run_python(code, stdin=stdin, limits=limits, isolation=isolation)
+            passed += r.returncode == 0 and not r.timed_out and _same_output(r.stdout, want)
+        return passed, len(cases)
+    token = secrets.token_hex(16)
+    harness = _HARNESS + f"_rlvr_run({token!r}, {code!r}, {cases!r})\n"
+    r = run_python(harness, limits=limits, isolation=isolation, source_via_stdin=True)
+    hits = set(re.findall(rf"^{token}:(\d+)$", r.stdout, re.MULTILINE))
+    return len(hits & {str(i) for i in range(len(cases))}), len(cases)
+
+
+def make_code_reward(
+    *,
+    tests_field: str = "tests",
+    require_fence: bool = True,
+    timeout_s: float = 5.0,
+    memory_mb: int = 512,
+    max_procs: int = 32,
+    workers: int | None = None,
+    isolation: str = "auto",
+):
+    """Code reward (see the module docstring); `workers` sandboxes run at once (default
+    min(4, CPUs)); limits apply to each run."""
+    limits = Limits(timeout_s=timeout_s, memory_mb=memory_mb, max_procs=max_procs)
+    n_workers = workers or min(4, os.cpu_count() or 1)
+
+    def code(prompts, completions, answers, **kwargs) -> list[float | None]:
+        tests = kwargs.get(tests_field, answers)
+
+        def one(i: int) -> float | None:
+            parsed = _parse_tests(tests[i])
+            if parsed is None:
+                return None
+            program = extract_code(completions[i], require_fence=require_fence)
+            if program is None or not program.strip():
+                return 0.0
+            passed, total = run_tests(program, tests[i], limits=limits, isolation=isolation)
+            return passed / total
+
+        with ThreadPoolExecutor(n_workers) as pool:
+            return list(pool.map(one, range(len(completions))))
+
+    return code
