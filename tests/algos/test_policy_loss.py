@@ -308,6 +308,9 @@ def test_log_ratio_clamp_is_counted():
     # sequence log-ratios: (30 + 0.1 - 25) / 3 = 1.7 (cut to 1), (0.1 + 0) / 2 = 0.05
     assert seq.metrics["log_ratio_clamped"] == 1
     assert seq.metrics["ratio_max"] == pytest.approx(math.e)
+    # The clamp bounds s_0's value only; its tokens keep the gradient -A s / num_tokens = e / 5
+    gs = _grad(seq.loss, logp)
+    assert_close(gs[0], torch.full((3,), math.e / 5, dtype=torch.float64))
     assert policy_loss(logp, old, adv, mask).metrics["log_ratio_clamped"] == 0
 
 

@@ -14,7 +14,7 @@ the lower only when A < 0 and rho < 1 - clip_low; dual clip only when A < 0 and 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from torch import Tensor
@@ -57,19 +57,74 @@ def _check(
     advantages: Tensor,
     response_mask: Tensor,
     ref_log_probs: Tensor | None,
+    **opts: Any,
 ) -> None:
     shape = tuple(log_probs.shape)
     if len(shape) != 2:
         raise ValueError(f"log_probs must be (B, T), got {shape}")
-    for name, t in (("old_log_probs", old_log_probs), ("response_mask", response_mask)):
+    named = {"old_log_probs": old_log_probs, "response_mask": response_mask}
+    if ref_log_probs is not None:
+        named["ref_log_probs"] = ref_log_probs
+    for name, t in named.items():
         if tuple(t.shape) != shape:
             raise ValueError(f"{name} has shape {tuple(t.shape)}, expected {shape}")
-    if ref_log_probs is not None and tuple(ref_log_probs.shape) != shape:
-        raise ValueError(f"ref_log_probs has shape {tuple(ref_log_probs.shape)}, expected {shape}")
     if tuple(advantages.shape) not in (shape[:1], shape):
         raise ValueError(
             f"advantages has shape {tuple(advantages.shape)}, expected {shape[:1]} or {shape}"
         )
+    lo, hi, dual, kl_coef = opts["clip_low"], opts["clip_high"], opts["dual_clip"], opts["kl_coef"]
+    if not 0.0 <= lo <= 1.0 or not hi >= 0.0:
+        raise ValueError(f"need 0 <= clip_low <= 1 and clip_high >= 0, got {lo}, {hi}")
+    if dual is not None and not dual > 1.0:
+        raise ValueError(f"dual_clip must be > 1 (verl uses 3), got {dual}")
+    if kl_coef < 0:
+        raise ValueError(f"kl_coef must be >= 0, got {kl_coef}")
+    if kl_coef > 0 and ref_log_probs is None:
+        raise ValueError("kl_coef > 0 needs ref_log_probs")
+    if opts["kl_kind"] not in KL_ESTIMATORS:
+        raise ValueError(f"unknown kl_kind {opts['kl_kind']!r}; valid: {sorted(KL_ESTIMATORS)}")
+    if opts["ratio"] not in ("token", "sequence"):
+        raise ValueError(f"ratio must be 'token' or 'sequence', got {opts['ratio']!r}")
+    if opts["agg"] not in AGGREGATIONS:
+        raise ValueError(f"unknown aggregation {opts['agg']!r}; valid: {sorted(AGGREGATIONS)}")
+    c = opts["log_ratio_clamp"]
+    if c is not None and not c > 0:
+        raise ValueError(f"log_ratio_clamp must be > 0 or None, got {c}")
+
+
+def _log_ratio(
+    logp: Tensor, old: Tensor, mask: Tensor, ratio: Ratio, clamp: float | None
+) -> tuple[Tensor, Tensor]:
+    """(B, T) log importance ratio and the number of clamped log-ratios (0-d)."""
+    clamped = torch.zeros((), dtype=logp.dtype, device=logp.device)
+    if ratio == "token":
+        log_ratio = logp - old
+        if clamp is not None:
+            clamped = ((log_ratio.abs() > clamp) & mask).sum().to(logp.dtype)
+            log_ratio = log_ratio.clamp(-clamp, clamp)
+        return log_ratio, clamped
+    lengths = mask.sum(dim=1)
+    seq = (logp - old).detach().sum(dim=1) / lengths.clamp_min(1).to(logp.dtype)  # (B,)
+    if clamp is not None:
+        clamped = ((seq.abs() > clamp) & (lengths > 0)).sum().to(logp.dtype)
+        seq = seq.clamp(-clamp, clamp)
+    # GSPO-token: value log s_i on every token, gradient that of logp_t alone.
+    return seq.unsqueeze(1) + logp - logp.detach(), clamped
+
+
+def _clipped_surrogate(
+    rho: Tensor, adv: Tensor, mask: Tensor, lo: float, hi: float, dual_clip: float | None
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Per-token -min(rho A, clip(rho) A) (dual-clipped) and where each bound fired."""
+    pg = torch.maximum(-rho * adv, -rho.clamp(lo, hi) * adv)
+    low_hit = mask & (adv < 0) & (rho < lo)
+    high_hit = mask & (adv > 0) & (rho > hi)
+    dual_hit = torch.zeros_like(mask)
+    if dual_clip is not None:
+        cap = -dual_clip * adv
+        dual_hit = mask & (adv < 0) & (pg > cap)
+        pg = torch.where(adv < 0, torch.minimum(pg, cap), pg)
+    return pg, low_hit, high_hit, dual_hit
 
 
 def policy_loss(
@@ -116,31 +171,20 @@ def policy_loss(
     added before aggregation. The policy and KL gradients are those of ALGORITHMS.md §3.3:
     per token -(w A rho) + w kl_coef (1 - pi_ref / pi_theta) for weight w of `agg`.
 
-    log_ratio_clamp = c clamps logp - logp_old (or the sequence log-ratio) to [-c, c] before
-    exp, like verl's 20; clamped entries get no gradient and are counted in the metrics.
-    Default None: no clamp (never a silent one, STYLE.md).
+    log_ratio_clamp = c clamps the log-ratio to [-c, c] before exp (verl uses 20) and counts
+    the clamped ones in the metrics. ratio="token": logp - logp_old per token, and a clamped
+    token gets no gradient. ratio="sequence": log s_i, which bounds the value s_i only; the
+    tokens keep their GSPO-token gradient sg[s_i] * grad logp_t. Default None: no clamp
+    (never a silent one, STYLE.md).
 
     num_tokens / num_sequences / norm_constant go to `aggregate` (global counts for exact
     micro-batching). Returns LossOutput; its metrics are documented there.
     """
-    _check(log_probs, old_log_probs, advantages, response_mask, ref_log_probs)
-    if not 0.0 <= clip_low <= 1.0 or not clip_high >= 0.0:
-        raise ValueError(f"need 0 <= clip_low <= 1 and clip_high >= 0, got {clip_low}, {clip_high}")
-    if dual_clip is not None and not dual_clip > 1.0:
-        raise ValueError(f"dual_clip must be > 1 (verl uses 3), got {dual_clip}")
-    if kl_coef < 0:
-        raise ValueError(f"kl_coef must be >= 0, got {kl_coef}")
-    if kl_coef > 0 and ref_log_probs is None:
-        raise ValueError("kl_coef > 0 needs ref_log_probs")
-    if kl_kind not in KL_ESTIMATORS:
-        raise ValueError(f"unknown kl_kind {kl_kind!r}; valid: {sorted(KL_ESTIMATORS)}")
-    if ratio not in ("token", "sequence"):
-        raise ValueError(f"ratio must be 'token' or 'sequence', got {ratio!r}")
-    if agg not in AGGREGATIONS:
-        raise ValueError(f"unknown aggregation {agg!r}; valid: {sorted(AGGREGATIONS)}")
-    if log_ratio_clamp is not None and not log_ratio_clamp > 0:
-        raise ValueError(f"log_ratio_clamp must be > 0 or None, got {log_ratio_clamp}")
-
+    _check(
+        log_probs, old_log_probs, advantages, response_mask, ref_log_probs,
+        clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip, kl_coef=kl_coef,
+        kl_kind=kl_kind, ratio=ratio, agg=agg, log_ratio_clamp=log_ratio_clamp,
+    )  # fmt: skip
     mask = response_mask if response_mask.dtype == torch.bool else response_mask != 0
     dtype = torch.float32 if log_probs.dtype in (torch.float16, torch.bfloat16) else log_probs.dtype
 
@@ -149,40 +193,15 @@ def policy_loss(
         # gradient to the unused branch is 0 only if that branch's own gradient is finite.
         return torch.where(mask, t.to(dtype), torch.zeros((), dtype=dtype, device=t.device))
 
-    logp = clean(log_probs)
-    old = clean(old_log_probs)
+    logp, old = clean(log_probs), clean(old_log_probs)
     adv = advantages.to(dtype)
-    adv = clean(adv.unsqueeze(1).expand_as(logp) if adv.dim() == 1 else adv)
-    mask_f = mask.to(dtype)
-    lengths = mask_f.sum(dim=1)  # (B,)
+    adv = clean(adv.unsqueeze(1).expand_as(logp) if adv.dim() == 1 else adv)  # (B, T)
 
-    clamped = torch.zeros((), dtype=dtype, device=logp.device)
-    if ratio == "token":
-        log_ratio = logp - old
-        if log_ratio_clamp is not None:
-            clamped = ((log_ratio.abs() > log_ratio_clamp) & mask).sum().to(dtype)
-            log_ratio = log_ratio.clamp(-log_ratio_clamp, log_ratio_clamp)
-    else:
-        seq_log_ratio = (logp - old).sum(dim=1) / lengths.clamp_min(1)  # (B,)
-        if log_ratio_clamp is not None:
-            clamped = ((seq_log_ratio.abs() > log_ratio_clamp) & (lengths > 0)).sum().to(dtype)
-            seq_log_ratio = seq_log_ratio.clamp(-log_ratio_clamp, log_ratio_clamp)
-        # GSPO-token: value log s_i on every token, gradient that of logp_t alone.
-        log_ratio = seq_log_ratio.detach().unsqueeze(1) + logp - logp.detach()
+    log_ratio, clamped = _log_ratio(logp, old, mask, ratio, log_ratio_clamp)
     rho = torch.exp(log_ratio)  # (B, T)
-
-    lo, hi = 1.0 - clip_low, 1.0 + clip_high
-    pg = torch.maximum(-rho * adv, -rho.clamp(lo, hi) * adv)
-    clip_low_hit = mask & (adv < 0) & (rho < lo)
-    clip_high_hit = mask & (adv > 0) & (rho > hi)
-    if dual_clip is not None:
-        cap = -dual_clip * adv
-        dual_hit = mask & (adv < 0) & (pg > cap)
-        pg = torch.where(adv < 0, torch.minimum(pg, cap), pg)
-    else:
-        dual_hit = torch.zeros_like(mask)
-
-    per_token = pg
+    per_token, low_hit, high_hit, dual_hit = _clipped_surrogate(
+        rho, adv, mask, 1.0 - clip_low, 1.0 + clip_high, dual_clip
+    )
     kl3 = None
     if ref_log_probs is not None:
         ref = clean(ref_log_probs)
@@ -191,16 +210,11 @@ def policy_loss(
         kl3 = kl_k3(logp.detach(), ref)
 
     loss = aggregate(
-        per_token,
-        mask,
-        agg,
-        num_tokens=num_tokens,
-        num_sequences=num_sequences,
-        norm_constant=norm_constant,
-    )
-    return LossOutput(
-        loss=loss, metrics=_metrics(rho, mask, clip_low_hit, clip_high_hit, dual_hit, kl3, clamped)
-    )
+        per_token, mask, agg,
+        num_tokens=num_tokens, num_sequences=num_sequences, norm_constant=norm_constant,
+    )  # fmt: skip
+    metrics = _metrics(rho, mask, low_hit, high_hit, dual_hit, kl3, clamped)
+    return LossOutput(loss=loss, metrics=metrics)
 
 
 def _metrics(
