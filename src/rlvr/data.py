@@ -1,0 +1,244 @@
+"""Prompt datasets: jsonl, parquet, and local Hugging Face datasets, as `PromptExample`s.
+
+    load_prompt_dataset(path, preset=..., prompt_field=..., answer_field=...) -> [PromptExample]
+    render_prompt(example, tokenizer, template=..., system_prompt=...) -> str
+
+Sources: `.jsonl` (one JSON object a line; blank lines skipped), `.json` (a JSON array, or
+JSON lines), `.parquet`, a directory written by `datasets.save_to_disk`, or any other local
+data files / directory that `datasets.load_dataset` reads (csv, arrow, a folder of files).
+Nothing is downloaded.
+
+Presets:
+  "gsm8k": prompt "question", answer "answer" whose final answer follows `####` (the
+           reasoning before it is kept in the column "solution");
+  "dapo_math": prompt "prompt" (a list of chat messages), answer
+           "reward_model.ground_truth" (dotted names reach into nested objects). The public
+           DAPO-Math-17k copy repeats each prompt ~100 times: pass dedup=True.
+  "none": prompt "prompt", answer "answer".
+A preset's fields apply unless other ones are given (the generic "prompt"/"answer" do not
+override a preset).
+
+A prompt is a non-empty string or a non-empty list of {"role", "content"} messages. An
+answer is a non-empty string or a number. Every other top-level column is kept in `columns`
+and reaches reward functions as a keyword argument. A bad row raises `DatasetError` naming
+the file, the line (jsonl, 1-based) or row (other formats, 0-based) and the field.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+PRESETS: dict[str, dict[str, str]] = {
+    "none": {"prompt_field": "prompt", "answer_field": "answer"},
+    "gsm8k": {"prompt_field": "question", "answer_field": "answer"},
+    "dapo_math": {"prompt_field": "prompt", "answer_field": "reward_model.ground_truth"},
+}
+
+
+class DatasetError(ValueError):
+    """A malformed dataset row: `where` is "file:line" or "file[row]", `field` the column."""
+
+    def __init__(self, where: str, field: str | None, message: str):
+        at = f"{where}, field {field!r}" if field else where
+        super().__init__(f"{at}: {message}")
+        self.where, self.field = where, field
+
+
+@dataclass(frozen=True)
+class PromptExample:
+    """One prompt: `prompt` (a string) or `messages` (chat messages), never both; `answer`,
+    the reference as a string; `columns`, the row's other top-level fields; `source`, where
+    it came from ("file.jsonl:12" for a line, "file.parquet[3]" for a row)."""
+
+    answer: str
+    prompt: str | None = None
+    messages: list[dict] | None = None
+    columns: dict[str, Any] = field(default_factory=dict)
+    source: str = ""
+
+
+def _rows(path: Path, split: str):
+    """(where, row) pairs; a bad JSON line raises DatasetError."""
+    name = path.name
+    if path.is_file() and path.suffix in (".jsonl", ".json"):
+        with path.open(encoding="utf-8") as f:
+            text = f.read()
+        if path.suffix == ".json" and text.lstrip().startswith("["):
+            try:
+                rows = json.loads(text)
+            except json.JSONDecodeError as e:
+                raise DatasetError(f"{name}:{e.lineno}", None, f"bad JSON: {e.msg}") from None
+            yield from ((f"{name}[{i}]", r) for i, r in enumerate(rows))
+            return
+        for lineno, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                yield f"{name}:{lineno}", json.loads(line)
+            except json.JSONDecodeError as e:
+                raise DatasetError(f"{name}:{lineno}", None, f"bad JSON: {e.msg}") from None
+        return
+    if path.is_file() and path.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        yield from ((f"{name}[{i}]", r) for i, r in enumerate(pq.read_table(path).to_pylist()))
+        return
+    yield from ((f"{name}[{i}]", r) for i, r in enumerate(_hf_rows(path, split)))
+
+
+def _hf_rows(path: Path, split: str):
+    import datasets
+
+    if path.is_dir() and (
+        (path / "dataset_info.json").exists() or (path / "dataset_dict.json").exists()
+    ):
+        ds = datasets.load_from_disk(str(path))
+    elif path.is_dir():
+        ds = datasets.load_dataset(str(path), split=split)
+    else:
+        builder = {".csv": "csv", ".arrow": "arrow", ".txt": "text"}.get(path.suffix)
+        if builder is None:
+            raise DatasetError(path.name, None, f"unknown file type {path.suffix!r}")
+        ds = datasets.load_dataset(builder, data_files=str(path), split="train")
+    if isinstance(ds, datasets.DatasetDict):
+        if split not in ds:
+            raise DatasetError(path.name, None, f"no split {split!r}; splits: {sorted(ds)}")
+        ds = ds[split]
+    return iter(ds)
+
+
+def _get(row: dict, dotted: str, where: str):
+    value: Any = row
+    for part in dotted.split("."):
+        if not isinstance(value, dict) or part not in value:
+            raise DatasetError(where, dotted, "missing")
+        value = value[part]
+    return value
+
+
+def _check_prompt(value, where: str, name: str):
+    if isinstance(value, str):
+        if not value.strip():
+            raise DatasetError(where, name, "empty prompt")
+        return value, None
+    if isinstance(value, list):
+        if not value:
+            raise DatasetError(where, name, "empty list of messages")
+        for i, m in enumerate(value):
+            if not (isinstance(m, dict) and isinstance(m.get("role"), str)):
+                raise DatasetError(where, f"{name}[{i}]", "expected {'role': str, 'content': str}")
+            if not isinstance(m.get("content"), str):
+                raise DatasetError(where, f"{name}[{i}].content", "expected a string")
+        if not any(m["content"].strip() for m in value):
+            raise DatasetError(where, name, "every message is empty")
+        return None, [{"role": m["role"], "content": m["content"]} for m in value]
+    raise DatasetError(
+        where, name, f"expected a string or a list of chat messages, got {type(value).__name__}"
+    )
+
+
+def _check_answer(value, where: str, name: str, preset: str) -> tuple[str, dict]:
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        raise DatasetError(
+            where, name, f"expected a string or a number, got {type(value).__name__}"
+        )
+    text = str(value).strip()
+    extra = {}
+    if preset == "gsm8k":
+        solution, sep, final = text.rpartition("####")
+        if not sep:
+            raise DatasetError(where, name, "no '####' before the final answer (gsm8k format)")
+        text, extra = final.strip(), {"solution": solution.strip()}
+    if not text:
+        raise DatasetError(where, name, "empty answer")
+    return text, extra
+
+
+def load_prompt_dataset(
+    path: str | Path,
+    *,
+    preset: str = "none",
+    prompt_field: str | None = None,
+    answer_field: str | None = None,
+    dedup: bool = False,
+    split: str = "train",
+    limit: int | None = None,
+) -> list[PromptExample]:
+    """Read every row of `path` into a PromptExample (see the module docstring).
+
+    dedup drops rows whose prompt repeats an earlier one (first kept). split picks the split
+    of a Hugging Face DatasetDict. limit stops after that many examples (after dedup).
+    """
+    if preset not in PRESETS:
+        raise ValueError(f"unknown dataset preset {preset!r}; valid: {sorted(PRESETS)}")
+    path = Path(path).expanduser()
+    if not path.exists():
+        raise FileNotFoundError(f"dataset {str(path)!r} does not exist")
+    fields = PRESETS[preset]
+    generic = PRESETS["none"]
+    if prompt_field is None or prompt_field == generic["prompt_field"]:
+        prompt_field = fields["prompt_field"]
+    if answer_field is None or answer_field == generic["answer_field"]:
+        answer_field = fields["answer_field"]
+
+    out: list[PromptExample] = []
+    seen: set[str] = set()
+    for where, row in _rows(path, split):
+        if not isinstance(row, dict):
+            raise DatasetError(where, None, f"expected an object, got {type(row).__name__}")
+        prompt, messages = _check_prompt(_get(row, prompt_field, where), where, prompt_field)
+        answer, extra = _check_answer(_get(row, answer_field, where), where, answer_field, preset)
+        if dedup:
+            key = prompt if prompt is not None else json.dumps(messages, sort_keys=True)
+            if key in seen:
+                continue
+            seen.add(key)
+        top = {prompt_field.split(".")[0], answer_field.split(".")[0]}
+        columns = {k: v for k, v in row.items() if k not in top} | extra
+        out.append(PromptExample(answer, prompt, messages, columns, where))
+        if limit is not None and len(out) >= limit:
+            break
+    return out
+
+
+def build_messages(
+    example: PromptExample, *, template: str | None = None, system_prompt: str | None = None
+) -> list[dict]:
+    """The chat messages of `example`: a string prompt goes through `template` (its
+    `{question}` replaced; other braces, e.g. LaTeX, are left alone) as the user message;
+    `system_prompt` is put first (an example that has its own system message refuses one)."""
+    if example.messages is not None:
+        messages = [dict(m) for m in example.messages]
+    else:
+        content = example.prompt
+        if template is not None:
+            if "{question}" not in template:
+                raise ValueError(f"prompt template must contain {{question}}: {template!r}")
+            content = template.replace("{question}", example.prompt)
+        messages = [{"role": "user", "content": content}]
+    if system_prompt:
+        if messages[0]["role"] == "system":
+            raise ValueError(
+                f"{example.source}: the example has its own system message; "
+                "unset system_prompt or remove it from the data"
+            )
+        messages = [{"role": "system", "content": system_prompt}, *messages]
+    return messages
+
+
+def render_prompt(
+    example: PromptExample,
+    tokenizer,
+    *,
+    template: str | None = None,
+    system_prompt: str | None = None,
+) -> str:
+    """The prompt text the policy continues: the tokenizer's chat template with a generation
+    prompt when it has one, else the message contents joined by newlines (plus one)."""
+    messages = build_messages(example, template=template, system_prompt=system_prompt)
+    if getattr(tokenizer, "chat_template", None):
+        return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    return "\n".join(m["content"] for m in messages) + "\n"
