@@ -494,8 +494,15 @@ def validate(cfg: Config) -> None:
             f"one of {', '.join(map(repr, TASKS))}",
             cfg.data.task,
         )
-    elif not Path(cfg.data.path).exists():
-        raise ConfigError(f"data.path: {cfg.data.path} does not exist")
+    else:
+        for key in ("path", "eval_path"):
+            value = getattr(cfg.data, key)
+            try:
+                ok = value is None or Path(value).exists()
+            except (ValueError, OSError):  # e.g. an embedded NUL byte
+                ok = False
+            if not ok:
+                raise ConfigError(f"data.{key}: {value} does not exist")
 
 
 def to_dict(cfg: Config) -> dict[str, Any]:

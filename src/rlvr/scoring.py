@@ -51,7 +51,8 @@ class Scorer:
             shaping = [("format", r.format_weight, _reward_fn("format"))] if r.format_weight else []
             for item in r.extra:
                 name, weight = item.rsplit("=", 1)
-                shaping.append((name, float(weight), _reward_fn(name)))
+                # a user function is logged under its own name, not its file path
+                shaping.append((name.rsplit(":", 1)[-1], float(weight), _reward_fn(name)))
         except (ValueError, ImportError, AttributeError, FileNotFoundError) as e:
             raise ConfigError(f"reward: {e}") from None
         return cls(cfg, task, accuracy_fn, shaping)

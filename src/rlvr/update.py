@@ -111,7 +111,9 @@ def policy_update(
                 for k, v in out.metrics.items():
                     if k == "ratio_max":
                         stats[k] = max(stats.get(k, -math.inf), v)
-                    elif k not in ("num_tokens",):
+                    elif k in ("log_ratio_clamped", "num_tokens"):
+                        stats[k] = stats.get(k, 0.0) + v  # counts add up
+                    else:
                         stats[k] = stats.get(k, 0.0) + v * n_local  # token-weighted mean
                 stats["loss"] = stats.get("loss", 0.0) + out.loss.item()
                 ent_sum += float((entropy * mb.response_mask).sum())
@@ -126,9 +128,10 @@ def policy_update(
             optimizer.zero_grad(set_to_none=True)
             scheduler.step()
             steps += 1
-    out_metrics = {
-        k: v / max(tokens_seen, 1) for k, v in stats.items() if k not in ("ratio_max", "loss")
-    }
+    counts = ("ratio_max", "loss", "log_ratio_clamped", "num_tokens")
+    out_metrics = {k: v / max(tokens_seen, 1) for k, v in stats.items() if k not in counts}
+    out_metrics["log_ratio_clamped"] = stats.get("log_ratio_clamped", 0.0)
+    out_metrics["loss_tokens"] = stats.get("num_tokens", 0.0)
     out_metrics["ratio_max"] = stats.get("ratio_max", 1.0)
     out_metrics["loss"] = stats.get("loss", 0.0) / max(steps, 1)
     out_metrics["entropy"] = ent_sum / max(ent_tokens, 1)

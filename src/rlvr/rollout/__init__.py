@@ -1,9 +1,10 @@
 """Rollout engines: prompts in, a `Rollout` (ids, lengths, truncation flags) out."""
 
 from rlvr.rollout.base import Rollout, RolloutEngine, SamplingParams, lengths_from_eos
+from rlvr.rollout.fast import FastEngine
 from rlvr.rollout.hf import HFEngine, left_pad
 
-ENGINES = {"hf": HFEngine}
+ENGINES = {"hf": HFEngine, "fast": FastEngine}
 
 __all__ = [
     "ENGINES",

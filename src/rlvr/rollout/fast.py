@@ -1,0 +1,201 @@
+"""The `fast` engine: a plain decoding loop on the policy itself, without `generate`.
+
+What it saves over `model.generate` (the `hf` engine):
+
+- each distinct prompt is prefilled once, and its KV cache rows are then copied to the
+  group's G samples (`generate` prefills every one of the B = U * G rows);
+- the KV cache is preallocated (`StaticCache`: written in place, never grown by `torch.cat`);
+- the 2D attention mask is built once (prompt padding, then ones for every generation slot:
+  the causal mask already hides the slots not yet written);
+- temperature, top-k and top-p are one small function on the logits, no processor list;
+- rows that emitted EOS are retired: once enough of the batch is finished, the cache, mask
+  and positions are index-selected down to the live rows.
+
+Positions and masks are the trainer's (`rlvr.batching`): left-padded prompt, position ids
+``cumsum(attention_mask) - 1``, so `sampling_log_probs` (log-softmax of logits / temperature
+at the sampled token, fp32) match `token_log_probs` on the same sequences.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+from transformers import DynamicCache, PreTrainedModel, StaticCache
+
+from rlvr.rollout.base import Rollout, SamplingParams, lengths_from_eos
+from rlvr.rollout.hf import left_pad
+
+
+def filter_logits(logits: torch.Tensor, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
+    """Top-k then top-p (nucleus) filtering of (N, V) logits: removed entries become -inf.
+
+    Same rule as Hugging Face's warpers: top-k keeps every logit >= the k-th largest (ties
+    kept); top-p keeps the smallest set of most likely tokens whose probability reaches
+    `top_p`, and always the most likely token.
+    """
+    V = logits.shape[-1]
+    if 0 < top_k < V:
+        kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=False)
+        cum = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
+        drop = cum <= 1.0 - top_p
+        drop[..., -1] = False  # the most likely token always stays
+        logits = logits.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
+    return logits
+
+
+def sample_tokens(
+    logits: torch.Tensor, params: SamplingParams
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Next tokens for (N, V) logits and their log-probs under softmax(logits / T), fp32.
+
+    Greedy takes the argmax; otherwise temperature, top-k and top-p shape the distribution
+    that `torch.multinomial` draws from (global RNG). The returned log-prob is always the
+    unfiltered one, as the trainer computes it.
+    """
+    scaled = logits.float() / params.temperature
+    if params.greedy:
+        tokens = logits.argmax(dim=-1)
+    else:
+        probs = filter_logits(scaled, params.top_k, params.top_p).softmax(dim=-1)
+        tokens = torch.multinomial(probs, num_samples=1).squeeze(1)
+    log_probs = scaled.gather(-1, tokens[:, None]).squeeze(1) - torch.logsumexp(scaled, dim=-1)
+    return tokens, log_probs
+
+
+class FastEngine:
+    """Samples on the live policy module with its own decoding loop (see the module doc).
+
+    `retire_fraction`: the live batch is compacted once at least this fraction of its rows
+    has finished (each compaction copies the whole KV cache, so it is not done every step);
+    None never compacts (the loop still stops when every row is done). `cache`: "static"
+    (preallocated) or "dynamic" (grown by concatenation, for models without static support).
+    """
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        *,
+        pad_id: int,
+        eos_ids: list[int],
+        retire_fraction: float | None = 0.25,
+        cache: str = "static",
+    ):
+        if cache not in ("static", "dynamic"):
+            raise ValueError(f"cache must be 'static' or 'dynamic', not {cache!r}")
+        self.model, self.pad_id, self.eos_ids = model, pad_id, list(eos_ids)
+        self.retire_fraction, self.cache = retire_fraction, cache
+        params = inspect.signature(model.forward).parameters
+        # transformers 5 renamed `past_key_values` to `cache` (the old name warns, then goes).
+        self._cache_kw = "cache" if "cache" in params else "past_key_values"
+
+    def sync_weights(self) -> None:
+        """The engine samples from the live policy module: nothing to copy."""
+
+    def _new_cache(self, max_len: int):
+        config = self.model.config
+        if self.cache == "static":
+            return StaticCache(config=config, max_cache_len=max_len)
+        return DynamicCache(config=config)
+
+    def _forward(self, ids, mask, positions, cache) -> torch.Tensor:
+        out = self.model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=positions,
+            use_cache=True,
+            logits_to_keep=1,
+            **{self._cache_kw: cache},
+        )
+        return out.logits[:, -1, :]
+
+    @torch.no_grad()
+    def generate(self, prompt_ids: list[list[int]], params: SamplingParams) -> Rollout:
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            return self._generate(prompt_ids, params)
+        finally:
+            self.model.train(was_training)
+
+    def _generate(self, prompt_ids: list[list[int]], params: SamplingParams) -> Rollout:
+        n, T = params.n, params.max_new_tokens
+        rows = [p for p in prompt_ids for _ in range(n)]
+        B = len(rows)
+        device = next(self.model.parameters()).device
+        torch.manual_seed(params.seed)
+
+        completion = torch.full((B, T), self.pad_id, dtype=torch.long, device=device)
+        log_probs = torch.zeros((B, T), dtype=torch.float32, device=device)
+        if B == 0 or T == 0:
+            return self._rollout(rows, completion, log_probs, 0, n)
+
+        # Distinct prompts, prefilled once; `expand` maps each of the B rows to its prefill row.
+        first_seen: dict[tuple[int, ...], int] = {}
+        for p in prompt_ids:
+            first_seen.setdefault(tuple(p), len(first_seen))
+        unique = [list(p) for p in first_seen]
+        expand = torch.tensor(
+            [first_seen[tuple(p)] for p in prompt_ids for _ in range(n)], device=device
+        )
+
+        ids, prompt_mask = left_pad(unique, self.pad_id, device)
+        P = ids.shape[1]
+        cache = self._new_cache(P + T)
+        # The trainer's positions: counting from each row's first real token.
+        prefill_pos = (prompt_mask.cumsum(-1) - 1).clamp(min=0)
+        logits = self._forward(ids, prompt_mask, prefill_pos, cache)
+
+        # Copy each prompt's cache rows to its samples (index_select along the batch).
+        cache.reorder_cache(expand)
+        logits = logits.index_select(0, expand)
+        # One mask for the whole loop: prompt padding, then ones on every generation slot.
+        mask = torch.ones((B, P + T), dtype=prompt_mask.dtype, device=device)
+        mask[:, :P] = prompt_mask.index_select(0, expand)
+        next_pos = prompt_mask.sum(-1).index_select(0, expand)  # position of the 1st new token
+        if self.cache == "dynamic":
+            mask_width = P + 1  # a dynamic cache takes the mask of the tokens seen so far
+
+        row_ids = torch.arange(B, device=device)  # live batch row -> output row
+        alive = torch.ones(B, dtype=torch.bool, device=device)
+        eos = torch.tensor(self.eos_ids, dtype=torch.long, device=device)
+        steps = 0
+        for t in range(T):
+            tokens, lp = sample_tokens(logits, params)
+            # Finished rows still in the batch write padding (and log-prob 0) after their EOS.
+            completion[row_ids, t] = torch.where(alive, tokens, self.pad_id)
+            log_probs[row_ids, t] = torch.where(alive, lp, 0.0)
+            steps = t + 1
+            alive &= ~torch.isin(tokens, eos)
+            n_alive = int(alive.sum())
+            if n_alive == 0 or t == T - 1:
+                break
+            live = alive.shape[0]
+            if self.retire_fraction is not None and live - n_alive >= self.retire_fraction * live:
+                keep = alive.nonzero().squeeze(1)
+                cache.reorder_cache(keep)
+                row_ids, alive, tokens = row_ids[keep], alive[keep], tokens[keep]
+                mask, next_pos = mask[keep], next_pos[keep]
+            step_mask = mask
+            if self.cache == "dynamic":
+                step_mask = mask[:, :mask_width]
+                mask_width += 1
+            logits = self._forward(tokens[:, None], step_mask, (next_pos + t)[:, None], cache)
+
+        return self._rollout(rows, completion, log_probs, steps, n)
+
+    def _rollout(self, rows, completion, log_probs, steps, n) -> Rollout:
+        # Width is the longest response: a row without EOS can only be one that hit the cap.
+        completion, log_probs = completion[:, :steps].cpu(), log_probs[:, :steps].cpu()
+        lengths, truncated = lengths_from_eos(completion, self.eos_ids)
+        return Rollout(
+            prompt_ids=rows,
+            completion_ids=completion,
+            lengths=lengths,
+            truncated=truncated,
+            group_size=n,
+            sampling_log_probs=log_probs,
+        )

@@ -1,0 +1,150 @@
+"""Config layers, presets, validation and error messages."""
+
+import pytest
+import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rlvr.config import (
+    PRESETS,
+    ConfigError,
+    apply_changes,
+    dump_yaml,
+    help_text,
+    load_config,
+    parse_overrides,
+)
+
+
+def test_default_is_dapo_on_tiny_model():
+    cfg = load_config()
+    assert cfg.preset == "dapo"
+    assert cfg.model.name_or_path == "rlvr-tiny"
+    a = cfg.algo
+    assert (a.clip_low, a.clip_high, a.kl_coef, a.agg) == (0.2, 0.28, 0.0, "token_mean")
+    assert a.dynamic_sampling and a.overlong_filter and a.soft_overlong
+    assert cfg.reward.wrong_score == -1.0
+
+
+def test_grpo_preset_is_the_paper():
+    a = load_config(preset="grpo").algo
+    assert (a.clip_low, a.clip_high, a.kl_coef, a.kl_kind, a.agg) == (0.2, 0.2, 0.04, "k3",
+                                                                      "sample_mean")
+    assert not (a.dynamic_sampling or a.overlong_filter or a.soft_overlong)
+
+
+def test_dr_grpo_preset():
+    a = load_config(preset="dr_grpo").algo
+    assert (a.advantage, a.agg, a.kl_coef) == ("dr_grpo", "token_sum_norm", 0.0)
+
+
+def test_yaml_holds_only_changes_and_overrides_win(tmp_path):
+    f = tmp_path / "c.yaml"
+    f.write_text("preset: grpo\nalgo:\n  clip_high: 0.3\nrollout:\n  group_size: 4\n")
+    cfg = load_config(f, ["--algo.clip_high=0.25", "--train.max_steps=7"])
+    assert cfg.preset == "grpo"
+    assert cfg.algo.clip_high == 0.25  # command line beats the file
+    assert cfg.rollout.group_size == 4  # file beats the preset
+    assert cfg.algo.kl_coef == 0.04  # preset beats the default
+    assert cfg.train.max_steps == 7
+
+
+def test_tiny_defaults_apply_only_to_the_builtin_model(tmp_path):
+    assert load_config().optim.lr == 2e-4
+    model_dir = tmp_path / "m"
+    model_dir.mkdir()
+    cfg = load_config(None, {"model": {"name_or_path": str(model_dir)}})
+    assert cfg.optim.lr == 1e-6  # the papers' default for real models
+
+
+def test_resolved_config_round_trips(tmp_path):
+    cfg = load_config(None, ["--reward.extra=format=0.5"])
+    f = tmp_path / "resolved.yaml"
+    f.write_text(dump_yaml(cfg))
+    again = load_config(f)
+    assert again == cfg
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("--algo.clip_hgh=0.3", r"unknown key algo\.clip_hgh; valid keys of algo: .*clip_high"),
+        ("--algos.clip_high=0.3", r"unknown section 'algos'; valid: model, data"),
+        ("--algo.agg=mean", r"algo\.agg: got 'mean', expected one of 'sample_mean'"),
+        ("--algo.clip_low=1.5", r"algo\.clip_low: got 1\.5, expected 0 <= clip_low < 1"),
+        ("--algo.clip_high=abc", r"algo\.clip_high: got 'abc', expected a number"),
+        ("--rollout.group_size=1", r"rollout\.group_size: got 1, expected >= 2"),
+        ("--rollout.group_size=2.5", r"rollout\.group_size: got '2\.5', expected an integer"),
+        ("--algo.dynamic_sampling=maybe", r"algo\.dynamic_sampling: got 'maybe', expected true"),
+        ("--algo.mini_batches=3", r"algo\.mini_batches: got 3, expected a divisor"),
+        ("--data.task=chess", r"data\.task: got 'chess', expected one of 'arithmetic'"),
+        ("--data.path=/nonexistent/x.jsonl", r"data\.path: /nonexistent/x\.jsonl does not exist"),
+        ("--algo.overlong_cache=40", r"algo\.overlong_cache: got 40, expected 0 < overlong_cache"),
+        ("clip_high=0.3", r"expected --section\.key=value"),
+    ],
+)
+def test_bad_values_name_the_key(override, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, [override])
+
+
+def test_unknown_preset():
+    with pytest.raises(ConfigError, match=r"unknown preset 'ppo2'; valid presets: grpo, dapo"):
+        load_config(preset="ppo2")
+
+
+def test_bad_yaml_names_the_file(tmp_path):
+    f = tmp_path / "bad.yaml"
+    f.write_text("algo: [1, 2\n")
+    with pytest.raises(ConfigError, match=r"bad\.yaml: not valid YAML"):
+        load_config(f)
+    f.write_text("- 1\n- 2\n")
+    with pytest.raises(ConfigError, match=r"bad\.yaml: expected a mapping"):
+        load_config(f)
+    with pytest.raises(ConfigError, match=r"missing\.yaml does not exist"):
+        load_config(tmp_path / "missing.yaml")
+
+
+def test_every_field_is_documented_in_help():
+    text = help_text()
+    for line in text.splitlines():
+        if line.startswith("  --"):
+            assert not line.rstrip().endswith(")"), f"undocumented: {line}"
+
+
+def test_parse_overrides():
+    assert parse_overrides(["--a.b=1", "c.d=x=y"]) == {"a": {"b": "1"}, "c": {"d": "x=y"}}
+
+
+def test_presets_only_name_real_keys():
+    from rlvr.config import Config
+
+    for name, changes in PRESETS.items():
+        apply_changes(Config(), changes, name)  # raises on an unknown key
+
+
+_section = st.sampled_from(["model", "data", "rollout", "algo", "reward", "optim", "train", "x"])
+_key = st.text(alphabet="abcdefghijklmnopqrstuvwxyz_", min_size=1, max_size=14)
+_value = st.one_of(st.text(max_size=12), st.integers(-5, 10**6), st.floats(allow_nan=True),
+                   st.booleans(), st.none(), st.lists(st.integers(), max_size=3))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(_section, st.dictionaries(_key, _value, max_size=3), max_size=3))
+def test_fuzz_loader_raises_only_config_errors(tmp_path_factory, changes):
+    """Random sections, keys and values: either a valid config or a ConfigError, nothing else."""
+    path = tmp_path_factory.mktemp("fuzz") / "c.yaml"
+    path.write_text(yaml.safe_dump(changes))
+    try:
+        load_config(path)
+    except ConfigError as e:
+        assert str(e)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.text(max_size=30), max_size=4))
+def test_fuzz_command_line_overrides(args):
+    try:
+        load_config(None, args)
+    except ConfigError as e:
+        assert str(e)
