@@ -17,8 +17,16 @@ def tokenizer():
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory, tokenizer):
     path = tmp_path_factory.mktemp("tiny-qwen2")
-    model = build_tiny_model(tokenizer, seed=0, hidden_size=32, num_layers=2, num_heads=2,
-                             num_kv_heads=1, intermediate_size=64, max_position_embeddings=128)
+    model = build_tiny_model(
+        tokenizer,
+        seed=0,
+        hidden_size=32,
+        num_layers=2,
+        num_heads=2,
+        num_kv_heads=1,
+        intermediate_size=64,
+        max_position_embeddings=128,
+    )
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path

@@ -8,8 +8,14 @@ from rlvr.rollout import left_pad, lengths_from_eos
 
 
 def _sample(prompt, completion):
-    return Sample(prompt_ids=prompt, completion_ids=completion, truncated=False, reward=0.0,
-                  correct=False, group=0)
+    return Sample(
+        prompt_ids=prompt,
+        completion_ids=completion,
+        truncated=False,
+        reward=0.0,
+        correct=False,
+        group=0,
+    )
 
 
 def _plain_log_probs(model, prompt, completion, temperature):

@@ -28,8 +28,13 @@ def test_default_is_dapo_on_tiny_model():
 
 def test_grpo_preset_is_the_paper():
     a = load_config(preset="grpo").algo
-    assert (a.clip_low, a.clip_high, a.kl_coef, a.kl_kind, a.agg) == (0.2, 0.2, 0.04, "k3",
-                                                                      "sample_mean")
+    assert (a.clip_low, a.clip_high, a.kl_coef, a.kl_kind, a.agg) == (
+        0.2,
+        0.2,
+        0.04,
+        "k3",
+        "sample_mean",
+    )
     assert not (a.dynamic_sampling or a.overlong_filter or a.soft_overlong)
 
 
@@ -125,8 +130,14 @@ def test_presets_only_name_real_keys():
 
 _section = st.sampled_from(["model", "data", "rollout", "algo", "reward", "optim", "train", "x"])
 _key = st.text(alphabet="abcdefghijklmnopqrstuvwxyz_", min_size=1, max_size=14)
-_value = st.one_of(st.text(max_size=12), st.integers(-5, 10**6), st.floats(allow_nan=True),
-                   st.booleans(), st.none(), st.lists(st.integers(), max_size=3))
+_value = st.one_of(
+    st.text(max_size=12),
+    st.integers(-5, 10**6),
+    st.floats(allow_nan=True),
+    st.booleans(),
+    st.none(),
+    st.lists(st.integers(), max_size=3),
+)
 
 
 @settings(max_examples=300, deadline=None)

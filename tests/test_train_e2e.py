@@ -10,8 +10,15 @@ from safetensors.torch import load_file
 from rlvr.cli import main
 
 USER_REWARD = f"{Path(__file__).parent / 'e2e_rewards.py'}:digit_share=1.0"
-FAST = ["--rollout.prompts_per_step=4", "--rollout.group_size=4", "--rollout.max_new_tokens=12",
-        "--train.eval_size=8", "--data.train_size=64", "--optim.lr=1e-3", "--no-progress"]
+FAST = [
+    "--rollout.prompts_per_step=4",
+    "--rollout.group_size=4",
+    "--rollout.max_new_tokens=12",
+    "--train.eval_size=8",
+    "--data.train_size=64",
+    "--optim.lr=1e-3",
+    "--no-progress",
+]
 
 
 def _weights(path):
@@ -22,27 +29,64 @@ def test_two_steps_on_a_local_model(tiny_model_dir, tmp_path, capsys):
     run = tmp_path / "run"
     # grpo: KL to a reference (loaded because kl_coef > 0); a user reward loaded by path gives
     # the random model's responses different rewards, hence non-zero advantages.
-    rc = main(["train", "--preset", "grpo", f"--model.name_or_path={tiny_model_dir}",
-               f"--reward.extra={USER_REWARD}", "--max-steps", "2",
-               "--output-dir", str(run), *FAST])
+    rc = main(
+        [
+            "train",
+            "--preset",
+            "grpo",
+            f"--model.name_or_path={tiny_model_dir}",
+            f"--reward.extra={USER_REWARD}",
+            "--max-steps",
+            "2",
+            "--output-dir",
+            str(run),
+            *FAST,
+        ]
+    )
     assert rc == 0
     files = {p.relative_to(run).as_posix() for p in run.rglob("*") if p.is_file()}
     ckpt = "checkpoints/step-000002"
-    for name in ("config.yaml", "metrics.jsonl", "samples.jsonl", "summary.json",
-                 f"{ckpt}/model.safetensors", f"{ckpt}/config.json", f"{ckpt}/tokenizer.json",
-                 f"{ckpt}/trainer_state.pt", f"{ckpt}/manifest.json"):
+    for name in (
+        "config.yaml",
+        "metrics.jsonl",
+        "samples.jsonl",
+        "summary.json",
+        f"{ckpt}/model.safetensors",
+        f"{ckpt}/config.json",
+        f"{ckpt}/tokenizer.json",
+        f"{ckpt}/trainer_state.pt",
+        f"{ckpt}/manifest.json",
+    ):
         assert name in files, name
     assert any(f.startswith("tensorboard/events.out.tfevents") for f in files)
 
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]
     assert rows[0]["reward/digit_share"] > 0
-    for key in ("reward/mean", "reward/std", "accuracy", "groups/all_correct_frac",
-                "groups/all_wrong_frac", "groups/kept", "groups/gen_batches",
-                "response/length_mean", "response/length_max", "response/truncation_rate",
-                "entropy", "clip_frac_low", "clip_frac_high", "kl", "grad_norm", "lr",
-                "tokens_per_s", "time/generation", "time/scoring", "time/log_probs",
-                "time/update", "loss"):
+    for key in (
+        "reward/mean",
+        "reward/std",
+        "accuracy",
+        "groups/all_correct_frac",
+        "groups/all_wrong_frac",
+        "groups/kept",
+        "groups/gen_batches",
+        "response/length_mean",
+        "response/length_max",
+        "response/truncation_rate",
+        "entropy",
+        "clip_frac_low",
+        "clip_frac_high",
+        "kl",
+        "grad_norm",
+        "lr",
+        "tokens_per_s",
+        "time/generation",
+        "time/scoring",
+        "time/log_probs",
+        "time/update",
+        "loss",
+    ):
         assert key in rows[0], key
     assert rows[0]["groups/kept"] == 4  # no dynamic sampling under grpo
     assert rows[0]["kl"] == pytest.approx(0.0, abs=1e-6)  # step 1: policy == reference
@@ -67,8 +111,17 @@ def test_existing_run_dir_is_not_overwritten(tiny_model_dir, tmp_path):
     run = tmp_path / "run"
     run.mkdir()
     (run / "metrics.jsonl").write_text("{}\n")
-    rc = main(["train", f"--model.name_or_path={tiny_model_dir}", "--output-dir", str(run),
-               "--max-steps", "1", *FAST])
+    rc = main(
+        [
+            "train",
+            f"--model.name_or_path={tiny_model_dir}",
+            "--output-dir",
+            str(run),
+            "--max-steps",
+            "1",
+            *FAST,
+        ]
+    )
     assert rc == 2
     assert (run / "metrics.jsonl").read_text() == "{}\n"
 

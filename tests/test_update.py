@@ -17,10 +17,16 @@ def _samples(G=4, groups=3, seed=0):
         prompt = torch.randint(5, 100, (int(torch.randint(2, 8, (1,), generator=g)),), generator=g)
         for _ in range(G):
             n = int(torch.randint(1, 9, (1,), generator=g))
-            out.append(Sample(prompt_ids=prompt.tolist(),
-                              completion_ids=torch.randint(5, 100, (n,), generator=g).tolist(),
-                              truncated=bool(torch.rand(1, generator=g) < 0.3),
-                              reward=float(torch.rand(1, generator=g)), correct=False, group=k))
+            out.append(
+                Sample(
+                    prompt_ids=prompt.tolist(),
+                    completion_ids=torch.randint(5, 100, (n,), generator=g).tolist(),
+                    truncated=bool(torch.rand(1, generator=g) < 0.3),
+                    reward=float(torch.rand(1, generator=g)),
+                    correct=False,
+                    group=k,
+                )
+            )
     return out
 
 
@@ -53,8 +59,14 @@ def test_micro_batching_gives_the_whole_batch_gradient(tiny_model, preset):
 def test_old_log_probs_are_the_live_ones_before_the_first_update(tiny_model):
     """mini_batches > 1: old log-probs come from a no-grad forward of the same weights, so the
     first mini-batch sees rho = 1 exactly; the second, after an optimiser step, does not."""
-    cfg = load_config(None, {"preset": "grpo", "rollout": {"group_size": 4, "prompts_per_step": 2},
-                             "algo": {"mini_batches": 2, "kl_coef": 0.0}})
+    cfg = load_config(
+        None,
+        {
+            "preset": "grpo",
+            "rollout": {"group_size": 4, "prompts_per_step": 2},
+            "algo": {"mini_batches": 2, "kl_coef": 0.0},
+        },
+    )
     model = copy.deepcopy(tiny_model)
     samples = _samples(groups=2)
     assign_advantages(samples, cfg)
