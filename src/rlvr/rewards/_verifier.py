@@ -77,6 +77,12 @@ def _get() -> _Worker:
     return _worker
 
 
+def warm_up() -> None:
+    """Start the worker (or wait for its replacement) now, so no call pays for the import."""
+    with _lock:
+        _get()
+
+
 def verify_in_worker(prediction: str, reference: str, *, timeout_s: float) -> bool:
     """math-verify's verdict on two bare answers; False on a timeout, crash or parse error."""
     global _worker, timeouts

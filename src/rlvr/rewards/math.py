@@ -14,7 +14,8 @@ intervals, sets, equations) in a child process that is killed when a call runs p
 `timeout_s`. math-verify's own timeout uses SIGALRM, which works only in the main thread and
 cannot interrupt sympy's C arithmetic (`10^{10^{10}}` never returns), hence the process.
 Answers longer than `MAX_ANSWER_CHARS` or nested deeper than `MAX_BRACE_DEPTH` are "not equal"
-without being parsed. Model output is never passed to eval/exec.
+without being parsed. Model output is never passed to eval/exec. `start_verifier()` starts the worker ahead of the
+first call (about a second to import sympy).
 """
 
 from __future__ import annotations

@@ -40,6 +40,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -166,7 +167,7 @@ def _run(mode: str, files: dict[str, str], argv_tail: list[str], stdin: str, lim
                 proc.wait(timeout=lim.timeout_s + 0.5)  # + the jail's own start-up
             except subprocess.TimeoutExpired:
                 timed_out = True
-            _kill_group(proc)
+            _kill_all(proc, uid)
         cap = lim.max_output_bytes
 
         def read(p):
@@ -181,10 +182,42 @@ def _run(mode: str, files: dict[str, str], argv_tail: list[str], stdin: str, lim
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)
+def _kill_all(proc: subprocess.Popen, uid: int | None, wait_s: float = 5.0) -> None:
+    """SIGKILL the process group until it is gone (a fork bomb keeps adding members while
+    the kernel delivers the signals), then, as root, every process of the sandbox's uid, which
+    also finds any that left the group with setsid(). Returns when none is left, or after
+    `wait_s` (the kernel then finishes the pid namespace's teardown on its own)."""
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            break
+        proc.poll()  # reap the leader, or the group never empties
+        time.sleep(0.01)
     proc.wait()
+    if uid is None:
+        return
+    while time.monotonic() < deadline:
+        pids = _pids_of(uid)
+        if not pids:
+            return
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.01)
+
+
+def _pids_of(uid: int) -> list[int]:
+    out = []
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            with contextlib.suppress(OSError):
+                if os.stat(f"/proc/{d}").st_uid == uid:
+                    with open(f"/proc/{d}/stat") as f:
+                        if f.read().rsplit(")", 1)[1].split()[0] != "Z":  # zombies are dead
+                            out.append(int(d))
+    return out
 
 
 _probe_lock = threading.Lock()

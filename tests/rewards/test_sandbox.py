@@ -1,0 +1,221 @@
+"""The code sandbox: each guarantee of rlvr.rewards.sandbox, shown by a program that tries to
+break it. Where it helps, the same program run with isolation="none" is the control that
+proves the attempt would have worked without the sandbox."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from rlvr.rewards.sandbox import Limits, available_isolation, run_python
+
+ISOLATED = available_isolation() != "none"
+needs_ns = pytest.mark.skipif(not ISOLATED, reason="Linux namespaces unavailable here")
+PROJECT_FILE = Path(__file__).resolve().parents[2] / "pyproject.toml"
+FAST = Limits(timeout_s=2.0)
+
+
+def _sandbox_processes() -> int:
+    """Processes owned by the uids the sandbox uses as root (>= 1,000,000)."""
+    n = 0
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            with contextlib.suppress(OSError):
+                n += os.stat(f"/proc/{d}").st_uid >= 1_000_000
+    return n
+
+
+@pytest.fixture()
+def server():
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(8)
+    srv.settimeout(0.2)
+    accepted = []
+    stop = threading.Event()
+
+    def loop():
+        while not stop.is_set():
+            try:
+                conn, _ = srv.accept()
+            except OSError:
+                continue
+            accepted.append(conn.recv(100))
+            conn.close()
+
+    t = threading.Thread(target=loop, daemon=True)
+    t.start()
+    yield srv.getsockname()[1], accepted
+    stop.set()
+    t.join()
+    srv.close()
+
+
+CONNECT = """
+import socket
+try:
+    s = socket.create_connection(("127.0.0.1", {port}), timeout=1)
+    s.sendall(b"leak")
+    s.close()
+    print("connected")
+except OSError as e:
+    print("refused", e.errno)
+"""
+
+
+@needs_ns
+def test_no_network(server):
+    port, accepted = server
+    r = run_python(CONNECT.format(port=port), limits=FAST)
+    assert r.stdout.startswith("refused"), r
+    control = run_python(CONNECT.format(port=port), limits=FAST, isolation="none")
+    assert control.stdout.strip() == "connected"
+    time.sleep(0.3)
+    assert accepted == [b"leak"]  # only the control got through
+
+
+WRITE = """
+import os
+for path in {paths!r}:
+    try:
+        with open(path, "w") as f:
+            f.write("escaped")
+        print("WROTE", path)
+    except OSError as e:
+        print("denied", path, e.errno)
+with open("/tmp/inside.txt", "w") as f:
+    f.write("ok")
+print("inside ok", os.getcwd())
+"""
+
+
+@needs_ns
+def test_cannot_write_outside_its_temp_dir(tmp_path):
+    target = tmp_path / "escape.txt"
+    paths = [str(target), "/escape.txt", "/usr/escape.txt", str(PROJECT_FILE.parent / "x.txt"),
+             os.path.realpath(os.__file__), "/dev/escape"]  # fmt: skip
+    r = run_python(WRITE.format(paths=paths), limits=FAST)
+    assert "WROTE" not in r.stdout, r.stdout
+    assert r.stdout.count("denied") == len(paths)
+    assert "inside ok /tmp" in r.stdout
+    assert not target.exists() and not (PROJECT_FILE.parent / "x.txt").exists()
+
+
+READ = """
+import os
+for path in {paths!r}:
+    try:
+        with open(path) as f:
+            print("READ", path, len(f.read()))
+    except OSError as e:
+        print("denied", path, e.errno)
+for d in ["/work", "/home", "/etc", "/proc", {project_dir!r}]:
+    print("exists" if os.path.exists(d) else "absent", d)
+"""
+
+
+@needs_ns
+def test_cannot_read_project_files_or_system_secrets():
+    paths = [str(PROJECT_FILE), "/etc/passwd", "/proc/self/environ", "/root/.bash_history"]
+    src = READ.format(paths=paths, project_dir=str(PROJECT_FILE.parent))
+    r = run_python(src, limits=FAST)
+    assert "READ" not in r.stdout, r.stdout
+    assert "exists" not in r.stdout, r.stdout
+    control = run_python(src, limits=FAST, isolation="none")
+    assert f"READ {PROJECT_FILE}" in control.stdout  # the guessed path is right
+
+
+def test_empty_environment(monkeypatch):
+    monkeypatch.setenv("RLVR_SECRET_TOKEN", "hunter2")
+    r = run_python("import os; print(sorted(os.environ))", limits=FAST)
+    assert "RLVR_SECRET_TOKEN" not in r.stdout and "PATH" not in r.stdout
+    assert "HOME" not in r.stdout
+
+
+def test_memory_limit():
+    r = run_python(
+        "x = bytearray(1 << 30)\nprint('allocated')", limits=Limits(timeout_s=5, memory_mb=256)
+    )
+    assert "allocated" not in r.stdout
+    assert "MemoryError" in r.stderr
+
+
+def test_wall_clock_and_cpu_limits():
+    t0 = time.monotonic()
+    r = run_python("while True: pass", limits=Limits(timeout_s=0.5))
+    assert r.returncode != 0
+    assert time.monotonic() - t0 < 4.0
+    t0 = time.monotonic()
+    r = run_python("import time; time.sleep(60)", limits=Limits(timeout_s=0.5))
+    assert r.timed_out  # sleeping uses no CPU: only the wall clock stops it
+    assert time.monotonic() - t0 < 4.0
+
+
+@needs_ns
+def test_process_limit_counts_children():
+    src = """
+import os, time
+n = 0
+for _ in range(200):
+    try:
+        if os.fork() == 0:
+            time.sleep(5)
+            os._exit(0)
+        n += 1
+    except OSError:
+        break
+print("children", n)
+"""
+    r = run_python(src, limits=Limits(timeout_s=3, max_procs=16))
+    n = int(r.stdout.split()[-1])
+    assert 1 <= n < 16
+    time.sleep(0.2)
+    assert _sandbox_processes() == 0  # the sleeping children died with the namespace
+
+
+@needs_ns
+def test_fork_bomb_is_bounded_and_cleaned_up():
+    before = len([d for d in os.listdir("/proc") if d.isdigit()])
+    bomb = (
+        "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n"
+    )
+    t0 = time.monotonic()
+    r = run_python(bomb, limits=Limits(timeout_s=0.5, max_procs=32))
+    assert time.monotonic() - t0 < 5.0
+    assert r.timed_out or r.returncode != 0
+    time.sleep(0.3)
+    assert _sandbox_processes() == 0
+    after = len([d for d in os.listdir("/proc") if d.isdigit()])
+    assert after < before + 10  # nothing left behind (other workers share the machine)
+    assert run_python("print('still fine')", limits=FAST).stdout.strip() == "still fine"
+
+
+def test_output_is_capped():
+    r = run_python("print('x' * 10_000_000)", limits=Limits(timeout_s=5, max_output_bytes=1 << 16))
+    assert len(r.stdout) <= 1 << 16
+    assert r.returncode != 0  # SIGXFSZ / "File too large"
+
+
+def test_open_files_limit():
+    src = "fs = []\ntry:\n    while True: fs.append(open('/dev/null'))\nexcept OSError:\n    print(len(fs))"
+    r = run_python(src, limits=Limits(timeout_s=5, max_open_files=32))
+    assert 0 < int(r.stdout) < 32
+
+
+def test_stdin_and_exit_status():
+    r = run_python("import sys; print(sys.stdin.read().upper()); sys.exit(3)", stdin="abc")
+    assert r.stdout.strip() == "ABC" and r.returncode == 3 and not r.timed_out
+
+
+def test_namespaces_mode_is_strict():
+    if ISOLATED:
+        assert run_python("print(1)", isolation="namespaces").stdout.strip() == "1"
+    else:
+        with pytest.raises(RuntimeError, match="namespaces unavailable"):
+            run_python("print(1)", isolation="namespaces")
