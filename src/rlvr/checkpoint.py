@@ -15,6 +15,7 @@ import json
 import os
 import random
 import shutil
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +44,21 @@ def _fsync(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def _fault_point(name: str) -> None:
+    """Fault injection for the crash tests: RLVR_FAULT=save:N SIGKILLs this process the N-th
+    time it reaches point `save`. Unset in normal use, and then a no-op."""
+    spec = os.environ.get("RLVR_FAULT", "")
+    if not spec.startswith(name + ":"):
+        return
+    global _fault_hits
+    _fault_hits += 1
+    if _fault_hits == int(spec.split(":", 1)[1]):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+_fault_hits = 0
 
 
 def rng_state() -> dict[str, Any]:
@@ -75,6 +91,7 @@ def save_checkpoint(
     final = root / f"step-{step:06d}"
     tmp = root / f".tmp-step-{step:06d}"
     model.save_pretrained(tmp, safe_serialization=True)
+    _fault_point("save")  # tests kill the process here: mid-save, the model written, no manifest
     tokenizer.save_pretrained(tmp)
     torch.save({**trainer_state, "step": step, "rng": rng_state()}, tmp / STATE)
     files = sorted(p for p in tmp.rglob("*") if p.is_file())

@@ -164,5 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return COMMANDS[argv[0]](argv[1:])
     except (ConfigError, FileNotFoundError, CheckpointError) as e:
-        Console(stderr=True).print(f"[red]error:[/red] {e}", markup=True, highlight=False)
+        Console(stderr=True, soft_wrap=True).print(
+            f"[red]error:[/red] {e}", markup=True, highlight=False
+        )
         return 2

@@ -34,7 +34,7 @@ class RunLogger:
         show_progress: bool = True,
     ):
         self.run_dir = run_dir
-        self.console = console or Console(stderr=True)
+        self.console = console or Console(stderr=True, soft_wrap=True)
         self._metrics = open(run_dir / "metrics.jsonl", "a")  # noqa: SIM115 (closed in close())
         self._samples = open(run_dir / "samples.jsonl", "a")  # noqa: SIM115
         self._tb = None

@@ -150,7 +150,7 @@ def train(
     console: Console | None = None,
 ) -> Path:
     """Run `cfg` (or continue the run in `resume_dir`); returns the run directory."""
-    console = console or Console(stderr=True)
+    console = console or Console(stderr=True, soft_wrap=True)
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
     run_dir = prepare_run_dir(cfg, resume=resume_dir is not None)
@@ -212,7 +212,7 @@ def train(
         if eval_before is None:
             eval_before = evaluate(engine, tokenizer, scorer, source.eval, params=eval_params(cfg))
             log.message(f"held-out accuracy before training: {eval_before.get('accuracy', 0):.3f}")
-        step = start_step
+        step, final = start_step, checkpoint
         while step < cfg.train.max_steps and not stop.requested:
             step += 1
             metrics, examples = run_step(
@@ -235,8 +235,9 @@ def train(
             log.log(step, metrics)
             log.samples(step, examples)
             if cfg.train.save_every and step % cfg.train.save_every == 0:
-                save(step)
-        final = save(step)
+                final = save(step)
+        if final is None or not final.name.endswith(f"{step:06d}"):
+            final = save(step)
         if stop.requested:
             log.message(
                 f"stopped by signal after step {step}; checkpoint {final}. "
