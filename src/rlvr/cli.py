@@ -8,10 +8,9 @@ import json
 import sys
 from pathlib import Path
 
-from rich.console import Console
-
 from rlvr.checkpoint import CheckpointError
 from rlvr.config import ConfigError, help_text, load_config, parse_overrides
+from rlvr.health import TrainingHealthError
 
 TRAIN_EPILOG = "config keys (override with --section.key=value):\n"
 
@@ -164,7 +163,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return COMMANDS[argv[0]](argv[1:])
     except (ConfigError, FileNotFoundError, CheckpointError) as e:
-        Console(stderr=True, soft_wrap=True).print(
-            f"[red]error:[/red] {e}", markup=True, highlight=False
-        )
+        sys.stderr.write(f"error: {e}\n")  # plain text: a message may hold [brackets]
         return 2
+    except TrainingHealthError as e:
+        sys.stderr.write(f"error: {e}\n")
+        return 1

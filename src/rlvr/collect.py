@@ -78,6 +78,8 @@ def collect(
         "len_max": 0,
         "tokens": 0,
         "reward_sum": 0.0,
+        "repeat": 0,
+        "identical": 0,
         "reward_sq": 0.0,
     }
     terms_sum: dict[str, float] = {}
@@ -102,6 +104,13 @@ def collect(
         t_score += time.perf_counter() - t1
         t_gen += t1 - t0
         per_group = scores.correct.view(-1, G).sum(1)
+        seen["repeat"] += sum(
+            _one_token_repeated(rollout.completion_ids[i, :n].tolist())
+            for i, n in enumerate(rollout.lengths.tolist())
+        )
+        seen["identical"] += sum(
+            len(set(completions[g * G : (g + 1) * G])) == 1 for g in range(len(batch_prompts))
+        )
         seen["n"] += len(rows)
         seen["all_correct"] += int((per_group == G).sum())
         seen["all_wrong"] += int((per_group == 0).sum())
@@ -157,15 +166,23 @@ def collect(
         "accuracy": seen["correct"] / n,
         "groups/all_correct_frac": seen["all_correct"] * G / n,
         "groups/all_wrong_frac": seen["all_wrong"] * G / n,
+        "groups/identical_frac": seen["identical"] * G / n,
         "groups/kept": len(result.groups),
         "groups/gen_batches": result.num_gen_batches,
         "groups/incomplete": float(not result.complete),
         "response/length_mean": seen["len_sum"] / n,
         "response/length_max": seen["len_max"],
         "response/truncation_rate": seen["truncated"] / n,
+        "response/repeat_frac": seen["repeat"] / n,
         "generated_tokens": seen["len_sum"],
         "time/generation": t_gen,
         "time/scoring": t_score,
     }
     samples = [s for group in result.groups for s in group]
     return Collected(samples=samples, metrics=metrics, examples=examples)
+
+
+def _one_token_repeated(ids: list[int], min_len: int = 4) -> bool:
+    """A degenerate response: at least `min_len` copies of one token (a final EOS aside)."""
+    core = ids if len(set(ids)) == 1 else ids[:-1]
+    return len(core) >= min_len and len(set(core)) == 1

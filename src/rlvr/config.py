@@ -186,6 +186,8 @@ class TrainConfig:
     save_every: checkpoint every N steps (0 = only at the end).
     keep_checkpoints: keep the newest K checkpoints.
     threads: torch CPU threads (0 = torch's default).
+    max_bad_steps: stop after this many steps in a row whose updates had a NaN/inf loss or gradient.
+    entropy_floor: warn when the policy's mean token entropy falls below this (collapse).
     """
 
     max_steps: int = 100
@@ -198,6 +200,8 @@ class TrainConfig:
     save_every: int = 0
     keep_checkpoints: int = 2
     threads: int = 0
+    max_bad_steps: int = 3
+    entropy_floor: float = 0.01
 
 
 @dataclass(frozen=True)
@@ -476,6 +480,8 @@ def validate(cfg: Config) -> None:
     _check(t.eval_samples >= 1, "train.eval_samples", ">= 1", t.eval_samples)
     for key in ("eval_every", "log_samples", "save_every", "threads"):
         _check(getattr(t, key) >= 0, f"train.{key}", ">= 0", getattr(t, key))
+    _check(t.max_bad_steps >= 1, "train.max_bad_steps", ">= 1", t.max_bad_steps)
+    _check(t.entropy_floor >= 0, "train.entropy_floor", ">= 0", t.entropy_floor)
     _check(t.keep_checkpoints >= 1, "train.keep_checkpoints", ">= 1", t.keep_checkpoints)
     _check(cfg.reward.format_weight >= 0, "reward.format_weight", ">= 0", cfg.reward.format_weight)
     for item in cfg.reward.extra:

@@ -35,6 +35,7 @@ from rlvr.checkpoint import (
 from rlvr.collect import PromptSampler, collect, derive_seed
 from rlvr.config import Config, ConfigError, dump_yaml
 from rlvr.evaluation import evaluate
+from rlvr.health import HealthGuard
 from rlvr.metrics import RunLogger
 from rlvr.models import load_model, load_tokenizer
 from rlvr.prompts import PromptSource, load_prompts
@@ -88,7 +89,7 @@ def run_step(
         metrics.update(policy_update(model, samples, cfg, optimizer, scheduler, pad_id, device))
         engine.sync_weights()
     else:
-        metrics["skipped_updates"] = 1  # dynamic sampling found no informative group
+        metrics["empty_batches"] = 1  # dynamic sampling found no informative group
     t2 = time.perf_counter()
     metrics["time/log_probs"] = t1 - t0
     metrics["time/update"] = t2 - t1
@@ -203,6 +204,9 @@ def train(
         )
 
     stop = StopSignal()
+    guard = HealthGuard(
+        max_bad_steps=cfg.train.max_bad_steps, entropy_floor=cfg.train.entropy_floor
+    )
     with (
         RunLogger(
             run_dir, total_steps=cfg.train.max_steps, console=console, show_progress=show_progress
@@ -232,6 +236,8 @@ def train(
             if cfg.train.eval_every and step % cfg.train.eval_every == 0:
                 ev = evaluate(engine, tokenizer, scorer, source.eval, params=eval_params(cfg))
                 metrics.update({f"eval/{k}": v for k, v in ev.items()})
+            for text in guard.check(step, metrics, final):
+                log.message(f"[yellow]{text}")
             log.log(step, metrics)
             log.samples(step, examples)
             if cfg.train.save_every and step % cfg.train.save_every == 0:

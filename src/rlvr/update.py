@@ -60,7 +60,7 @@ def policy_update(
     per_mini = max(1, math.ceil(len(groups) / a.mini_batches))
     stats: dict[str, float] = {}
     tokens_seen = 0
-    skipped = steps = 0
+    nonfinite = steps = 0
     grad_norms, ent_sum, ent_tokens = [], 0.0, 0
     for _ in range(a.mu):
         for start in range(0, len(groups), per_mini):
@@ -121,12 +121,12 @@ def policy_update(
             clip = cfg.optim.max_grad_norm if cfg.optim.max_grad_norm > 0 else math.inf
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
             if bad or not torch.isfinite(grad_norm):
-                skipped += 1  # a NaN/inf loss or gradient: drop this update, keep the weights
+                nonfinite += 1  # a NaN/inf loss or gradient: drop this update, keep the weights
             else:
                 optimizer.step()
+                scheduler.step()  # the schedule counts optimiser steps actually taken
                 grad_norms.append(float(grad_norm))
             optimizer.zero_grad(set_to_none=True)
-            scheduler.step()
             steps += 1
     counts = ("ratio_max", "loss", "log_ratio_clamped", "num_tokens")
     out_metrics = {k: v / max(tokens_seen, 1) for k, v in stats.items() if k not in counts}
@@ -136,7 +136,7 @@ def policy_update(
     out_metrics["loss"] = stats.get("loss", 0.0) / max(steps, 1)
     out_metrics["entropy"] = ent_sum / max(ent_tokens, 1)
     out_metrics["grad_norm"] = sum(grad_norms) / len(grad_norms) if grad_norms else float("nan")
-    out_metrics["optimizer_steps"] = steps - skipped
-    out_metrics["skipped_updates"] = skipped
+    out_metrics["optimizer_steps"] = steps - nonfinite
+    out_metrics["nonfinite_updates"] = nonfinite
     out_metrics["lr"] = scheduler.get_last_lr()[0]
     return out_metrics
