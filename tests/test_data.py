@@ -1,0 +1,172 @@
+"""Prompt datasets: every source format, both presets, dedup, rendering, and the errors a
+malformed row must raise (file, line or row, field)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rlvr.data import DatasetError, PromptExample, load_prompt_dataset, render_prompt
+
+FIXTURES = Path(__file__).parent / "fixtures"
+ROOT = Path(__file__).parents[1]
+
+
+def test_fixtures_are_what_the_script_writes():
+    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "make_fixtures.py"), "--check"])
+    assert r.returncode == 0, "run `python scripts/make_fixtures.py` to refresh tests/fixtures"
+
+
+def test_gsm8k_preset():
+    rows = load_prompt_dataset(FIXTURES / "gsm8k_sample.jsonl", preset="gsm8k")
+    assert len(rows) == 64
+    first = rows[0]
+    assert first.prompt.startswith("Gus has 5 marbles") and first.messages is None
+    assert first.answer == "4"
+    assert first.columns == {"solution": "Gus has 5 - 1 = 4 marbles left."}
+    assert first.source == "gsm8k_sample.jsonl:1"
+    # the config's generic field names do not override the preset's
+    same = load_prompt_dataset(
+        FIXTURES / "gsm8k_sample.jsonl",
+        preset="gsm8k",
+        prompt_field="prompt",
+        answer_field="answer",
+    )
+    assert same == rows
+
+
+@pytest.mark.parametrize("name", ["dapo_math_sample.jsonl", "dapo_math_sample.parquet"])
+def test_dapo_preset_and_dedup(name):
+    rows = load_prompt_dataset(FIXTURES / name, preset="dapo_math")
+    assert len(rows) == 18
+    unique = load_prompt_dataset(FIXTURES / name, preset="dapo_math", dedup=True)
+    assert len(unique) == 6
+    assert unique[0].messages[0]["role"] == "user"
+    assert "Answer:" in unique[0].messages[0]["content"]
+    assert [r.answer for r in unique] == ["100", "2", "5", "9", "15", "12"]
+    assert unique[0].columns["data_source"] == "math_dapo"
+    assert "reward_model" not in unique[0].columns
+
+
+def test_local_hf_datasets(tmp_path):
+    import datasets
+
+    rows = [
+        {"question": "What is 1+1?", "answer": "x\n#### 2"},
+        {"question": "2+2?", "answer": "#### 4"},
+    ]
+    ds = datasets.Dataset.from_list(rows)
+    ds.save_to_disk(str(tmp_path / "saved"))
+    datasets.DatasetDict({"train": ds, "test": ds.select([1])}).save_to_disk(str(tmp_path / "dd"))
+    ds.to_csv(str(tmp_path / "data.csv"))
+    a = load_prompt_dataset(tmp_path / "saved", preset="gsm8k")
+    b = load_prompt_dataset(tmp_path / "dd", preset="gsm8k", split="test")
+    c = load_prompt_dataset(tmp_path / "data.csv", preset="gsm8k")
+    assert [x.answer for x in a] == ["2", "4"] and a[1].source == "saved[1]"
+    assert [x.answer for x in b] == ["4"]
+    assert [x.answer for x in c] == ["2", "4"]
+    with pytest.raises(DatasetError, match="no split 'validation'"):
+        load_prompt_dataset(tmp_path / "dd", preset="gsm8k", split="validation")
+
+
+def test_json_array_numbers_and_limit(tmp_path):
+    path = tmp_path / "d.json"
+    path.write_text(json.dumps([{"q": "a?", "a": 3}, {"q": "b?", "a": 1.5}, {"q": "c?", "a": "x"}]))
+    rows = load_prompt_dataset(path, prompt_field="q", answer_field="a", limit=2)
+    assert [r.answer for r in rows] == ["3", "1.5"] and rows[1].source == "d.json[1]"
+
+
+def _jsonl(tmp_path, *lines: str) -> Path:
+    path = tmp_path / "bad.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+GOOD = json.dumps({"prompt": "q?", "answer": "1"})
+
+
+@pytest.mark.parametrize(
+    ("line", "where", "field", "message"),
+    [
+        ('{"prompt": "q?", "answer": ', "bad.jsonl:3", None, "bad JSON"),
+        ('["a list"]', "bad.jsonl:3", None, "expected an object"),
+        ('{"answer": "1"}', "bad.jsonl:3", "prompt", "missing"),
+        ('{"prompt": "q?"}', "bad.jsonl:3", "answer", "missing"),
+        ('{"prompt": 7, "answer": "1"}', "bad.jsonl:3", "prompt", "got int"),
+        ('{"prompt": "  ", "answer": "1"}', "bad.jsonl:3", "prompt", "empty prompt"),
+        ('{"prompt": [], "answer": "1"}', "bad.jsonl:3", "prompt", "empty list"),
+        (
+            '{"prompt": [{"role": "user"}], "answer": "1"}',
+            "bad.jsonl:3",
+            "prompt[0].content",
+            "expected a string",
+        ),
+        ('{"prompt": ["hi"], "answer": "1"}', "bad.jsonl:3", "prompt[0]", "role"),
+        ('{"prompt": "q?", "answer": ""}', "bad.jsonl:3", "answer", "empty answer"),
+        ('{"prompt": "q?", "answer": null}', "bad.jsonl:3", "answer", "got NoneType"),
+        ('{"prompt": "q?", "answer": true}', "bad.jsonl:3", "answer", "got bool"),
+    ],
+)
+def test_malformed_rows_name_file_line_and_field(tmp_path, line, where, field, message):
+    path = _jsonl(tmp_path, GOOD, "", line)  # line 2 is blank and skipped
+    with pytest.raises(DatasetError, match=message) as e:
+        load_prompt_dataset(path)
+    assert e.value.where == where and e.value.field == field
+    assert str(e.value).startswith(where)
+
+
+def test_malformed_presets(tmp_path):
+    path = _jsonl(tmp_path, json.dumps({"question": "q", "answer": "no marker"}))
+    with pytest.raises(DatasetError, match="####"):
+        load_prompt_dataset(path, preset="gsm8k")
+    path = _jsonl(tmp_path, json.dumps({"prompt": [{"role": "user", "content": "q"}],
+                                        "reward_model": {"style": "rule"}}))  # fmt: skip
+    with pytest.raises(DatasetError, match=r"reward_model\.ground_truth") as e:
+        load_prompt_dataset(path, preset="dapo_math")
+    assert e.value.where == "bad.jsonl:1"
+    rows = [{"prompt": "q", "answer": "1"}]
+    bad_parquet = tmp_path / "bad.parquet"
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.Table.from_pylist([*rows, {"prompt": "", "answer": "2"}]), bad_parquet)
+    with pytest.raises(DatasetError, match=r"bad.parquet\[1\], field 'prompt': empty prompt"):
+        load_prompt_dataset(bad_parquet)
+
+
+def test_unknown_preset_and_missing_file(tmp_path):
+    with pytest.raises(ValueError, match="valid"):
+        load_prompt_dataset(FIXTURES / "gsm8k_sample.jsonl", preset="gsm9k")
+    with pytest.raises(FileNotFoundError):
+        load_prompt_dataset(tmp_path / "nope.jsonl")
+
+
+def test_render_with_chat_template(tokenizer):
+    ex = PromptExample(answer="2", prompt="What is {x}? \\boxed{} it.", source="t:1")
+    text = render_prompt(ex, tokenizer, template="Q: {question}\nA:", system_prompt="Be brief.")
+    assert text == (
+        "<|im_start|>system\nBe brief.<|im_end|>\n"
+        "<|im_start|>user\nQ: What is {x}? \\boxed{} it.\nA:<|im_end|>\n"
+        "<|im_start|>assistant\n"
+    )
+
+
+def test_render_messages_and_plain_tokenizer(tokenizer):
+    ex = PromptExample(answer="2", messages=[{"role": "user", "content": "1+1?"}])
+    assert render_prompt(ex, tokenizer).endswith("1+1?<|im_end|>\n<|im_start|>assistant\n")
+
+    class Plain:  # a tokenizer without a chat template: contents joined by newlines
+        chat_template = None
+
+    assert render_prompt(ex, Plain(), system_prompt="S") == "S\n1+1?\n"
+    own_system = PromptExample(
+        answer="2", messages=[{"role": "system", "content": "x"}, {"role": "user", "content": "q"}]
+    )
+    with pytest.raises(ValueError, match="own system message"):
+        render_prompt(own_system, tokenizer, system_prompt="S")
+    with pytest.raises(ValueError, match=r"\{question\}"):
+        render_prompt(PromptExample(answer="1", prompt="q"), tokenizer, template="no field")
