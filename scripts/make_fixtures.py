@@ -4,7 +4,8 @@
     python scripts/make_fixtures.py --check    # exit 1 if a file differs (tests call this)
 
 gsm8k_sample.jsonl: GSM8K-format word problems ("question"; "answer" = reasoning then
-    "#### N") with small numbers, which configs/gsm8k_tiny.yaml trains the tiny model on.
+    "#### N") with small numbers, which configs/gsm8k_tiny.yaml trains the tiny model on;
+gsm8k_eval_sample.jsonl: 32 more from another seed, its held-out set.
 dapo_math_sample.jsonl / .parquet: DAPO-Math-17k format (a chat-messages "prompt",
     "reward_model.ground_truth"), each prompt repeated 3 times as in the public copy.
 """
@@ -78,6 +79,7 @@ def jsonl(rows: list[dict]) -> str:
 def main(check: bool) -> int:
     texts = {
         "gsm8k_sample.jsonl": jsonl(gsm8k_rows()),
+        "gsm8k_eval_sample.jsonl": jsonl(gsm8k_rows(32, seed=1)),
         "dapo_math_sample.jsonl": jsonl(dapo_rows()),
     }
     stale = [n for n, t in texts.items() if not (FIXTURES / n).exists() or

@@ -170,3 +170,43 @@ def test_render_messages_and_plain_tokenizer(tokenizer):
         render_prompt(own_system, tokenizer, system_prompt="S")
     with pytest.raises(ValueError, match=r"\{question\}"):
         render_prompt(PromptExample(answer="1", prompt="q"), tokenizer, template="no field")
+
+
+def test_tiny_gsm8k_config_wires_data_to_the_math_reward(monkeypatch, tokenizer):
+    from rlvr.config import load_config
+    from rlvr.rewards import make_reward
+
+    monkeypatch.chdir(ROOT)
+    cfg = load_config(ROOT / "configs" / "gsm8k_tiny.yaml")
+    d = cfg.data
+    rows = load_prompt_dataset(
+        d.eval_path, preset=d.preset, prompt_field=d.prompt_field, answer_field=d.answer_field
+    )
+    prompts = [render_prompt(r, tokenizer, template=d.prompt_template) for r in rows]
+    assert all(p.endswith("Answer in <answer></answer>.<|im_end|>\n<|im_start|>assistant\n")
+               for p in prompts)  # fmt: skip
+    math = make_reward(cfg.reward.accuracy)
+    right = [f"<answer>{r.answer}</answer>" for r in rows]
+    wrong = [f"<answer>{int(r.answer) + 1}</answer>" for r in rows]
+    answers = [r.answer for r in rows]
+    assert math(prompts, right, answers) == [1.0] * len(rows)
+    assert math(prompts, wrong, answers) == [0.0] * len(rows)
+
+
+def test_gpu_example_config_loads_once_the_data_exist(monkeypatch, tmp_path):
+    from rlvr.config import load_config
+
+    (tmp_path / "data").mkdir()
+    for split in ("train", "test"):
+        (tmp_path / "data" / f"gsm8k_{split}.jsonl").write_text(
+            json.dumps({"question": "1+1?", "answer": "#### 2"}) + "\n"
+        )
+    monkeypatch.chdir(tmp_path)
+    cfg = load_config(ROOT / "configs" / "qwen2.5-0.5b-gsm8k-dapo.yaml")
+    assert cfg.model.name_or_path == "Qwen/Qwen2.5-0.5B-Instruct"
+    assert (cfg.algo.clip_high, cfg.algo.agg, cfg.algo.dynamic_sampling) == (
+        0.28,
+        "token_mean",
+        True,
+    )
+    assert cfg.data.preset == "gsm8k" and cfg.reward.accuracy == "math"
