@@ -14,8 +14,8 @@ intervals, sets, equations) in a child process that is killed when a call runs p
 `timeout_s`. math-verify's own timeout uses SIGALRM, which works only in the main thread and
 cannot interrupt sympy's C arithmetic (`10^{10^{10}}` never returns), hence the process.
 Answers longer than `MAX_ANSWER_CHARS` or nested deeper than `MAX_BRACE_DEPTH` are "not equal"
-without being parsed. Model output is never passed to eval/exec. `start_verifier()` starts the worker ahead of the
-first call (about a second to import sympy).
+without being parsed. Model output is never passed to eval/exec. `start_verifier()` starts
+the worker ahead of the first call (about a second to import sympy).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from __future__ import annotations
 import re
 from decimal import Decimal, InvalidOperation
 
-from rlvr.rewards._verifier import verify_in_worker
+from rlvr.rewards._verifier import verify_in_worker, warm_up
 
 MAX_ANSWER_CHARS = 1000
 MAX_BRACE_DEPTH = 50
@@ -173,6 +173,11 @@ def math_equal(prediction: str, reference: str, *, timeout_s: float = 0.5) -> bo
     if _too_deep(prediction) or _too_deep(reference):
         return False
     return verify_in_worker(prediction, reference, timeout_s=timeout_s)
+
+
+def start_verifier() -> None:
+    """Start the math-verify worker now (or wait for a replacement to finish starting)."""
+    warm_up()
 
 
 def make_math_reward(
