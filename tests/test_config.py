@@ -159,3 +159,13 @@ def test_fuzz_command_line_overrides(args):
         load_config(None, args)
     except ConfigError as e:
         assert str(e)
+
+
+def test_reward_params_from_yaml_and_command_line(tmp_path):
+    f = tmp_path / "c.yaml"
+    f.write_text("reward:\n  params:\n    math:\n      signed: false\n")
+    assert load_config(f).reward.params == {"math": {"signed": False}}
+    cfg = load_config(None, ['--reward.params={"format": {"mode": "lenient"}}'])
+    assert cfg.reward.params == {"format": {"mode": "lenient"}}
+    with pytest.raises(ConfigError, match=r"reward\.params: got .*expected a mapping of name"):
+        load_config(None, ["--reward.params=[1, 2]"])

@@ -45,8 +45,8 @@ class DataConfig:
     task: built-in task name (see `rlvr.tasks.TASKS`); ignored when `path` is set.
     path: a jsonl / parquet file or a local Hugging Face dataset directory.
     preset: dataset format preset for `path`: none, gsm8k, dapo_math.
-    prompt_field: column holding the question (a string or a list of chat messages).
-    answer_field: column holding the reference answer (dotted for nested, e.g. reward_model.ground_truth).
+    prompt_field: column holding the question, a string or chat messages (none = the preset's).
+    answer_field: column holding the reference answer, dotted when nested (none = the preset's).
     eval_path: held-out dataset for evaluation (same format as `path`); defaults to none.
     system_prompt: optional system message put before every prompt.
     prompt_template: template with {question} applied to string prompts.
@@ -57,8 +57,8 @@ class DataConfig:
     task: str = "arithmetic"
     path: str | None = None
     preset: Literal["none", "gsm8k", "dapo_math"] = "none"
-    prompt_field: str = "prompt"
-    answer_field: str = "answer"
+    prompt_field: str | None = None
+    answer_field: str | None = None
     eval_path: str | None = None
     system_prompt: str | None = None
     prompt_template: str = "{question}"
@@ -140,6 +140,7 @@ class RewardConfig:
     format_weight: weight of the R1 format reward (<think>...</think> then the answer); 0 = off.
     extra: more reward terms, each "name=weight" (name from rlvr.rewards.REWARDS or module:function).
     on_error: a reward function that raises: "raise" stops the run, "zero" scores 0 and counts it.
+    params: settings per reward name, e.g. {math: {signed: false}} (YAML, or JSON on the command line).
     """
 
     accuracy: str = "task"
@@ -148,6 +149,7 @@ class RewardConfig:
     format_weight: float = 0.0
     extra: tuple[str, ...] = ()
     on_error: Literal["raise", "zero"] = "raise"
+    params: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -297,6 +299,17 @@ def _coerce(key: str, tp: Any, value: Any) -> Any:
         if value not in args:
             raise ConfigError(f"{key}: got {value!r}, expected one of {', '.join(map(repr, args))}")
         return value
+    if origin is dict:
+        if isinstance(value, str):
+            try:
+                value = yaml.safe_load(value) if value.strip() else {}
+            except yaml.YAMLError:
+                raise ConfigError(f"{key}: got {value!r}, expected a mapping") from None
+        if not isinstance(value, dict) or not all(
+            isinstance(k, str) and isinstance(v, dict) for k, v in value.items()
+        ):
+            raise ConfigError(f"{key}: got {value!r}, expected a mapping of name -> settings")
+        return {k: dict(v) for k, v in value.items()}
     if origin is tuple:
         if isinstance(value, str):
             value = [v for v in value.split(",") if v]

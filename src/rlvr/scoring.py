@@ -25,10 +25,10 @@ class Scores:
     failures: dict[str, int]
 
 
-def _reward_fn(spec: str) -> Callable:
-    from rlvr.rewards import load_user_reward, make_reward
+def _reward_fn(spec: str, params: dict[str, dict]) -> Callable:
+    from rlvr.rewards import make_reward
 
-    return load_user_reward(spec) if ":" in spec else make_reward(spec)
+    return make_reward(spec, **params.get(spec, {}))
 
 
 @dataclass(frozen=True)
@@ -47,12 +47,16 @@ class Scorer:
                 "name a reward such as 'math' instead"
             )
         try:
-            accuracy_fn = None if r.accuracy == "task" else _reward_fn(r.accuracy)
-            shaping = [("format", r.format_weight, _reward_fn("format"))] if r.format_weight else []
+            accuracy_fn = None if r.accuracy == "task" else _reward_fn(r.accuracy, r.params)
+            shaping = (
+                [("format", r.format_weight, _reward_fn("format", r.params))]
+                if r.format_weight
+                else []
+            )
             for item in r.extra:
                 name, weight = item.rsplit("=", 1)
                 # a user function is logged under its own name, not its file path
-                shaping.append((name.rsplit(":", 1)[-1], float(weight), _reward_fn(name)))
+                shaping.append((name.rsplit(":", 1)[-1], float(weight), _reward_fn(name, r.params)))
         except (ValueError, ImportError, AttributeError, FileNotFoundError) as e:
             raise ConfigError(f"reward: {e}") from None
         return cls(cfg, task, accuracy_fn, shaping)
