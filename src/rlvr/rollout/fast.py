@@ -22,6 +22,7 @@ import inspect
 
 import torch
 from transformers import DynamicCache, PreTrainedModel, StaticCache
+from transformers.cache_utils import StaticLayer
 
 from rlvr.rollout.base import Rollout, SamplingParams, lengths_from_eos
 from rlvr.rollout.hf import left_pad
@@ -66,6 +67,30 @@ def sample_tokens(
     return tokens, log_probs
 
 
+class _LiveLayer(StaticLayer):
+    """A preallocated cache layer that hands attention only the slots written so far.
+
+    `StaticLayer` returns all `max_cache_len` slots (masked), so every decoding step would
+    attend over the full prompt + max_new_tokens width; this returns a view of the live
+    prefix instead (no copy), and sizes the mask to match. The write itself is StaticLayer's:
+    in place, at `cumulative_length`.
+    """
+
+    is_compileable = False  # lets the mask code skip the mask when nothing is padded
+
+    def __init__(self, max_cache_len: int, **kwargs):
+        super().__init__(max_cache_len, **kwargs)
+        self.live = 0  # python int: no device sync to size the mask
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        keys, values = super().update(key_states, value_states, *args, **kwargs)
+        self.live += key_states.shape[-2]
+        return keys[:, :, : self.live], values[:, :, : self.live]
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.live + query_length, 0
+
+
 class FastEngine:
     """Samples on the live policy module with its own decoding loop (see the module doc).
 
@@ -97,9 +122,15 @@ class FastEngine:
 
     def _new_cache(self, max_len: int):
         config = self.model.config
-        if self.cache == "static":
-            return StaticCache(config=config, max_cache_len=max_len)
-        return DynamicCache(config=config)
+        if self.cache == "dynamic":
+            return DynamicCache(config=config)
+        cache = StaticCache(config=config, max_cache_len=max_len)
+        # Plain full-attention layers attend over the live prefix only; any other layer kind
+        # (sliding window, linear attention) keeps the layer transformers chose for it.
+        cache.layers = [
+            _LiveLayer(max_len) if type(layer) is StaticLayer else layer for layer in cache.layers
+        ]
+        return cache
 
     def _forward(self, ids, mask, positions, cache) -> torch.Tensor:
         out = self.model(
@@ -156,8 +187,6 @@ class FastEngine:
         mask = torch.ones((B, P + T), dtype=prompt_mask.dtype, device=device)
         mask[:, :P] = prompt_mask.index_select(0, expand)
         next_pos = prompt_mask.sum(-1).index_select(0, expand)  # position of the 1st new token
-        if self.cache == "dynamic":
-            mask_width = P + 1  # a dynamic cache takes the mask of the tokens seen so far
 
         row_ids = torch.arange(B, device=device)  # live batch row -> output row
         alive = torch.ones(B, dtype=torch.bool, device=device)
@@ -179,10 +208,8 @@ class FastEngine:
                 cache.reorder_cache(keep)
                 row_ids, alive, tokens = row_ids[keep], alive[keep], tokens[keep]
                 mask, next_pos = mask[keep], next_pos[keep]
-            step_mask = mask
-            if self.cache == "dynamic":
-                step_mask = mask[:, :mask_width]
-                mask_width += 1
+            # The mask of the tokens seen so far (a view): a layer that holds more slots pads it.
+            step_mask = mask[:, : P + t + 1]
             logits = self._forward(tokens[:, None], step_mask, (next_pos + t)[:, None], cache)
 
         return self._rollout(rows, completion, log_probs, steps, n)
