@@ -1,0 +1,189 @@
+"""Models and tokenizers: any Hugging Face causal LM, and the built-in tiny model.
+
+Everything loads through ``from_pretrained``. The built-in model ``"rlvr-tiny"`` is an
+ordinary Hugging Face checkpoint shipped inside the package (``rlvr/assets/rlvr-tiny``);
+``resolve_model_path`` turns the name into that directory and nothing downstream knows the
+difference. ``scripts/build_tiny_model.py`` rebuilds it from ``build_tokenizer`` and
+``build_tiny_model``.
+"""
+
+from __future__ import annotations
+
+import string
+from pathlib import Path
+from typing import Literal
+
+import torch
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    GenerationConfig,
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+    PreTrainedTokenizerFast,
+)
+
+TINY_MODEL_NAME = "rlvr-tiny"
+ASSETS_DIR = Path(__file__).resolve().parent / "assets"
+
+PAD_TOKEN = "<|endoftext|>"
+IM_START = "<|im_start|>"
+EOS_TOKEN = "<|im_end|>"
+UNK_TOKEN = "<unk>"
+# Not special: they must survive `decode(..., skip_special_tokens=True)` so that rewards
+# can see them, as in Qwen3 / DeepSeek-R1 tokenizers.
+TAG_TOKENS = ("<think>", "</think>", "<answer>", "</answer>")
+
+# Qwen2.5-style ChatML template, without Qwen's default system prompt.
+CHAT_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+Dtype = Literal["float32", "bfloat16", "float16", "auto"]
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def build_tokenizer() -> PreTrainedTokenizerFast:
+    """A character-level tokenizer: one token per printable ASCII character and newline.
+
+    Special tokens (single ids): ``<|endoftext|>`` (pad), ``<|im_start|>``, ``<|im_end|>``
+    (eos), ``<unk>``; added non-special tokens: ``<think>``, ``</think>``, ``<answer>``,
+    ``</answer>``. Ids are fixed by construction, so the vocabulary never depends on data.
+    """
+    specials = [PAD_TOKEN, IM_START, EOS_TOKEN, UNK_TOKEN]
+    chars = ["\n", *string.printable[:95]]  # digits, letters, punctuation, space
+    vocab = {tok: i for i, tok in enumerate([*specials, *TAG_TOKENS, *chars])}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK_TOKEN))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    tok.add_special_tokens([AddedToken(t, normalized=False, special=True) for t in specials])
+    tok.add_tokens([AddedToken(t, normalized=False, special=False) for t in TAG_TOKENS])
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        pad_token=PAD_TOKEN,
+        eos_token=EOS_TOKEN,
+        unk_token=UNK_TOKEN,
+        additional_special_tokens=[IM_START],
+        chat_template=CHAT_TEMPLATE,
+        padding_side="left",
+        clean_up_tokenization_spaces=False,
+        model_max_length=512,
+    )
+
+
+def build_tiny_model(
+    tokenizer: PreTrainedTokenizerBase,
+    *,
+    seed: int,
+    hidden_size: int = 128,
+    num_layers: int = 4,
+    num_heads: int = 4,
+    num_kv_heads: int = 2,
+    intermediate_size: int = 384,
+    max_position_embeddings: int = 512,
+) -> PreTrainedModel:
+    """A randomly initialised Llama causal LM sized for ``tokenizer``; same seed, same weights.
+
+    Llama rather than Qwen2: transformers 5 loads any ``model_type="qwen2"`` checkpoint's
+    tokenizer as ``Qwen2Tokenizer``, which replaces this tokenizer's character-level
+    pre-tokenizer with Qwen's byte-level one; for ``llama`` it honours the saved class.
+    """
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_kv_heads,
+        intermediate_size=intermediate_size,
+        max_position_embeddings=max_position_embeddings,
+        tie_word_embeddings=True,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=tokenizer.convert_tokens_to_ids(IM_START),
+    )
+    gen = torch.random.get_rng_state()
+    try:
+        torch.manual_seed(seed)
+        model = LlamaForCausalLM(config)
+    finally:
+        torch.random.set_rng_state(gen)
+    model.generation_config = GenerationConfig(
+        pad_token_id=config.pad_token_id,
+        eos_token_id=config.eos_token_id,
+        bos_token_id=config.bos_token_id,
+    )
+    return model
+
+
+def resolve_model_path(name_or_path: str) -> str:
+    """``"rlvr-tiny"`` -> the shipped checkpoint; a local directory -> itself; else a hub id.
+
+    A string that looks like a filesystem path (absolute, ``./``, ``~``, or an existing
+    file) but is not a directory fails here with ``FileNotFoundError`` naming it.
+    """
+    if name_or_path == TINY_MODEL_NAME:
+        path = ASSETS_DIR / TINY_MODEL_NAME
+        if not (path / "config.json").is_file():
+            raise FileNotFoundError(
+                f"the built-in model {TINY_MODEL_NAME!r} is missing from {path}; "
+                "rebuild it with `python scripts/build_tiny_model.py`"
+            )
+        return str(path)
+    path = Path(name_or_path).expanduser()
+    if path.is_dir():
+        return str(path)
+    if _looks_local(name_or_path) or path.exists():
+        raise FileNotFoundError(f"model path {name_or_path!r} is not a directory")
+    return name_or_path
+
+
+def _looks_local(name: str) -> bool:
+    return name.startswith(("/", "./", "../", "~", ".\\")) or name in (".", "..")
+
+
+def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
+    """Load a tokenizer; one without a pad token gets ``pad = eos``.
+
+    ``pad == eos`` is safe here because response masks are built from lengths, never by
+    comparing token ids with ``pad_token_id``.
+    """
+    path = resolve_model_path(name_or_path)
+    tokenizer = _from_pretrained(AutoTokenizer.from_pretrained, path, name_or_path)
+    if tokenizer.pad_token is None:
+        if tokenizer.eos_token is None:
+            raise ValueError(f"tokenizer of {name_or_path!r} has neither a pad nor an eos token")
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def load_model(
+    name_or_path: str, *, dtype: Dtype = "float32", device: str | torch.device = "cpu"
+) -> PreTrainedModel:
+    """Load a causal LM with ``AutoModelForCausalLM.from_pretrained`` and move it to ``device``."""
+    if dtype != "auto" and dtype not in _DTYPES:
+        raise ValueError(f"dtype {dtype!r} is not one of {[*_DTYPES, 'auto']}")
+    path = resolve_model_path(name_or_path)
+    if Path(path).is_dir() and not (Path(path) / "config.json").is_file():
+        raise FileNotFoundError(f"model directory {name_or_path!r} has no config.json")
+    torch_dtype = "auto" if dtype == "auto" else _DTYPES[dtype]
+    model = _from_pretrained(
+        AutoModelForCausalLM.from_pretrained, path, name_or_path, dtype=torch_dtype
+    )
+    return model.to(device)
+
+
+def _from_pretrained(load, path: str, name: str, **kwargs):
+    """Call a ``from_pretrained``; turn transformers' OSError into one naming the model."""
+    try:
+        return load(path, **kwargs)
+    except OSError as err:
+        raise FileNotFoundError(
+            f"could not load {name!r}: it is neither a local model directory nor a Hugging "
+            f"Face Hub id that can be reached from here ({type(err).__name__}: {err})"
+        ) from err
