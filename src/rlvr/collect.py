@@ -94,6 +94,7 @@ def collect(
             temperature=r.temperature,
             top_p=r.top_p,
             top_k=r.top_k,
+            min_new_tokens=r.min_new_tokens,
             seed=derive_seed(cfg.train.seed, "gen", step, buffer.num_gen_batches),
         )
         rollout = engine.generate([p.ids for p in batch_prompts], params)

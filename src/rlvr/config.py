@@ -77,6 +77,7 @@ class RolloutConfig:
     temperature: sampling temperature; the trainer applies the same one to its log-probs.
     top_p: nucleus sampling threshold (1.0 = off).
     top_k: top-k sampling (0 = off).
+    min_new_tokens: suppress EOS before this many tokens (benchmarks force lengths with it; 0 = off).
     """
 
     engine: str = "hf"
@@ -86,6 +87,7 @@ class RolloutConfig:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
+    min_new_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -448,6 +450,12 @@ def validate(cfg: Config) -> None:
     _check(r.temperature > 0, "rollout.temperature", "> 0", r.temperature)
     _check(0 < r.top_p <= 1, "rollout.top_p", "in (0, 1]", r.top_p)
     _check(r.top_k >= 0, "rollout.top_k", ">= 0", r.top_k)
+    _check(
+        0 <= r.min_new_tokens <= r.max_new_tokens,
+        "rollout.min_new_tokens",
+        f"0 <= min_new_tokens <= rollout.max_new_tokens ({r.max_new_tokens})",
+        r.min_new_tokens,
+    )
     _check(0 <= a.clip_low < 1, "algo.clip_low", "0 <= clip_low < 1", a.clip_low)
     _check(a.clip_high >= 0, "algo.clip_high", ">= 0", a.clip_high)
     _check(a.dual_clip is None or a.dual_clip > 1, "algo.dual_clip", "none or > 1", a.dual_clip)

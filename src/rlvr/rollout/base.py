@@ -24,6 +24,7 @@ class SamplingParams:
     top_k: int = 0
     seed: int = 0
     greedy: bool = False
+    min_new_tokens: int = 0  # EOS suppressed before this many tokens (benchmarks only)
 
 
 @dataclass(frozen=True)
