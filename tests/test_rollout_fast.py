@@ -147,6 +147,19 @@ def test_pad_equal_to_eos(model, prompts, eos_ids, hf_greedy):
     assert torch.equal(r.response_mask * r.completion_ids, ref.response_mask * ref.completion_ids)
 
 
+def test_min_new_tokens_same_as_hf(model, tok, prompts, eos_ids, hf_greedy):
+    assert (hf_greedy.lengths <= 6).any()  # without it, some rows end before 7 tokens
+    params = SamplingParams(n=2, max_new_tokens=16, greedy=True, min_new_tokens=6)
+    a = HFEngine(model, pad_id=tok.pad_token_id, eos_ids=eos_ids).generate(prompts, params)
+    b = FastEngine(model, pad_id=tok.pad_token_id, eos_ids=eos_ids).generate(prompts, params)
+    assert torch.equal(a.completion_ids, b.completion_ids) and torch.equal(a.lengths, b.lengths)
+    assert (b.lengths > 6).all()
+    sampled = FastEngine(model, pad_id=tok.pad_token_id, eos_ids=eos_ids).generate(
+        prompts, SamplingParams(n=4, max_new_tokens=16, min_new_tokens=6, seed=2)
+    )
+    assert (sampled.lengths > 6).all()
+
+
 def test_truncation_when_no_eos(model, tok, prompts):
     r = FastEngine(model, pad_id=tok.pad_token_id, eos_ids=[10_000]).generate(
         prompts, SamplingParams(n=2, max_new_tokens=7, seed=1)

@@ -49,19 +49,21 @@ def filter_logits(logits: torch.Tensor, top_k: int = 0, top_p: float = 1.0) -> t
 
 
 def sample_tokens(
-    logits: torch.Tensor, params: SamplingParams
+    logits: torch.Tensor, params: SamplingParams, suppress: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Next tokens for (N, V) logits and their log-probs under softmax(logits / T), fp32.
 
     Greedy takes the argmax; otherwise temperature, top-k and top-p shape the distribution
-    that `torch.multinomial` draws from (global RNG). The returned log-prob is always the
-    unfiltered one, as the trainer computes it.
+    that `torch.multinomial` draws from (global RNG). `suppress` ids (EOS before
+    `min_new_tokens`) can't be chosen. The returned log-prob is always the unfiltered one,
+    as the trainer computes it.
     """
     scaled = logits.float() / params.temperature
+    choice = scaled if suppress is None else scaled.index_fill(-1, suppress, float("-inf"))
     if params.greedy:
-        tokens = logits.argmax(dim=-1)
+        tokens = choice.argmax(dim=-1)
     else:
-        probs = filter_logits(scaled, params.top_k, params.top_p).softmax(dim=-1)
+        probs = filter_logits(choice, params.top_k, params.top_p).softmax(dim=-1)
         tokens = torch.multinomial(probs, num_samples=1).squeeze(1)
     log_probs = scaled.gather(-1, tokens[:, None]).squeeze(1) - torch.logsumexp(scaled, dim=-1)
     return tokens, log_probs
@@ -191,9 +193,11 @@ class FastEngine:
         row_ids = torch.arange(B, device=device)  # live batch row -> output row
         alive = torch.ones(B, dtype=torch.bool, device=device)
         eos = torch.tensor(self.eos_ids, dtype=torch.long, device=device)
+        eos_in_vocab = eos[eos < logits.shape[-1]]
         steps = 0
         for t in range(T):
-            tokens, lp = sample_tokens(logits, params)
+            suppress = eos_in_vocab if t < params.min_new_tokens else None
+            tokens, lp = sample_tokens(logits, params, suppress)
             # Finished rows still in the batch write padding (and log-prob 0) after their EOS.
             completion[row_ids, t] = torch.where(alive, tokens, self.pad_id)
             log_probs[row_ids, t] = torch.where(alive, lp, 0.0)
