@@ -169,3 +169,10 @@ def test_reward_params_from_yaml_and_command_line(tmp_path):
     assert cfg.reward.params == {"format": {"mode": "lenient"}}
     with pytest.raises(ConfigError, match=r"reward\.params: got .*expected a mapping of name"):
         load_config(None, ["--reward.params=[1, 2]"])
+
+
+def test_engine_is_validated():
+    assert load_config().rollout.engine == "fast"
+    assert load_config(None, ["--rollout.engine=hf"]).rollout.engine == "hf"
+    with pytest.raises(ConfigError, match=r"rollout\.engine: got 'vllm2', expected one of 'hf'"):
+        load_config(None, ["--rollout.engine=vllm2"])

@@ -70,7 +70,7 @@ class DataConfig:
 class RolloutConfig:
     """Sampling: how many responses, how long, at what temperature.
 
-    engine: rollout engine name (see `rlvr.rollout.ENGINES`).
+    engine: "fast" (own decode loop: prompt prefilled once per group, static KV cache) or "hf" (generate).
     prompts_per_step: prompts whose groups enter one rollout batch (after dynamic sampling).
     group_size: G, responses sampled per prompt.
     max_new_tokens: generation cap L_max in tokens; a response without EOS by then is truncated.
@@ -80,7 +80,7 @@ class RolloutConfig:
     min_new_tokens: suppress EOS before this many tokens (benchmarks force lengths with it; 0 = off).
     """
 
-    engine: str = "hf"
+    engine: str = "fast"
     prompts_per_step: int = 16
     group_size: int = 8
     max_new_tokens: int = 32
@@ -512,6 +512,11 @@ def validate(cfg: Config) -> None:
             "entries of the form name=weight",
             item,
         )
+    from rlvr.rollout import ENGINES
+
+    _check(
+        r.engine in ENGINES, "rollout.engine", f"one of {', '.join(map(repr, ENGINES))}", r.engine
+    )
     if cfg.data.path is None:
         from rlvr.tasks import TASKS
 
