@@ -8,9 +8,11 @@ import json
 import sys
 from pathlib import Path
 
+from rlvr.ablate import cmd_ablate
 from rlvr.checkpoint import CheckpointError
 from rlvr.config import ConfigError, help_text, load_config, parse_overrides
 from rlvr.health import TrainingHealthError
+from rlvr.plots import cmd_plot
 
 TRAIN_EPILOG = "config keys (override with --section.key=value):\n"
 
@@ -143,7 +145,51 @@ def cmd_eval(argv: list[str]) -> int:
     return 0
 
 
-COMMANDS = {"train": cmd_train, "eval": cmd_eval}
+def cmd_export(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(
+        prog="rlvr export",
+        description="Write a plain Hugging Face model from a run directory or a checkpoint; "
+        "a LoRA adapter is merged into its base (--merge).",
+    )
+    p.add_argument("source", help="run directory (newest good checkpoint) or checkpoint directory")
+    p.add_argument("--output", required=True, help="directory to write the model to")
+    p.add_argument("--merge", action="store_true", help="merge a LoRA adapter into its base")
+    args = p.parse_args(argv)
+    import json as _json
+
+    from rlvr.checkpoint import latest_good_checkpoint, verify_checkpoint
+    from rlvr.policy import export_merged
+
+    source = Path(args.source)
+    if (source / "config.yaml").is_file() and (source / "checkpoints").is_dir():
+        ckpt = latest_good_checkpoint(source)
+        if ckpt is None:
+            raise CheckpointError(f"{source}: no intact checkpoint to export")
+    else:
+        ckpt = source
+        verify_checkpoint(ckpt)
+    adapter = ckpt / "adapter_config.json"
+    if adapter.is_file():
+        if not args.merge:
+            raise ConfigError(f"{ckpt} holds a LoRA adapter: pass --merge to fold it into its base")
+        base = _json.loads(adapter.read_text())["base_model_name_or_path"]
+        export_merged(ckpt, base, Path(args.output))
+    else:
+        from rlvr.models import load_model, load_tokenizer
+
+        load_model(str(ckpt)).save_pretrained(args.output)
+        load_tokenizer(str(ckpt)).save_pretrained(args.output)
+    print(f"wrote {args.output}")
+    return 0
+
+
+COMMANDS = {
+    "train": cmd_train,
+    "eval": cmd_eval,
+    "export": cmd_export,
+    "plot": cmd_plot,
+    "ablate": cmd_ablate,
+}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -155,9 +201,12 @@ def main(argv: list[str] | None = None) -> int:
             )
             return 2
         print(
-            "usage: rlvr {train,eval} ...\n\n  train  train a policy with GRPO/DAPO "
-            "(no arguments: the built-in offline demo)\n  eval   held-out accuracy of a model "
-            "on a built-in task\n\nrlvr COMMAND --help for details."
+            "usage: rlvr {train,eval,export,plot,ablate} ...\n\n  train   train a policy with GRPO/DAPO "
+            "(no arguments: the built-in offline demo)\n  eval    held-out accuracy of a model "
+            "on a built-in task\n  export  a run's model as a plain Hugging Face model "
+            "(--merge folds in LoRA)\n  plot    training curves (PNG) from run directories\n"
+            "  ablate  DAPO's ablation ladder (naive GRPO ... DAPO) over seeds, with a report\n"
+            "\nrlvr COMMAND --help for details."
         )
         return 0
     try:

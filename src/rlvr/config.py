@@ -31,11 +31,27 @@ class ModelConfig:
     name_or_path: "rlvr-tiny" (the built-in offline model), a local directory, or a hub id.
     dtype: parameter dtype: float32, bfloat16, float16, or auto (as saved).
     device: "auto" (cuda if available, else cpu), "cpu", "cuda", "cuda:1", ...
+    lora_rank: LoRA rank r (PEFT); 0 trains every weight.
+    lora_alpha: LoRA scaling alpha (the update is scaled by alpha / r).
+    lora_dropout: dropout on the LoRA input (0 keeps log-probs deterministic).
+    lora_target_modules: module names that get adapters.
     """
 
     name_or_path: str = "rlvr-tiny"
     dtype: Literal["float32", "bfloat16", "float16", "auto"] = "float32"
     device: str = "auto"
+    lora_rank: int = 0
+    lora_alpha: float = 16.0
+    lora_dropout: float = 0.0
+    lora_target_modules: tuple[str, ...] = (
+        "q_proj",
+        "k_proj",
+        "v_proj",
+        "o_proj",
+        "gate_proj",
+        "up_proj",
+        "down_proj",
+    )
 
 
 @dataclass(frozen=True)
@@ -486,6 +502,16 @@ def validate(cfg: Config) -> None:
         "algo.std",
         "population when group_size is 1",
         a.std,
+    )
+    m = cfg.model
+    _check(m.lora_rank >= 0, "model.lora_rank", ">= 0", m.lora_rank)
+    _check(m.lora_alpha > 0, "model.lora_alpha", "> 0", m.lora_alpha)
+    _check(0 <= m.lora_dropout < 1, "model.lora_dropout", "in [0, 1)", m.lora_dropout)
+    _check(
+        m.lora_rank == 0 or len(m.lora_target_modules) > 0,
+        "model.lora_target_modules",
+        "at least one module name",
+        m.lora_target_modules,
     )
     _check(o.lr > 0, "optim.lr", "> 0", o.lr)
     _check(o.weight_decay >= 0, "optim.weight_decay", ">= 0", o.weight_decay)

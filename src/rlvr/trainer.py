@@ -37,7 +37,8 @@ from rlvr.config import Config, ConfigError, dump_yaml
 from rlvr.evaluation import evaluate
 from rlvr.health import HealthGuard
 from rlvr.metrics import RunLogger
-from rlvr.models import load_model, load_tokenizer
+from rlvr.models import load_tokenizer
+from rlvr.policy import Policy, load_policy
 from rlvr.prompts import PromptSource, load_prompts
 from rlvr.rollout import ENGINES, SamplingParams
 from rlvr.scoring import Scorer
@@ -61,8 +62,7 @@ def eval_params(cfg: Config, *, greedy: bool = False, n: int | None = None) -> S
 def run_step(
     step: int,
     cfg: Config,
-    model,
-    ref_model,
+    policy: Policy,
     engine,
     tokenizer,
     scorer: Scorer,
@@ -74,15 +74,16 @@ def run_step(
 ) -> tuple[dict[str, float], list[dict]]:
     """One rollout step: collect, advantages, old/ref log-probs, update. Returns metrics."""
     t_start = time.perf_counter()
-    pad_id = tokenizer.pad_token_id
+    pad_id, model = tokenizer.pad_token_id, policy.model
     got = collect(step, cfg, engine, tokenizer, scorer, source.train, sampler)
     samples = got.samples
     assign_advantages(samples, cfg)
     t0 = time.perf_counter()
     if samples and (cfg.algo.mu > 1 or cfg.algo.mini_batches > 1):
         fill_log_probs(model, samples, cfg, pad_id, device, "old_log_probs")
-    if samples and ref_model is not None:
-        fill_log_probs(ref_model, samples, cfg, pad_id, device, "ref_log_probs")
+    if samples and cfg.algo.kl_coef > 0:
+        with policy.reference() as reference:
+            fill_log_probs(reference, samples, cfg, pad_id, device, "ref_log_probs")
     t1 = time.perf_counter()
     metrics = dict(got.metrics)
     if samples:
@@ -159,13 +160,9 @@ def train(
     checkpoint = latest_good_checkpoint(run_dir, warn=console.print) if resume_dir else None
     if resume_dir and checkpoint is None:
         raise CheckpointError(f"{run_dir}: no intact checkpoint to resume from")
-    weights = str(checkpoint) if checkpoint else cfg.model.name_or_path
     tokenizer = load_tokenizer(cfg.model.name_or_path)
-    model = load_model(weights, dtype=cfg.model.dtype, device=device).eval()
-    ref_model = None
-    if cfg.algo.kl_coef > 0:  # the reference is the starting policy, frozen
-        ref_model = load_model(cfg.model.name_or_path, dtype=cfg.model.dtype, device=device).eval()
-        ref_model.requires_grad_(False)
+    policy = load_policy(cfg, checkpoint, device)
+    model = policy.model
     max_context = getattr(model.config, "max_position_embeddings", None)
     source = load_prompts(cfg, tokenizer, max_context)
     scorer = Scorer.build(cfg, source.task)
@@ -174,7 +171,10 @@ def train(
     )
     o = cfg.optim
     optimizer = torch.optim.AdamW(
-        model.parameters(), lr=o.lr, betas=(o.beta1, o.beta2), weight_decay=o.weight_decay
+        [p for p in model.parameters() if p.requires_grad],
+        lr=o.lr,
+        betas=(o.beta1, o.beta2),
+        weight_decay=o.weight_decay,
     )
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: min(1.0, (s + 1) / o.warmup_steps) if o.warmup_steps else 1.0
@@ -222,8 +222,7 @@ def train(
             metrics, examples = run_step(
                 step,
                 cfg,
-                model,
-                ref_model,
+                policy,
                 engine,
                 tokenizer,
                 scorer,
@@ -260,6 +259,7 @@ def train(
         "model": cfg.model.name_or_path,
         "preset": cfg.preset,
         "final_checkpoint": str(final),
+        "reference": policy.reference_kind,
         "wall_time_s": time.time() - t_start,
     }
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))

@@ -1,0 +1,97 @@
+"""The trained policy and its reference: a full model, or a LoRA adapter (PEFT) on a frozen base.
+
+With LoRA the reference is the base with the adapter switched off, so no second copy of the
+weights is held; checkpoints hold the adapter only, and `rlvr export --merge` folds it in.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from rlvr.config import Config, ConfigError
+from rlvr.models import load_model
+
+
+@dataclass
+class Policy:
+    model: torch.nn.Module  # the module trained (a PeftModel under LoRA)
+    reference_copy: torch.nn.Module | None  # a frozen full copy, only without LoRA and kl > 0
+
+    @property
+    def reference_kind(self) -> str:
+        if self.reference_copy is not None:
+            return "copy"
+        return "adapter-disabled" if is_lora(self.model) else "none"
+
+    @contextlib.contextmanager
+    def reference(self) -> Iterator[torch.nn.Module]:
+        """The module that computes reference log-probs, for the duration of the block."""
+        if self.reference_copy is not None:
+            yield self.reference_copy
+        elif is_lora(self.model):
+            with self.model.disable_adapter():
+                yield self.model
+        else:
+            raise RuntimeError("no reference model: kl_coef is 0")
+
+
+def is_lora(model: torch.nn.Module) -> bool:
+    return hasattr(model, "disable_adapter") and hasattr(model, "peft_config")
+
+
+def _lora_config(cfg: Config):
+    from peft import LoraConfig
+
+    m = cfg.model
+    return LoraConfig(
+        r=m.lora_rank,
+        lora_alpha=m.lora_alpha,
+        lora_dropout=m.lora_dropout,
+        target_modules=list(m.lora_target_modules),
+        task_type="CAUSAL_LM",
+    )
+
+
+def load_policy(cfg: Config, checkpoint: Path | None, device: torch.device) -> Policy:
+    """The policy from the model (or a checkpoint to resume), and the reference if kl > 0."""
+    m = cfg.model
+    if m.lora_rank > 0:
+        try:
+            import peft
+        except ImportError:
+            raise ConfigError("model.lora_rank > 0 needs peft: pip install 'rlvr[peft]'") from None
+        base = load_model(m.name_or_path, dtype=m.dtype, device=device)
+        if checkpoint is not None:
+            model = peft.PeftModel.from_pretrained(base, str(checkpoint), is_trainable=True)
+        else:
+            try:
+                model = peft.get_peft_model(base, _lora_config(cfg))
+            except ValueError as e:  # e.g. target modules not found in the model
+                raise ConfigError(f"model.lora_target_modules: {e}") from None
+        return Policy(model.eval(), None)
+    model = load_model(
+        str(checkpoint) if checkpoint else m.name_or_path, dtype=m.dtype, device=device
+    )
+    ref = None
+    if cfg.algo.kl_coef > 0:  # the reference is the starting policy, frozen
+        ref = load_model(m.name_or_path, dtype=m.dtype, device=device).eval()
+        ref.requires_grad_(False)
+    return Policy(model.eval(), ref)
+
+
+def export_merged(checkpoint: Path, base: str, out_dir: Path) -> Path:
+    """Fold a LoRA checkpoint into its base and write a plain Hugging Face model."""
+    import peft
+
+    from rlvr.models import load_tokenizer
+
+    model = peft.PeftModel.from_pretrained(load_model(base), str(checkpoint))
+    merged = model.merge_and_unload()
+    merged.save_pretrained(out_dir)
+    load_tokenizer(str(checkpoint)).save_pretrained(out_dir)
+    return out_dir
