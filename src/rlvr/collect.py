@@ -1,10 +1,16 @@
-"""Collection: prompts -> G responses each -> scores -> kept groups (ALGORITHMS.md §5.3)."""
+"""Collection: prompts -> G responses each -> scores -> kept groups (ALGORITHMS.md §5.3).
+
+Under data parallelism every rank draws the same prompt batch and generates for its own
+contiguous share of it (whole groups); the correctness of every group is gathered so that
+dynamic sampling keeps the same groups on every rank. A kept group lives on the rank that
+generated it; the others hold `None` in its place, so global group order is preserved.
+"""
 
 from __future__ import annotations
 
-import hashlib
 import math
 import time
+from collections import Counter
 from dataclasses import dataclass
 
 import torch
@@ -12,17 +18,11 @@ import torch
 from rlvr.algos import DynamicSamplingBuffer, keep_groups
 from rlvr.batching import Sample
 from rlvr.config import Config
+from rlvr.distributed import Dist
 from rlvr.evaluation import decode_completions
 from rlvr.prompts import Prompt
-from rlvr.rollout import RolloutEngine, SamplingParams
-from rlvr.scoring import Scorer
-
-
-def derive_seed(*parts: int | str) -> int:
-    """A stable 31-bit seed from (run seed, step, batch, ...): every draw of the run is a pure
-    function of its coordinates, so a resumed run replays exactly."""
-    digest = hashlib.sha256(":".join(map(str, parts)).encode()).digest()
-    return int.from_bytes(digest[:4], "little") & 0x7FFFFFFF
+from rlvr.rollout import Rollout, RolloutEngine, SamplingParams, derive_seed
+from rlvr.scoring import Scorer, Scores
 
 
 class PromptSampler:
@@ -44,13 +44,100 @@ class PromptSampler:
         return out
 
 
+Group = list[Sample]
+
+
 @dataclass
 class Collected:
-    """A rollout batch ready for the update, with what its collection saw."""
+    """A rollout batch ready for the update, with what its collection saw.
 
-    samples: list[Sample]
+    groups: the kept groups in global order; `None` where another rank holds the group."""
+
+    groups: list[Group | None]
     metrics: dict[str, float]
     examples: list[dict]
+
+    @property
+    def samples(self) -> list[Sample]:
+        return [s for g in self.groups if g is not None for s in g]
+
+
+def _one_token_repeated(ids: list[int], min_len: int = 4) -> bool:
+    """A degenerate response: at least `min_len` copies of one token (a final EOS aside)."""
+    core = ids if len(set(ids)) == 1 else ids[:-1]
+    return len(core) >= min_len and len(set(core)) == 1
+
+
+class Tally:
+    """Sums over everything generated in a step (all generation batches, all ranks)."""
+
+    def __init__(self) -> None:
+        self.sums: Counter[str] = Counter()
+        self.len_max = 0
+
+    def add(self, rollout: Rollout, scores: Scores, completions: list[str], G: int) -> None:
+        per_group = scores.correct.view(-1, G).sum(1)
+        lengths = rollout.lengths.tolist()
+        s = self.sums
+        s["n"] += len(lengths)
+        s["correct"] += int(scores.correct.sum())
+        s["all_correct"] += int((per_group == G).sum()) * G
+        s["all_wrong"] += int((per_group == 0).sum()) * G
+        s["identical"] += G * sum(
+            len(set(completions[g * G : (g + 1) * G])) == 1 for g in range(len(per_group))
+        )
+        s["repeat"] += sum(
+            _one_token_repeated(rollout.completion_ids[i, :n].tolist())
+            for i, n in enumerate(lengths)
+        )
+        s["truncated"] += int(rollout.truncated.sum())
+        s["tokens"] += sum(lengths)
+        s["reward_sum"] += float(scores.total.sum())
+        s["reward_sq"] += float((scores.total**2).sum())
+        for name, values in scores.terms.items():
+            s[f"reward/{name}"] += float(values.sum())
+        for name, count in scores.failures.items():
+            s[f"failures/{name}"] += count
+        self.len_max = max(self.len_max, max(lengths, default=0))
+
+    def metrics(self, d: Dist) -> dict[str, float]:
+        keys = sorted(set().union(*d.gather(sorted(self.sums))))  # every rank's names
+        total = dict(zip(keys, d.sum([float(self.sums[k]) for k in keys])))
+        n = max(total["n"], 1.0)
+        mean = total["reward_sum"] / n
+        out = {
+            "reward/mean": mean,
+            "reward/std": math.sqrt(max(total["reward_sq"] / n - mean**2, 0.0)),
+            **{k: v / n for k, v in total.items() if k.startswith("reward/")},
+            **{k: v for k, v in total.items() if k.startswith("failures/")},
+            "accuracy": total["correct"] / n,
+            "groups/all_correct_frac": total["all_correct"] / n,
+            "groups/all_wrong_frac": total["all_wrong"] / n,
+            "groups/identical_frac": total["identical"] / n,
+            "response/length_mean": total["tokens"] / n,
+            "response/length_max": d.max(self.len_max),
+            "response/truncation_rate": total["truncated"] / n,
+            "response/repeat_frac": total["repeat"] / n,
+            "generated_tokens": total["tokens"],
+        }
+        return out
+
+
+def _groups(rows: list[Prompt], rollout: Rollout, scores: Scores, G: int) -> list[Group]:
+    return [
+        [
+            Sample(
+                prompt_ids=rows[i].ids,
+                completion_ids=rollout.completion_ids[i, : rollout.lengths[i]].tolist(),
+                truncated=bool(rollout.truncated[i]),
+                reward=float(scores.total[i]),
+                correct=bool(scores.correct[i]),
+                group=g,
+            )
+            for i in range(g * G, (g + 1) * G)
+        ]
+        for g in range(len(rows) // G)
+    ]
 
 
 def collect(
@@ -61,33 +148,22 @@ def collect(
     scorer: Scorer,
     prompts: list[Prompt],
     sampler: PromptSampler,
+    d: Dist | None = None,
 ) -> Collected:
     """Generate and score until `prompts_per_step` groups are in hand (ALGORITHMS.md §5.3)."""
-    r, G = cfg.rollout, cfg.rollout.group_size
-    target = r.prompts_per_step
+    d = d or Dist()
+    r, G, target = cfg.rollout, cfg.rollout.group_size, cfg.rollout.prompts_per_step
+    per_prompt_seeds = r.seed_per_prompt or d.enabled
     buffer = DynamicSamplingBuffer(
         target, cfg.algo.max_gen_batches if cfg.algo.dynamic_sampling else 1
     )
-    seen = {
-        "n": 0,
-        "all_correct": 0,
-        "all_wrong": 0,
-        "correct": 0,
-        "truncated": 0,
-        "len_sum": 0,
-        "len_max": 0,
-        "tokens": 0,
-        "reward_sum": 0.0,
-        "repeat": 0,
-        "identical": 0,
-        "reward_sq": 0.0,
-    }
-    terms_sum: dict[str, float] = {}
-    examples: list[dict] = []
+    tally, examples = Tally(), []
     t_gen = t_score = 0.0
+    lo, hi = d.shard(target)
     while not buffer.ready:
-        batch_prompts = [prompts[i] for i in sampler.take(target)]
-        t0 = time.perf_counter()
+        batch = sampler.take(target)  # the same on every rank
+        mine = [prompts[i] for i in batch[lo:hi]]
+        b, seed = buffer.num_gen_batches, cfg.train.seed
         params = SamplingParams(
             n=G,
             max_new_tokens=r.max_new_tokens,
@@ -95,95 +171,47 @@ def collect(
             top_p=r.top_p,
             top_k=r.top_k,
             min_new_tokens=r.min_new_tokens,
-            seed=derive_seed(cfg.train.seed, "gen", step, buffer.num_gen_batches),
+            seed=derive_seed(seed, "gen", step, b),
+            row_seeds=tuple(derive_seed(seed, "gen", step, b, batch[g], g) for g in range(lo, hi))
+            if per_prompt_seeds
+            else None,
         )
-        rollout = engine.generate([p.ids for p in batch_prompts], params)
+        t0 = time.perf_counter()
+        rollout = engine.generate([p.ids for p in mine], params)
         t1 = time.perf_counter()
-        rows = [p for p in batch_prompts for _ in range(G)]
+        rows = [p for p in mine for _ in range(G)]
         completions = decode_completions(tokenizer, rollout)
         scores = scorer(rows, completions, rollout)
-        t_score += time.perf_counter() - t1
-        t_gen += t1 - t0
-        per_group = scores.correct.view(-1, G).sum(1)
-        seen["repeat"] += sum(
-            _one_token_repeated(rollout.completion_ids[i, :n].tolist())
-            for i, n in enumerate(rollout.lengths.tolist())
-        )
-        seen["identical"] += sum(
-            len(set(completions[g * G : (g + 1) * G])) == 1 for g in range(len(batch_prompts))
-        )
-        seen["n"] += len(rows)
-        seen["all_correct"] += int((per_group == G).sum())
-        seen["all_wrong"] += int((per_group == 0).sum())
-        seen["correct"] += int(scores.correct.sum())
-        seen["truncated"] += int(rollout.truncated.sum())
-        seen["len_sum"] += int(rollout.lengths.sum())
-        seen["len_max"] = max(seen["len_max"], int(rollout.lengths.max()))
-        seen["reward_sum"] += float(scores.total.sum())
-        seen["reward_sq"] += float((scores.total**2).sum())
-        for name, values in scores.terms.items():
-            terms_sum[name] = terms_sum.get(name, 0.0) + float(values.sum())
-        for name, count in scores.failures.items():
-            terms_sum[f"failures/{name}"] = terms_sum.get(f"failures/{name}", 0.0) + count
-        if len(examples) < cfg.train.log_samples:
-            examples += [
-                {
-                    "prompt": rows[i].text,
-                    "completion": completions[i],
-                    "answer": rows[i].answer,
-                    "reward": float(scores.total[i]),
-                    "correct": bool(scores.correct[i]),
-                    "length": int(rollout.lengths[i]),
-                }
-                for i in range(0, min(len(rows), cfg.train.log_samples - len(examples)))
-            ]
-        groups = [
-            [
-                Sample(
-                    prompt_ids=rows[i].ids,
-                    completion_ids=rollout.completion_ids[i, : rollout.lengths[i]].tolist(),
-                    truncated=bool(rollout.truncated[i]),
-                    reward=float(scores.total[i]),
-                    correct=bool(scores.correct[i]),
-                    group=g,
-                )
-                for i in range(g * G, (g + 1) * G)
-            ]
-            for g in range(len(batch_prompts))
+        t_gen, t_score = t_gen + t1 - t0, t_score + time.perf_counter() - t1
+        tally.add(rollout, scores, completions, G)
+        want = cfg.train.log_samples - len(examples)
+        examples += [
+            {
+                "prompt": rows[i].text,
+                "completion": completions[i],
+                "answer": rows[i].answer,
+                "reward": float(scores.total[i]),
+                "correct": bool(scores.correct[i]),
+                "length": int(rollout.lengths[i]),
+            }
+            for i in range(min(len(rows), max(want, 0)))
         ]
+        correct = torch.cat(d.gather(scores.correct))  # every group of the batch, in order
         if cfg.algo.dynamic_sampling:
-            keep = keep_groups(scores.correct, G)
+            keep = keep_groups(correct, G)
         else:
-            keep = torch.ones(len(groups), dtype=torch.bool)
-        buffer.add(groups, keep)
+            keep = torch.ones(target, dtype=torch.bool)
+        payloads = [None] * lo + _groups(rows, rollout, scores, G) + [None] * (target - hi)
+        buffer.add(payloads, keep)
     result = buffer.pop()
-    n = seen["n"]
-    mean = seen["reward_sum"] / n
-    metrics = {
-        "reward/mean": mean,
-        "reward/std": math.sqrt(max(seen["reward_sq"] / n - mean**2, 0.0)),
-        **{f"reward/{k}": v / n for k, v in terms_sum.items() if not k.startswith("failures/")},
-        **{k: v for k, v in terms_sum.items() if k.startswith("failures/")},
-        "accuracy": seen["correct"] / n,
-        "groups/all_correct_frac": seen["all_correct"] * G / n,
-        "groups/all_wrong_frac": seen["all_wrong"] * G / n,
-        "groups/identical_frac": seen["identical"] * G / n,
-        "groups/kept": len(result.groups),
-        "groups/gen_batches": result.num_gen_batches,
-        "groups/incomplete": float(not result.complete),
-        "response/length_mean": seen["len_sum"] / n,
-        "response/length_max": seen["len_max"],
-        "response/truncation_rate": seen["truncated"] / n,
-        "response/repeat_frac": seen["repeat"] / n,
-        "generated_tokens": seen["len_sum"],
-        "time/generation": t_gen,
-        "time/scoring": t_score,
-    }
-    samples = [s for group in result.groups for s in group]
-    return Collected(samples=samples, metrics=metrics, examples=examples)
-
-
-def _one_token_repeated(ids: list[int], min_len: int = 4) -> bool:
-    """A degenerate response: at least `min_len` copies of one token (a final EOS aside)."""
-    core = ids if len(set(ids)) == 1 else ids[:-1]
-    return len(core) >= min_len and len(set(core)) == 1
+    metrics = tally.metrics(d)
+    metrics.update(
+        {
+            "groups/kept": len(result.groups),
+            "groups/gen_batches": result.num_gen_batches,
+            "groups/incomplete": float(not result.complete),
+            "time/generation": t_gen,
+            "time/scoring": t_score,
+        }
+    )
+    return Collected(groups=result.groups, metrics=metrics, examples=examples)

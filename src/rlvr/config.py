@@ -94,6 +94,8 @@ class RolloutConfig:
     top_p: nucleus sampling threshold (1.0 = off).
     top_k: top-k sampling (0 = off).
     min_new_tokens: suppress EOS before this many tokens (benchmarks force lengths with it; 0 = off).
+    seed_per_prompt: draw each prompt's samples from its own seed, whatever else shares the batch
+        (always on under torchrun, so N ranks sample what one process would).
     """
 
     engine: str = "fast"
@@ -104,6 +106,7 @@ class RolloutConfig:
     top_p: float = 1.0
     top_k: int = 0
     min_new_tokens: int = 0
+    seed_per_prompt: bool = False
 
 
 @dataclass(frozen=True)
@@ -288,11 +291,15 @@ TINY_DEFAULTS: dict[str, dict[str, Any]] = {
 
 def field_docs(cls: type) -> dict[str, str]:
     """The `name: text` lines of a dataclass docstring, for help and error messages."""
-    docs = {}
+    docs: dict[str, str] = {}
+    last = None
     for line in (cls.__doc__ or "").splitlines():
         m = re.match(r"\s*(\w+): (.+)", line)
         if m:
-            docs[m.group(1)] = m.group(2).strip()
+            last = m.group(1)
+            docs[last] = m.group(2).strip()
+        elif last and line.strip():  # a continuation line of the field above
+            docs[last] += " " + line.strip()
     return docs
 
 

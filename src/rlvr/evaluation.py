@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
+from rlvr.distributed import Dist
 from rlvr.prompts import Prompt
-from rlvr.rollout import Rollout, RolloutEngine, SamplingParams
+from rlvr.rollout import Rollout, RolloutEngine, SamplingParams, derive_seed
 from rlvr.scoring import Scorer
 
 
@@ -30,27 +33,37 @@ def evaluate(
     *,
     params: SamplingParams,
     chunk_prompts: int = 64,
+    d: Dist | None = None,
 ) -> dict[str, float]:
     """Sample `params.n` answers per held-out prompt; accuracy is their mean (avg@n), pass_at_k
-    the share of prompts with at least one correct answer. Greedy when `params.greedy`."""
+    the share of prompts with at least one correct answer. Greedy when `params.greedy`.
+
+    Every prompt draws from its own seed (its index in `prompts`), so the result does not
+    depend on chunking or on how many ranks share the prompts (rank r takes every r-th)."""
+    d = d or Dist()
     if not prompts:
         return {}
-    correct_all, lengths, truncated = [], [], []
-    for start in range(0, len(prompts), chunk_prompts):
-        chunk = prompts[start : start + chunk_prompts]
-        sub = SamplingParams(**{**params.__dict__, "seed": params.seed + start})
+    mine = list(range(d.rank, len(prompts), d.world_size))
+    sums = [0.0, 0.0, 0.0, 0.0]  # correct answers, prompts with one correct, tokens, truncated
+    for start in range(0, len(mine), chunk_prompts):
+        idx = mine[start : start + chunk_prompts]
+        chunk = [prompts[i] for i in idx]
+        sub = replace(params, row_seeds=tuple(derive_seed(params.seed, "eval", i) for i in idx))
         rollout = engine.generate([p.ids for p in chunk], sub)
         rows = [p for p in chunk for _ in range(params.n)]
         _, correct = scorer.accuracy(rows, decode_completions(tokenizer, rollout), rollout)
-        correct_all.append(correct.view(len(chunk), params.n))
-        lengths.append(rollout.lengths.float())
-        truncated.append(rollout.truncated.float())
-    correct = torch.cat(correct_all).float()
+        correct = correct.view(len(chunk), params.n).float()
+        sums[0] += float(correct.sum())
+        sums[1] += float(correct.max(dim=1).values.sum())
+        sums[2] += float(rollout.lengths.sum())
+        sums[3] += float(rollout.truncated.sum())
+    correct, solved, tokens, truncated = d.sum(sums)
+    answers = len(prompts) * params.n
     return {
-        "accuracy": correct.mean().item(),
-        "pass_at_k": correct.max(dim=1).values.mean().item(),
+        "accuracy": correct / answers,
+        "pass_at_k": solved / len(prompts),
         "k": params.n,
         "num_prompts": len(prompts),
-        "mean_length": torch.cat(lengths).mean().item(),
-        "truncation_rate": torch.cat(truncated).mean().item(),
+        "mean_length": tokens / answers,
+        "truncation_rate": truncated / answers,
     }

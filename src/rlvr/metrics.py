@@ -97,3 +97,22 @@ class RunLogger:
         if self._tb is not None:
             self._tb.close()
             self._tb = None
+
+
+class NullLogger:
+    """What ranks other than 0 log: nothing."""
+
+    def __enter__(self) -> NullLogger:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        pass
+
+    def log(self, step: int, metrics: dict[str, Any]) -> None:
+        pass
+
+    def samples(self, step: int, rows: list[dict[str, Any]]) -> None:
+        pass
+
+    def message(self, text: str) -> None:
+        pass

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -32,15 +33,17 @@ from rlvr.checkpoint import (
     save_checkpoint,
     set_rng_state,
 )
-from rlvr.collect import PromptSampler, collect, derive_seed
-from rlvr.config import Config, ConfigError, dump_yaml
+from rlvr.collect import PromptSampler, collect
+from rlvr.config import Config, ConfigError
+from rlvr.distributed import Dist, init_distributed, wrap_ddp
 from rlvr.evaluation import evaluate
 from rlvr.health import HealthGuard
-from rlvr.metrics import RunLogger
+from rlvr.metrics import NullLogger, RunLogger
 from rlvr.models import load_tokenizer
 from rlvr.policy import Policy, load_policy
 from rlvr.prompts import PromptSource, load_prompts
-from rlvr.rollout import ENGINES, SamplingParams
+from rlvr.rollout import ENGINES, SamplingParams, derive_seed
+from rlvr.rundir import prepare_run_dir, truncate_jsonl
 from rlvr.scoring import Scorer
 from rlvr.signals import StopSignal
 from rlvr.update import assign_advantages, fill_log_probs, policy_update
@@ -59,36 +62,89 @@ def eval_params(cfg: Config, *, greedy: bool = False, n: int | None = None) -> S
     )
 
 
-def run_step(
-    step: int,
-    cfg: Config,
-    policy: Policy,
-    engine,
-    tokenizer,
-    scorer: Scorer,
-    source: PromptSource,
-    sampler: PromptSampler,
-    optimizer,
-    scheduler,
-    device,
-) -> tuple[dict[str, float], list[dict]]:
+@dataclass
+class Run:
+    """Everything a step needs, built once by `setup`."""
+
+    cfg: Config
+    d: Dist
+    device: torch.device
+    run_dir: Path
+    tokenizer: object
+    policy: Policy
+    module: torch.nn.Module  # the training forward's module (DDP-wrapped when distributed)
+    engine: object
+    scorer: Scorer
+    source: PromptSource
+    sampler: PromptSampler
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+
+    def evaluate(self) -> dict[str, float]:
+        return evaluate(
+            self.engine,
+            self.tokenizer,
+            self.scorer,
+            self.source.eval,
+            params=eval_params(self.cfg),
+            d=self.d,
+        )
+
+    def save(self, step: int, eval_before: dict) -> Path | None:
+        """Checkpoint on rank 0 (every rank holds the same weights); the others wait."""
+        path = None
+        if self.d.is_main:
+            state = {
+                "optimizer": self.optimizer.state_dict(),
+                "scheduler": self.scheduler.state_dict(),
+                "sampler_position": self.sampler.position,
+                "eval_before": eval_before,
+            }
+            path = save_checkpoint(
+                self.run_dir,
+                step,
+                self.policy.model,
+                self.tokenizer,
+                state,
+                keep=self.cfg.train.keep_checkpoints,
+            )
+        self.d.barrier()
+        return self.d.broadcast(path)
+
+
+def run_step(step: int, run: Run) -> tuple[dict[str, float], list[dict]]:
     """One rollout step: collect, advantages, old/ref log-probs, update. Returns metrics."""
+    cfg, device, pad_id = run.cfg, run.device, run.tokenizer.pad_token_id
+    model = run.policy.model
     t_start = time.perf_counter()
-    pad_id, model = tokenizer.pad_token_id, policy.model
-    got = collect(step, cfg, engine, tokenizer, scorer, source.train, sampler)
-    samples = got.samples
+    got = collect(
+        step, cfg, run.engine, run.tokenizer, run.scorer, run.source.train, run.sampler, run.d
+    )
+    samples = got.samples  # this rank's share of the kept groups
     assign_advantages(samples, cfg)
     t0 = time.perf_counter()
     if samples and (cfg.algo.mu > 1 or cfg.algo.mini_batches > 1):
         fill_log_probs(model, samples, cfg, pad_id, device, "old_log_probs")
     if samples and cfg.algo.kl_coef > 0:
-        with policy.reference() as reference:
+        with run.policy.reference() as reference:
             fill_log_probs(reference, samples, cfg, pad_id, device, "ref_log_probs")
     t1 = time.perf_counter()
     metrics = dict(got.metrics)
-    if samples:
-        metrics.update(policy_update(model, samples, cfg, optimizer, scheduler, pad_id, device))
-        engine.sync_weights()
+    if got.groups:
+        metrics.update(
+            policy_update(
+                model,
+                got.groups,
+                cfg,
+                run.optimizer,
+                run.scheduler,
+                pad_id,
+                device,
+                d=run.d,
+                module=run.module,
+            )
+        )
+        run.engine.sync_weights()
     else:
         metrics["empty_batches"] = 1  # dynamic sampling found no informative group
     t2 = time.perf_counter()
@@ -107,34 +163,6 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def prepare_run_dir(cfg: Config, resume: bool) -> Path:
-    if cfg.train.output_dir:
-        run_dir = Path(cfg.train.output_dir)
-    else:
-        run_dir = Path("runs") / time.strftime("%Y%m%d-%H%M%S")
-    if not resume and (run_dir / "metrics.jsonl").exists():
-        raise ConfigError(
-            f"train.output_dir: {run_dir} already holds a run; resume it with "
-            f"`rlvr train --resume {run_dir}` or choose another --output-dir"
-        )
-    run_dir.mkdir(parents=True, exist_ok=True)
-    if not resume:
-        (run_dir / "config.yaml").write_text(dump_yaml(cfg))
-    return run_dir
-
-
-def _truncate_jsonl(path: Path, last_step: int) -> None:
-    """Drop lines written after the checkpoint being resumed (they will be written again)."""
-    if not path.exists():
-        return
-    keep = [
-        line
-        for line in path.read_text().splitlines()
-        if line.strip() and json.loads(line).get("step", 0) <= last_step
-    ]
-    path.write_text("".join(line + "\n" for line in keep))
-
-
 def eos_ids(tokenizer, model) -> list[int]:
     """EOS ids from the tokenizer and the model's generation config (chat models often have
     two, e.g. Qwen2.5's <|im_end|> and <|endoftext|>)."""
@@ -142,6 +170,72 @@ def eos_ids(tokenizer, model) -> list[int]:
     gen_eos = getattr(model.generation_config, "eos_token_id", None)
     ids.update(gen_eos if isinstance(gen_eos, list) else [gen_eos])
     return sorted(i for i in ids if i is not None)
+
+
+def setup(cfg: Config, resume_dir: Path | None, console: Console) -> tuple[Run, dict | None]:
+    """Build the run (resuming from the newest good checkpoint when asked)."""
+    if cfg.train.threads:
+        torch.set_num_threads(cfg.train.threads)
+    d, device = init_distributed(resolve_device(cfg.model.device))
+    if d.enabled and cfg.rollout.prompts_per_step % d.world_size:
+        raise ConfigError(
+            f"rollout.prompts_per_step: {cfg.rollout.prompts_per_step} is not "
+            f"divisible by the {d.world_size} ranks (each takes whole groups)"
+        )
+    run_dir = prepare_run_dir(cfg, resume=resume_dir is not None) if d.is_main else None
+    run_dir = Path(d.broadcast(str(run_dir)))
+    checkpoint = None
+    if resume_dir:
+        checkpoint = latest_good_checkpoint(run_dir, warn=console.print if d.is_main else _quiet)
+        if checkpoint is None:
+            raise CheckpointError(f"{run_dir}: no intact checkpoint to resume from")
+    tokenizer = load_tokenizer(cfg.model.name_or_path)
+    policy = load_policy(cfg, checkpoint, device)
+    model = policy.model
+    source = load_prompts(cfg, tokenizer, getattr(model.config, "max_position_embeddings", None))
+    o = cfg.optim
+    optimizer = torch.optim.AdamW(
+        [p for p in model.parameters() if p.requires_grad],
+        lr=o.lr,
+        betas=(o.beta1, o.beta2),
+        weight_decay=o.weight_decay,
+    )
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: min(1.0, (s + 1) / o.warmup_steps) if o.warmup_steps else 1.0
+    )
+    run = Run(
+        cfg=cfg,
+        d=d,
+        device=device,
+        run_dir=run_dir,
+        tokenizer=tokenizer,
+        policy=policy,
+        module=wrap_ddp(model, d, device),
+        engine=ENGINES[cfg.rollout.engine](
+            model, pad_id=tokenizer.pad_token_id, eos_ids=eos_ids(tokenizer, model)
+        ),
+        scorer=Scorer.build(cfg, source.task),
+        source=source,
+        sampler=PromptSampler(len(source.train), cfg.train.seed),
+        optimizer=optimizer,
+        scheduler=scheduler,
+    )
+    if checkpoint is None:
+        return run, None
+    state = load_trainer_state(checkpoint)
+    optimizer.load_state_dict(state["optimizer"])
+    scheduler.load_state_dict(state["scheduler"])
+    run.sampler.position = state["sampler_position"]
+    set_rng_state(state["rng"])
+    if d.is_main:
+        for name in ("metrics.jsonl", "samples.jsonl"):
+            truncate_jsonl(run_dir / name, state["step"])
+        console.print(f"resuming {run_dir} from {checkpoint.name} (step {state['step']})")
+    return run, {"step": state["step"], "eval_before": state["eval_before"], "path": checkpoint}
+
+
+def _quiet(*_args) -> None:
+    pass
 
 
 def train(
@@ -153,114 +247,58 @@ def train(
 ) -> Path:
     """Run `cfg` (or continue the run in `resume_dir`); returns the run directory."""
     console = console or Console(stderr=True, soft_wrap=True)
-    if cfg.train.threads:
-        torch.set_num_threads(cfg.train.threads)
-    run_dir = prepare_run_dir(cfg, resume=resume_dir is not None)
-    device = resolve_device(cfg.model.device)
-    checkpoint = latest_good_checkpoint(run_dir, warn=console.print) if resume_dir else None
-    if resume_dir and checkpoint is None:
-        raise CheckpointError(f"{run_dir}: no intact checkpoint to resume from")
-    tokenizer = load_tokenizer(cfg.model.name_or_path)
-    policy = load_policy(cfg, checkpoint, device)
-    model = policy.model
-    max_context = getattr(model.config, "max_position_embeddings", None)
-    source = load_prompts(cfg, tokenizer, max_context)
-    scorer = Scorer.build(cfg, source.task)
-    engine = ENGINES[cfg.rollout.engine](
-        model, pad_id=tokenizer.pad_token_id, eos_ids=eos_ids(tokenizer, model)
-    )
-    o = cfg.optim
-    optimizer = torch.optim.AdamW(
-        [p for p in model.parameters() if p.requires_grad],
-        lr=o.lr,
-        betas=(o.beta1, o.beta2),
-        weight_decay=o.weight_decay,
-    )
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: min(1.0, (s + 1) / o.warmup_steps) if o.warmup_steps else 1.0
-    )
-    sampler = PromptSampler(len(source.train), cfg.train.seed)
-    start_step, eval_before, t_start = 0, None, time.time()
-    if checkpoint:
-        state = load_trainer_state(checkpoint)
-        optimizer.load_state_dict(state["optimizer"])
-        scheduler.load_state_dict(state["scheduler"])
-        sampler.position = state["sampler_position"]
-        start_step, eval_before = state["step"], state["eval_before"]
-        set_rng_state(state["rng"])
-        for name in ("metrics.jsonl", "samples.jsonl"):
-            _truncate_jsonl(run_dir / name, start_step)
-        console.print(f"resuming {run_dir} from {checkpoint.name} (step {start_step})")
-
-    def save(step: int) -> Path:
-        state = {
-            "optimizer": optimizer.state_dict(),
-            "scheduler": scheduler.state_dict(),
-            "sampler_position": sampler.position,
-            "eval_before": eval_before,
-        }
-        return save_checkpoint(
-            run_dir, step, model, tokenizer, state, keep=cfg.train.keep_checkpoints
-        )
-
-    stop = StopSignal()
+    t_start = time.time()
+    run, resumed = setup(cfg, resume_dir, console)
+    d, run_dir = run.d, run.run_dir
+    step, final = (resumed["step"], resumed["path"]) if resumed else (0, None)
+    eval_before = resumed["eval_before"] if resumed else None
     guard = HealthGuard(
         max_bad_steps=cfg.train.max_bad_steps, entropy_floor=cfg.train.entropy_floor
     )
-    with (
+    logger = (
         RunLogger(
             run_dir, total_steps=cfg.train.max_steps, console=console, show_progress=show_progress
-        ) as log,
-        stop,
-    ):
+        )
+        if d.is_main
+        else NullLogger()
+    )
+    with logger as log, StopSignal() as stop:
         if eval_before is None:
-            eval_before = evaluate(engine, tokenizer, scorer, source.eval, params=eval_params(cfg))
+            eval_before = run.evaluate()
             log.message(f"held-out accuracy before training: {eval_before.get('accuracy', 0):.3f}")
-        step, final = start_step, checkpoint
-        while step < cfg.train.max_steps and not stop.requested:
+        while step < cfg.train.max_steps and not d.max(float(stop.requested)):
             step += 1
-            metrics, examples = run_step(
-                step,
-                cfg,
-                policy,
-                engine,
-                tokenizer,
-                scorer,
-                source,
-                sampler,
-                optimizer,
-                scheduler,
-                device,
-            )
+            metrics, examples = run_step(step, run)
             if cfg.train.eval_every and step % cfg.train.eval_every == 0:
-                ev = evaluate(engine, tokenizer, scorer, source.eval, params=eval_params(cfg))
-                metrics.update({f"eval/{k}": v for k, v in ev.items()})
+                metrics.update({f"eval/{k}": v for k, v in run.evaluate().items()})
             for text in guard.check(step, metrics, final):
                 log.message(f"[yellow]{text}")
             log.log(step, metrics)
             log.samples(step, examples)
             if cfg.train.save_every and step % cfg.train.save_every == 0:
-                final = save(step)
-        if final is None or not final.name.endswith(f"{step:06d}"):
-            final = save(step)
-        if stop.requested:
+                final = run.save(step, eval_before)
+        if final is None or not Path(final).name.endswith(f"{step:06d}"):
+            final = run.save(step, eval_before)
+        if d.max(float(stop.requested)):
             log.message(
                 f"stopped by signal after step {step}; checkpoint {final}. "
                 f"Continue with: rlvr train --resume {run_dir}"
             )
             return run_dir
-        eval_after = evaluate(engine, tokenizer, scorer, source.eval, params=eval_params(cfg))
+        eval_after = run.evaluate()
         log.message(f"held-out accuracy after training: {eval_after.get('accuracy', 0):.3f}")
-    summary = {
-        "eval_before": eval_before,
-        "eval_after": eval_after,
-        "steps": step,
-        "task": source.name,
-        "model": cfg.model.name_or_path,
-        "preset": cfg.preset,
-        "final_checkpoint": str(final),
-        "reference": policy.reference_kind,
-        "wall_time_s": time.time() - t_start,
-    }
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    if d.is_main:
+        summary = {
+            "eval_before": eval_before,
+            "eval_after": eval_after,
+            "steps": step,
+            "task": run.source.name,
+            "model": cfg.model.name_or_path,
+            "preset": cfg.preset,
+            "final_checkpoint": str(final),
+            "reference": run.policy.reference_kind,
+            "world_size": d.world_size,
+            "wall_time_s": time.time() - t_start,
+        }
+        (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     return run_dir

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
@@ -9,6 +10,7 @@ import torch
 from rlvr.algos import ADVANTAGES, group_advantages, policy_loss
 from rlvr.batching import Sample, collate, token_log_probs
 from rlvr.config import Config
+from rlvr.distributed import Dist
 
 
 def assign_advantages(samples: list[Sample], cfg: Config) -> None:
@@ -50,91 +52,126 @@ def fill_log_probs(
             setattr(s, attr, row[: len(s.completion_ids)].clone())
 
 
+def _as_groups(batch: list, G: int) -> list[list[Sample] | None]:
+    """Groups in global order (None: held by another rank); a flat sample list is chunked."""
+    if batch and isinstance(batch[0], Sample):
+        return [batch[i : i + G] for i in range(0, len(batch), G)]
+    return list(batch)
+
+
+def _dummy(pad_id: int) -> list[Sample]:
+    """A one-token, fully masked micro-batch: loss 0, gradient 0. A rank with nothing to
+    train in a mini-batch runs it so that every rank joins the gradient all-reduce."""
+    return [Sample([pad_id], [pad_id], True, 0.0, False, -1)]
+
+
 def policy_update(
-    model, samples: list[Sample], cfg: Config, optimizer, scheduler, pad_id: int, device
+    model,
+    batch: list,
+    cfg: Config,
+    optimizer,
+    scheduler,
+    pad_id: int,
+    device,
+    *,
+    d: Dist | None = None,
+    module=None,
 ) -> dict[str, float]:
-    """mu passes x mini-batches x micro-batches; one optimiser step per mini-batch."""
-    a = cfg.algo
-    G = cfg.rollout.group_size
-    groups = [samples[i : i + G] for i in range(0, len(samples), G)]
+    """mu passes x mini-batches x micro-batches; one optimiser step per mini-batch.
+
+    `batch`: this rank's samples, or the step's groups in global order with None for groups
+    of other ranks. `module`: what the training forward runs through (DDP-wrapped model)."""
+    a, d = cfg.algo, d or Dist()
+    module = module if module is not None else model
+    groups = _as_groups(batch, cfg.rollout.group_size)
     per_mini = max(1, math.ceil(len(groups) / a.mini_batches))
-    stats: dict[str, float] = {}
-    tokens_seen = 0
-    nonfinite = steps = 0
-    grad_norms, ent_sum, ent_tokens = [], 0.0, 0
+    sums: dict[str, float] = {}
+    ratio_max, grad_norms, nonfinite, steps = -math.inf, [], 0, 0
+
+    def add(key: str, value: float) -> None:
+        sums[key] = sums.get(key, 0.0) + value
+
     for _ in range(a.mu):
         for start in range(0, len(groups), per_mini):
-            mini = [s for g in groups[start : start + per_mini] for s in g]
-            num_tokens = sum(_valid_tokens(s, cfg) for s in mini)
-            num_sequences = sum(1 for s in mini if _valid_tokens(s, cfg) > 0)
-            bad = False
-            for micro in _micro_batches(mini, cfg.optim.micro_batch_sequences):
-                mb = collate(micro, pad_id, device)
-                mask = mb.response_mask
-                if a.overlong_filter:
+            mine = [s for g in groups[start : start + per_mini] if g is not None for s in g]
+            num_tokens, num_sequences = d.sum(
+                [
+                    sum(_valid_tokens(s, cfg) for s in mine),
+                    sum(1 for s in mine if _valid_tokens(s, cfg) > 0),
+                ]
+            )
+            micros = _micro_batches(mine, cfg.optim.micro_batch_sequences) or [_dummy(pad_id)]
+            for k, micro in enumerate(micros):
+                # DDP all-reduces on the last micro-batch only; the others accumulate locally.
+                last = k == len(micros) - 1
+                sync = contextlib.nullcontext() if last or not d.enabled else module.no_sync()
+                with sync:
+                    mb = collate(micro, pad_id, device)
                     mask = (
-                        mask
+                        mb.response_mask
                         * torch.tensor(
-                            [not s.truncated for s in micro], dtype=mask.dtype, device=device
+                            [_valid_tokens(s, cfg) > 0 for s in micro],
+                            dtype=torch.float32,
+                            device=device,
                         )[:, None]
                     )
-                log_probs, entropy = token_log_probs(
-                    model, mb, temperature=cfg.rollout.temperature, with_entropy=True
-                )
-                # With mu = 1 and one mini-batch pi_old is the live policy: rho = 1 exactly
-                # (ALGORITHMS.md §3.5), and the detached log-probs save a forward pass.
-                old = mb.old_log_probs if mb.old_log_probs is not None else log_probs.detach()
-                out = policy_loss(
-                    log_probs,
-                    old,
-                    mb.advantages,
-                    mask,
-                    clip_low=a.clip_low,
-                    clip_high=a.clip_high,
-                    dual_clip=a.dual_clip,
-                    agg=a.agg,
-                    num_tokens=num_tokens,
-                    num_sequences=num_sequences,
-                    norm_constant=float(cfg.rollout.max_new_tokens),
-                    kl_coef=a.kl_coef,
-                    ref_log_probs=mb.ref_log_probs,
-                    kl_kind=a.kl_kind,
-                    ratio=a.ratio,
-                    log_ratio_clamp=a.log_ratio_clamp,
-                )
-                if not torch.isfinite(out.loss):
-                    bad = True
-                    break
-                out.loss.backward()
+                    log_probs, entropy = token_log_probs(
+                        module, mb, temperature=cfg.rollout.temperature, with_entropy=True
+                    )
+                    # With mu = 1 and one mini-batch pi_old is the live policy: rho = 1 exactly
+                    # (ALGORITHMS.md §3.5), and the detached log-probs save a forward pass.
+                    old = mb.old_log_probs if mb.old_log_probs is not None else log_probs.detach()
+                    out = policy_loss(
+                        log_probs,
+                        old,
+                        mb.advantages,
+                        mask,
+                        clip_low=a.clip_low,
+                        clip_high=a.clip_high,
+                        dual_clip=a.dual_clip,
+                        agg=a.agg,
+                        num_tokens=num_tokens,
+                        num_sequences=num_sequences,
+                        norm_constant=float(cfg.rollout.max_new_tokens),
+                        kl_coef=a.kl_coef,
+                        ref_log_probs=mb.ref_log_probs,
+                        kl_kind=a.kl_kind,
+                        ratio=a.ratio,
+                        log_ratio_clamp=a.log_ratio_clamp,
+                    )
+                    # The loss is already normalised by global counts: undo DDP's averaging.
+                    (out.loss * d.world_size).backward()
                 n_local = float(mask.sum())
-                tokens_seen += n_local
-                for k, v in out.metrics.items():
-                    if k == "ratio_max":
-                        stats[k] = max(stats.get(k, -math.inf), v)
-                    elif k in ("log_ratio_clamped", "num_tokens"):
-                        stats[k] = stats.get(k, 0.0) + v  # counts add up
+                for key, v in out.metrics.items():
+                    if key == "ratio_max":
+                        ratio_max = max(ratio_max, v) if n_local else ratio_max
+                    elif key in ("log_ratio_clamped", "num_tokens"):
+                        add(key, v)  # counts add up
                     else:
-                        stats[k] = stats.get(k, 0.0) + v * n_local  # token-weighted mean
-                stats["loss"] = stats.get("loss", 0.0) + out.loss.item()
-                ent_sum += float((entropy * mb.response_mask).sum())
-                ent_tokens += int(mb.response_mask.sum())
+                        add(key, v * n_local)  # token-weighted mean
+                add("loss", out.loss.item())
+                add("tokens", n_local)
+                add("entropy", float((entropy * mask).sum()))
             clip = cfg.optim.max_grad_norm if cfg.optim.max_grad_norm > 0 else math.inf
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
-            if bad or not torch.isfinite(grad_norm):
-                nonfinite += 1  # a NaN/inf loss or gradient: drop this update, keep the weights
-            else:
+            if torch.isfinite(grad_norm):
                 optimizer.step()
                 scheduler.step()  # the schedule counts optimiser steps actually taken
                 grad_norms.append(float(grad_norm))
+            else:  # a NaN/inf loss or gradient (on any rank): drop this update, keep the weights
+                nonfinite += 1
             optimizer.zero_grad(set_to_none=True)
             steps += 1
-    counts = ("ratio_max", "loss", "log_ratio_clamped", "num_tokens")
-    out_metrics = {k: v / max(tokens_seen, 1) for k, v in stats.items() if k not in counts}
-    out_metrics["log_ratio_clamped"] = stats.get("log_ratio_clamped", 0.0)
-    out_metrics["loss_tokens"] = stats.get("num_tokens", 0.0)
-    out_metrics["ratio_max"] = stats.get("ratio_max", 1.0)
-    out_metrics["loss"] = stats.get("loss", 0.0) / max(steps, 1)
-    out_metrics["entropy"] = ent_sum / max(ent_tokens, 1)
+    keys = sorted(sums)
+    total = dict(zip(keys, d.sum([sums[k] for k in keys])))
+    tokens = max(total.pop("tokens", 0.0), 1.0)
+    counts = {"loss", "log_ratio_clamped", "num_tokens"}
+    out_metrics = {k: v / tokens for k, v in total.items() if k not in counts}
+    out_metrics["log_ratio_clamped"] = total.get("log_ratio_clamped", 0.0)
+    out_metrics["loss_tokens"] = total.get("num_tokens", 0.0)
+    out_metrics["loss"] = total.get("loss", 0.0) / max(steps, 1)
+    ratio_max = d.max(ratio_max)
+    out_metrics["ratio_max"] = ratio_max if ratio_max > -math.inf else 1.0
     out_metrics["grad_norm"] = sum(grad_norms) / len(grad_norms) if grad_norms else float("nan")
     out_metrics["optimizer_steps"] = steps - nonfinite
     out_metrics["nonfinite_updates"] = nonfinite

@@ -1,6 +1,12 @@
 """Rollout engines: prompts in, a `Rollout` (ids, lengths, truncation flags) out."""
 
-from rlvr.rollout.base import Rollout, RolloutEngine, SamplingParams, lengths_from_eos
+from rlvr.rollout.base import (
+    Rollout,
+    RolloutEngine,
+    SamplingParams,
+    derive_seed,
+    lengths_from_eos,
+)
 from rlvr.rollout.fast import FastEngine
 from rlvr.rollout.hf import HFEngine, left_pad
 
@@ -12,6 +18,7 @@ __all__ = [
     "Rollout",
     "RolloutEngine",
     "SamplingParams",
+    "derive_seed",
     "left_pad",
     "lengths_from_eos",
 ]

@@ -7,6 +7,7 @@ what the trainer needs to build masks from lengths, never by comparing tokens wi
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -25,6 +26,9 @@ class SamplingParams:
     seed: int = 0
     greedy: bool = False
     min_new_tokens: int = 0  # EOS suppressed before this many tokens (benchmarks only)
+    # One seed per prompt: each response row then draws from its own RNG stream, so a sample
+    # does not depend on which other prompts share the batch (data-parallel ranks need this).
+    row_seeds: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -80,3 +84,10 @@ def lengths_from_eos(
     truncated = first == T
     lengths = torch.where(truncated, torch.full_like(first, T), first + 1)
     return lengths, truncated
+
+
+def derive_seed(*parts: int | str) -> int:
+    """A stable 31-bit seed from (run seed, step, batch, ...): every draw of the run is a pure
+    function of its coordinates, so a resumed run replays exactly."""
+    digest = hashlib.sha256(":".join(map(str, parts)).encode()).digest()
+    return int.from_bytes(digest[:4], "little") & 0x7FFFFFFF

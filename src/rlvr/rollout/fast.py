@@ -49,12 +49,16 @@ def filter_logits(logits: torch.Tensor, top_k: int = 0, top_p: float = 1.0) -> t
 
 
 def sample_tokens(
-    logits: torch.Tensor, params: SamplingParams, suppress: torch.Tensor | None = None
+    logits: torch.Tensor,
+    params: SamplingParams,
+    suppress: torch.Tensor | None = None,
+    generators: list[torch.Generator] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Next tokens for (N, V) logits and their log-probs under softmax(logits / T), fp32.
 
     Greedy takes the argmax; otherwise temperature, top-k and top-p shape the distribution
-    that `torch.multinomial` draws from (global RNG). `suppress` ids (EOS before
+    that `torch.multinomial` draws from (the global RNG, or one `generators` entry per
+    row). `suppress` ids (EOS before
     `min_new_tokens`) can't be chosen. The returned log-prob is always the unfiltered one,
     as the trainer computes it.
     """
@@ -64,9 +68,29 @@ def sample_tokens(
         tokens = choice.argmax(dim=-1)
     else:
         probs = filter_logits(choice, params.top_k, params.top_p).softmax(dim=-1)
-        tokens = torch.multinomial(probs, num_samples=1).squeeze(1)
+        if generators is None:
+            tokens = torch.multinomial(probs, num_samples=1).squeeze(1)
+        else:  # one RNG stream per row: a row's draw does not depend on the rest of the batch
+            tokens = torch.cat(
+                [torch.multinomial(p, 1, generator=g) for p, g in zip(probs, generators)]
+            )
     log_probs = scaled.gather(-1, tokens[:, None]).squeeze(1) - torch.logsumexp(scaled, dim=-1)
     return tokens, log_probs
+
+
+def row_generators(params: SamplingParams, num_prompts: int, device) -> list | None:
+    """With `params.row_seeds` (one per prompt), one RNG per response row, seeded from its
+    prompt's seed and its index in the group: sampling is then independent of how prompts
+    are batched (across ranks, or generation batches), which data parallelism needs."""
+    if params.row_seeds is None:
+        return None
+    if len(params.row_seeds) != num_prompts:
+        raise ValueError(f"{len(params.row_seeds)} row_seeds for {num_prompts} prompts")
+    return [
+        torch.Generator(device=device).manual_seed(seed * 1009 + j)
+        for seed in params.row_seeds
+        for j in range(params.n)
+    ]
 
 
 class _LiveLayer(StaticLayer):
@@ -160,6 +184,7 @@ class FastEngine:
         B = len(rows)
         device = next(self.model.parameters()).device
         torch.manual_seed(params.seed)
+        generators = row_generators(params, len(prompt_ids), device)
 
         completion = torch.full((B, T), self.pad_id, dtype=torch.long, device=device)
         log_probs = torch.zeros((B, T), dtype=torch.float32, device=device)
@@ -197,7 +222,8 @@ class FastEngine:
         steps = 0
         for t in range(T):
             suppress = eos_in_vocab if t < params.min_new_tokens else None
-            tokens, lp = sample_tokens(logits, params, suppress)
+            live_gens = None if generators is None else [generators[i] for i in row_ids.tolist()]
+            tokens, lp = sample_tokens(logits, params, suppress, live_gens)
             # Finished rows still in the batch write padding (and log-prob 0) after their EOS.
             completion[row_ids, t] = torch.where(alive, tokens, self.pad_id)
             log_probs[row_ids, t] = torch.where(alive, lp, 0.0)

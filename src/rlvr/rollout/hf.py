@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 from transformers import GenerationConfig, PreTrainedModel
 
@@ -50,6 +52,15 @@ class HFEngine:
 
     @torch.no_grad()
     def generate(self, prompt_ids: list[list[int]], params: SamplingParams) -> Rollout:
+        if params.row_seeds is not None and not params.greedy:
+            # generate's one global RNG mixes rows: per-prompt seeds mean one call per prompt
+            return concat_rollouts(
+                [
+                    self.generate([p], replace(params, row_seeds=None, seed=seed))
+                    for p, seed in zip(prompt_ids, params.row_seeds)
+                ],
+                self.pad_id,
+            )
         rows = [p for p in prompt_ids for _ in range(params.n)]
         device = next(self.model.parameters()).device
         ids, mask = left_pad(rows, self.pad_id, device)
@@ -83,3 +94,23 @@ class HFEngine:
             truncated=truncated,
             group_size=params.n,
         )
+
+
+def concat_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:
+    """Rows of several rollouts (same group size) in order, padded to the widest."""
+    width = max(p.completion_ids.shape[1] for p in parts)
+    ids = torch.cat(
+        [
+            torch.nn.functional.pad(
+                p.completion_ids, (0, width - p.completion_ids.shape[1]), value=pad_id
+            )
+            for p in parts
+        ]
+    )
+    return Rollout(
+        prompt_ids=[r for p in parts for r in p.prompt_ids],
+        completion_ids=ids,
+        lengths=torch.cat([p.lengths for p in parts]),
+        truncated=torch.cat([p.truncated for p in parts]),
+        group_size=parts[0].group_size,
+    )

@@ -1,0 +1,103 @@
+"""Data parallelism over torch.distributed, started by `torchrun` (gloo on CPU, nccl on GPU).
+
+Each rank generates and scores a contiguous share of the step's prompts (whole groups, so a
+group's G rewards are never split), the kept set of dynamic sampling is decided from every
+rank's results identically everywhere, and the loss normalisers are global counts. Gradients
+are synchronised by DDP; since each micro-batch loss is already normalised by the global
+counts, DDP's averaging is undone by scaling the loss by the world size. A single process is
+the same code with world_size 1 and every collective a no-op.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class Dist:
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+    def shard(self, n: int) -> tuple[int, int]:
+        """This rank's contiguous [lo, hi) share of n items (n divisible by world_size)."""
+        k = n // self.world_size
+        return self.rank * k, (self.rank + 1) * k
+
+    def sum(self, values: list[float]) -> list[float]:
+        """Element-wise sum over ranks (float64 on the CPU side of the reduction)."""
+        if not self.enabled:
+            return list(values)
+        t = torch.tensor(values, dtype=torch.float64, device=_comm_device())
+        dist.all_reduce(t)
+        return t.tolist()
+
+    def max(self, value: float) -> float:
+        if not self.enabled:
+            return value
+        t = torch.tensor([value], dtype=torch.float64, device=_comm_device())
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return float(t.item())
+
+    def gather(self, obj):
+        """Every rank's `obj`, in rank order, on every rank."""
+        if not self.enabled:
+            return [obj]
+        out = [None] * self.world_size
+        dist.all_gather_object(out, obj)
+        return out
+
+    def broadcast(self, obj):
+        """Rank 0's `obj` on every rank."""
+        if not self.enabled:
+            return obj
+        box = [obj]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def barrier(self) -> None:
+        if self.enabled:
+            dist.barrier()
+
+
+def _comm_device() -> torch.device:
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def init_distributed(device: torch.device) -> tuple[Dist, torch.device]:
+    """Join the process group torchrun describes (WORLD_SIZE, RANK, LOCAL_RANK), if any.
+    On GPU each rank takes cuda:LOCAL_RANK."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        return Dist(), device
+    rank, local = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
+    if device.type == "cuda":
+        device = torch.device("cuda", local)
+        torch.cuda.set_device(device)
+    if not dist.is_initialized():
+        dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
+    return Dist(rank=rank, world_size=world, local_rank=local), device
+
+
+def wrap_ddp(model: torch.nn.Module, d: Dist, device: torch.device) -> torch.nn.Module:
+    """The module the training forward/backward runs through: DDP when distributed."""
+    if not d.enabled:
+        return model
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    ids = [device.index] if device.type == "cuda" else None
+    return DDP(model, device_ids=ids, broadcast_buffers=False)
