@@ -4,3 +4,9 @@
 def digit_share(prompts, completions, answers, **kwargs):
     """Share of digits in the completion: varies even for a random model's outputs."""
     return [sum(ch.isdigit() for ch in c) / max(len(c), 1) for c in completions]
+
+
+def has_digit(prompts, completions, answers, **kwargs):
+    """An accuracy a random model sometimes meets: groups come out mixed, so dynamic sampling
+    keeps some and drops others."""
+    return [1.0 if any(ch.isdigit() for ch in c) else 0.0 for c in completions]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -35,6 +36,12 @@ def _train_parser() -> argparse.ArgumentParser:
         "--resume", metavar="RUN_DIR", help="continue a run from its newest good checkpoint"
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar (logs only)")
+    p.add_argument(
+        "--nproc",
+        type=int,
+        default=1,
+        help="data-parallel processes on this machine (launches torchrun)",
+    )
     return p
 
 
@@ -51,6 +58,8 @@ RESUME_SAFE = {
 
 def cmd_train(argv: list[str]) -> int:
     args, rest = _train_parser().parse_known_args(argv)
+    if args.nproc > 1 and "WORLD_SIZE" not in os.environ:
+        return _launch_torchrun(args.nproc, argv)
     overrides = parse_overrides(rest)
     for key, section, value in (
         ("max_steps", "train", args.max_steps),
@@ -94,6 +103,32 @@ def cmd_train(argv: list[str]) -> int:
             f"{s['wall_time_s']:.0f} s)"
         )
     return 0
+
+
+def _launch_torchrun(nproc: int, argv: list[str]) -> int:
+    """`rlvr train --nproc N ...` = `torchrun --standalone --nproc-per-node N -m rlvr train ...`."""
+    import subprocess
+
+    rest, skip = [], False
+    for a in argv:  # drop --nproc N / --nproc=N, keep everything else as given
+        if skip:
+            skip = False
+        elif a == "--nproc":
+            skip = True
+        elif not a.startswith("--nproc="):
+            rest.append(a)
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={nproc}",
+        "-m",
+        "rlvr",
+        "train",
+        *rest,
+    ]
+    return subprocess.call(cmd)
 
 
 def cmd_eval(argv: list[str]) -> int:
