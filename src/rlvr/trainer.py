@@ -203,6 +203,12 @@ def setup(cfg: Config, resume_dir: Path | None, console: Console) -> tuple[Run, 
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: min(1.0, (s + 1) / o.warmup_steps) if o.warmup_steps else 1.0
     )
+    try:
+        engine = ENGINES[cfg.rollout.engine](
+            model, pad_id=tokenizer.pad_token_id, eos_ids=eos_ids(tokenizer, model)
+        )
+    except RuntimeError as e:  # e.g. vllm without a GPU
+        raise ConfigError(f"rollout.engine: {e}") from None
     run = Run(
         cfg=cfg,
         d=d,
@@ -211,9 +217,7 @@ def setup(cfg: Config, resume_dir: Path | None, console: Console) -> tuple[Run, 
         tokenizer=tokenizer,
         policy=policy,
         module=wrap_ddp(model, d, device),
-        engine=ENGINES[cfg.rollout.engine](
-            model, pad_id=tokenizer.pad_token_id, eos_ids=eos_ids(tokenizer, model)
-        ),
+        engine=engine,
         scorer=Scorer.build(cfg, source.task),
         source=source,
         sampler=PromptSampler(len(source.train), cfg.train.seed),

@@ -9,8 +9,9 @@ from rlvr.rollout.base import (
 )
 from rlvr.rollout.fast import FastEngine
 from rlvr.rollout.hf import HFEngine, left_pad
+from rlvr.rollout.vllm import VLLMEngine  # imports vllm only when constructed
 
-ENGINES = {"hf": HFEngine, "fast": FastEngine}
+ENGINES = {"hf": HFEngine, "fast": FastEngine, "vllm": VLLMEngine}
 
 __all__ = [
     "ENGINES",
@@ -18,6 +19,7 @@ __all__ = [
     "Rollout",
     "RolloutEngine",
     "SamplingParams",
+    "VLLMEngine",
     "derive_seed",
     "left_pad",
     "lengths_from_eos",
