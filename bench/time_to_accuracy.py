@@ -16,7 +16,8 @@ plus DAPO's soft overlong punishment with the same L_max and L_cache via TRL's
 `get_soft_overlong_punishment`), 16 prompts x G=8 per step, temperature, max completion
 length, lr, warm-up length, grad-norm clip, AdamW betas and weight decay, `loss_type="dapo"`
 (token-mean over the batch), clip 0.2 / `epsilon_high` 0.28, beta 0, `mask_truncated_completions`
-(rlvr's overlong filter), one optimiser step per generation batch, same threads. What TRL
+(rlvr's overlong filter), one optimiser step per generation batch, same threads, no gradient checkpointing (on by
+default in TRL). What TRL
 lacks: dynamic sampling (rlvr keeps only groups with mixed outcomes, refilling from up to 4
 generation batches); its warm-up starts at lr 0 where rlvr's starts at lr / warmup_steps.
 
@@ -205,6 +206,7 @@ def child_trl(args) -> dict:
         use_cpu=True,
         bf16=False,
         fp16=False,
+        gradient_checkpointing=False,  # TRL's default is on; rlvr has none
         model_init_kwargs={"dtype": "float32"},
         per_device_train_batch_size=r.prompts_per_step * r.group_size,
         gradient_accumulation_steps=1,
