@@ -148,7 +148,22 @@ class TRLTimer:
         self.cur = dict(generation=0.0, log_probs=0.0, prepare=0.0, completion_tokens=0)
         self.cur.update(prompt_tokens=0, unique_prompt_tokens=0, rows=0)
 
+    HOOKED = (
+        "_generate_single_turn",
+        "_get_per_token_logps_and_entropies",
+        "_prepare_inputs",
+        "training_step",
+    )
+
     def install(self, trainer_cls) -> None:
+        missing = [m for m in self.HOOKED if not hasattr(trainer_cls, m)]
+        if missing:
+            import trl
+
+            raise SystemExit(
+                f"trl {trl.__version__}: GRPOTrainer has no {', '.join(missing)}; these timing "
+                "hooks were written against trl 1.16"
+            )
         timer = self
 
         gen = trainer_cls._generate_single_turn
