@@ -1,7 +1,7 @@
 """Data parallelism on the CPU (gloo): 2 processes compute the same update as 1.
 
 Same global batch and seed; weights after each of 3 steps agree within 1e-5 (fp32), with
-dynamic sampling on, for token_mean and sample_mean. The accuracy reward (a digit in the
+dynamic sampling on, for token_mean and sample_mean, under DDP and under FSDP2. The accuracy reward (a digit in the
 response) gives a random model mixed groups, so dynamic sampling really filters."""
 
 import json
@@ -18,7 +18,7 @@ HERE = Path(__file__).parent
 ACCURACY = f"{HERE / 'e2e_rewards.py'}:has_digit"
 
 
-def _train(model_dir, run, nproc, agg):
+def _train(model_dir, run, nproc, agg, parallel="ddp", steps=3, resume=False):
     args = [
         sys.executable,
         "-m",
@@ -43,12 +43,13 @@ def _train(model_dir, run, nproc, agg):
         "1",
         "--train.keep_checkpoints=5",
         "--max-steps",
-        "3",
+        str(steps),
         "--output-dir",
         str(run),
         "--no-progress",
         "--nproc",
         str(nproc),
+        f"--train.parallel={parallel}",
     ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     res = subprocess.run(args, capture_output=True, text=True, timeout=600, env=env)
@@ -57,10 +58,11 @@ def _train(model_dir, run, nproc, agg):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp2"])
 @pytest.mark.parametrize("agg", ["token_mean", "sample_mean"])
-def test_two_ranks_match_one(tiny_model_dir, tmp_path, agg):
+def test_two_ranks_match_one(tiny_model_dir, tmp_path, agg, parallel):
     one = _train(tiny_model_dir, tmp_path / "one", 1, agg)
-    two = _train(tiny_model_dir, tmp_path / "two", 2, agg)
+    two = _train(tiny_model_dir, tmp_path / "two", 2, agg, parallel)
     m1 = [json.loads(x) for x in (one / "metrics.jsonl").read_text().splitlines()]
     m2 = [json.loads(x) for x in (two / "metrics.jsonl").read_text().splitlines()]
     assert [r["groups/kept"] for r in m1] == [r["groups/kept"] for r in m2]
@@ -78,4 +80,33 @@ def test_two_ranks_match_one(tiny_model_dir, tmp_path, agg):
     start = load_file(str(tiny_model_dir / "model.safetensors"))
     assert any(not torch.equal(start[k], w2[k]) for k in start), "no update happened"
     s2 = json.loads((two / "summary.json").read_text())
-    assert s2["world_size"] == 2
+    assert s2["world_size"] == 2 and s2["parallel"] == parallel
+
+
+@pytest.mark.slow
+def test_fsdp2_checkpoint_resumes_on_one_process(tiny_model_dir, tmp_path):
+    """2 sharded ranks for 2 steps, then 1 process resumes for the 3rd: the weights equal a
+    run that was 1 process throughout (checkpoints hold whole weights and named state)."""
+    one = _train(tiny_model_dir, tmp_path / "one", 1, "token_mean")
+    mixed = _train(tiny_model_dir, tmp_path / "mixed", 2, "token_mean", "fsdp2", steps=2)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rlvr",
+            "train",
+            "--resume",
+            str(mixed),
+            "--max-steps=3",
+            "--no-progress",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    w1 = load_file(str(one / "checkpoints" / "step-000003" / "model.safetensors"))
+    w2 = load_file(str(mixed / "checkpoints" / "step-000003" / "model.safetensors"))
+    for k in w1:
+        torch.testing.assert_close(w1[k], w2[k], atol=1e-5, rtol=0, msg=k)

@@ -174,3 +174,14 @@ def test_resume_refuses_changes_to_the_math(reference_run, tmp_path):
     res = _resume(reference_run, "--algo.clip_high=0.3")
     assert res.returncode == 2
     assert "cannot change algo.clip_high" in res.stderr
+
+
+def test_killed_before_the_first_checkpoint_starts_over(reference_run, tiny_model_dir, tmp_path):
+    run = tmp_path / "run"
+    res = _run(_args(tiny_model_dir, run), env={"RLVR_FAULT": "save:1"})  # dies saving step 1
+    assert res.returncode == -signal.SIGKILL
+    assert len((run / "metrics.jsonl").read_text().splitlines()) == 1
+    res = _resume(run)
+    assert res.returncode == 0, res.stderr
+    assert "starting the run over from step 0" in res.stderr
+    _same_run(reference_run, run)

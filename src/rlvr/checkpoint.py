@@ -81,16 +81,24 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 
 def save_checkpoint(
-    run_dir: Path, step: int, model, tokenizer, trainer_state: dict[str, Any], *, keep: int
+    run_dir: Path,
+    step: int,
+    model,
+    tokenizer,
+    trainer_state: dict[str, Any],
+    *,
+    keep: int,
+    model_state: dict[str, Any] | None = None,
 ) -> Path:
-    """Write checkpoint `step` atomically and keep the newest `keep` checkpoints."""
+    """Write checkpoint `step` atomically and keep the newest `keep` checkpoints.
+    `model_state`: the full weights when the live model holds only a shard (FSDP2)."""
     root = run_dir / "checkpoints"
     root.mkdir(parents=True, exist_ok=True)
     for stale in root.glob(".tmp-*"):
         shutil.rmtree(stale, ignore_errors=True)
     final = root / f"step-{step:06d}"
     tmp = root / f".tmp-step-{step:06d}"
-    model.save_pretrained(tmp, safe_serialization=True)
+    model.save_pretrained(tmp, safe_serialization=True, state_dict=model_state)
     _fault_point("save")  # tests kill the process here: mid-save, the model written, no manifest
     tokenizer.save_pretrained(tmp)
     torch.save({**trainer_state, "step": step, "rng": rng_state()}, tmp / STATE)

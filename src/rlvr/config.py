@@ -209,6 +209,7 @@ class TrainConfig:
     save_every: checkpoint every N steps (0 = only at the end).
     keep_checkpoints: keep the newest K checkpoints.
     threads: torch CPU threads (0 = torch's default).
+    parallel: under torchrun: ddp (every rank holds the model) or fsdp2 (parameters sharded).
     max_bad_steps: stop after this many steps in a row whose updates had a NaN/inf loss or gradient.
     entropy_floor: warn when the policy's mean token entropy falls below this (collapse).
     """
@@ -223,6 +224,7 @@ class TrainConfig:
     save_every: int = 0
     keep_checkpoints: int = 2
     threads: int = 0
+    parallel: Literal["ddp", "fsdp2"] = "ddp"
     max_bad_steps: int = 3
     entropy_floor: float = 0.01
 
@@ -511,6 +513,12 @@ def validate(cfg: Config) -> None:
         a.std,
     )
     m = cfg.model
+    _check(
+        m.lora_rank == 0 or t.parallel == "ddp",
+        "train.parallel",
+        "ddp with LoRA (an adapter is small: shard the base with fsdp2 and no LoRA)",
+        t.parallel,
+    )
     _check(m.lora_rank >= 0, "model.lora_rank", ">= 0", m.lora_rank)
     _check(m.lora_alpha > 0, "model.lora_alpha", "> 0", m.lora_alpha)
     _check(0 <= m.lora_dropout < 1, "model.lora_dropout", "in [0, 1)", m.lora_dropout)

@@ -10,6 +10,7 @@ the same code with world_size 1 and every collective a no-op.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass
 
@@ -93,11 +94,78 @@ def init_distributed(device: torch.device) -> tuple[Dist, torch.device]:
     return Dist(rank=rank, world_size=world, local_rank=local), device
 
 
-def wrap_ddp(model: torch.nn.Module, d: Dist, device: torch.device) -> torch.nn.Module:
-    """The module the training forward/backward runs through: DDP when distributed."""
+def shutdown(d: Dist) -> None:
+    """Leave the process group before exit: gloo's threads abort the process otherwise."""
+    if d.enabled and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+def wrap(model: torch.nn.Module, d: Dist, device: torch.device, kind: str) -> torch.nn.Module:
+    """The module the training forward/backward runs through. DDP: a wrapper around the
+    model. FSDP2: every decoder layer and the root are sharded in place (`fully_shard`)."""
     if not d.enabled:
+        return model
+    if kind == "fsdp2":
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        mesh = init_device_mesh(device.type, (d.world_size,))
+        for module in model.modules():
+            if type(module).__name__.endswith("DecoderLayer"):
+                fully_shard(module, mesh=mesh)
+        fully_shard(model, mesh=mesh)
         return model
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     ids = [device.index] if device.type == "cuda" else None
     return DDP(model, device_ids=ids, broadcast_buffers=False)
+
+
+def is_sharded(model: torch.nn.Module) -> bool:
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(model, FSDPModule)
+
+
+@contextlib.contextmanager
+def gathered(model: torch.nn.Module):
+    """FSDP2: whole parameters on every rank for the block (generation, no-grad log-probs,
+    evaluation), so ranks may run different numbers of forwards without collectives."""
+    if not is_sharded(model):
+        yield
+        return
+    from torch.distributed.fsdp import FSDPModule
+
+    mods = [m for m in model.modules() if isinstance(m, FSDPModule)]
+    for m in mods:
+        m.unshard()
+    model.set_reshard_after_forward(False)
+    try:
+        yield
+    finally:
+        model.set_reshard_after_forward(True)
+        for m in mods:
+            m.reshard()
+
+
+def full_state(model: torch.nn.Module, optimizer) -> tuple[dict | None, dict]:
+    """Whole model weights (None when not sharded: save the live model) and the optimiser
+    state keyed by parameter name, which any world size and wrapping can load back."""
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_model_state_dict,
+        get_optimizer_state_dict,
+    )
+
+    opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    weights = get_model_state_dict(model, options=opts) if is_sharded(model) else None
+    return weights, get_optimizer_state_dict(model, optimizer, options=opts)
+
+
+def load_optimizer_state(model: torch.nn.Module, optimizer, state: dict) -> None:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+    set_optimizer_state_dict(
+        model, optimizer, optim_state_dict=state, options=StateDictOptions(full_state_dict=True)
+    )

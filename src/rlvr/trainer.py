@@ -27,7 +27,6 @@ import torch
 from rich.console import Console
 
 from rlvr.checkpoint import (
-    CheckpointError,
     latest_good_checkpoint,
     load_trainer_state,
     save_checkpoint,
@@ -35,7 +34,15 @@ from rlvr.checkpoint import (
 )
 from rlvr.collect import PromptSampler, collect
 from rlvr.config import Config, ConfigError
-from rlvr.distributed import Dist, init_distributed, wrap_ddp
+from rlvr.distributed import (
+    Dist,
+    full_state,
+    gathered,
+    init_distributed,
+    load_optimizer_state,
+    shutdown,
+    wrap,
+)
 from rlvr.evaluation import evaluate
 from rlvr.health import HealthGuard
 from rlvr.metrics import NullLogger, RunLogger
@@ -81,21 +88,23 @@ class Run:
     scheduler: torch.optim.lr_scheduler.LRScheduler
 
     def evaluate(self) -> dict[str, float]:
-        return evaluate(
-            self.engine,
-            self.tokenizer,
-            self.scorer,
-            self.source.eval,
-            params=eval_params(self.cfg),
-            d=self.d,
-        )
+        with gathered(self.policy.model):
+            return evaluate(
+                self.engine,
+                self.tokenizer,
+                self.scorer,
+                self.source.eval,
+                params=eval_params(self.cfg),
+                d=self.d,
+            )
 
     def save(self, step: int, eval_before: dict) -> Path | None:
-        """Checkpoint on rank 0 (every rank holds the same weights); the others wait."""
+        """Checkpoint written by rank 0 (FSDP2 first gathers the shards); the others wait."""
         path = None
+        weights, optimizer_state = full_state(self.policy.model, self.optimizer)  # collective
         if self.d.is_main:
             state = {
-                "optimizer": self.optimizer.state_dict(),
+                "optimizer": optimizer_state,
                 "scheduler": self.scheduler.state_dict(),
                 "sampler_position": self.sampler.position,
                 "eval_before": eval_before,
@@ -107,6 +116,7 @@ class Run:
                 self.tokenizer,
                 state,
                 keep=self.cfg.train.keep_checkpoints,
+                model_state=weights,
             )
         self.d.barrier()
         return self.d.broadcast(path)
@@ -117,18 +127,19 @@ def run_step(step: int, run: Run) -> tuple[dict[str, float], list[dict]]:
     cfg, device, pad_id = run.cfg, run.device, run.tokenizer.pad_token_id
     model = run.policy.model
     t_start = time.perf_counter()
-    got = collect(
-        step, cfg, run.engine, run.tokenizer, run.scorer, run.source.train, run.sampler, run.d
-    )
-    samples = got.samples  # this rank's share of the kept groups
-    assign_advantages(samples, cfg)
-    t0 = time.perf_counter()
-    if samples and (cfg.algo.mu > 1 or cfg.algo.mini_batches > 1):
-        fill_log_probs(model, samples, cfg, pad_id, device, "old_log_probs")
-    if samples and cfg.algo.kl_coef > 0:
-        with run.policy.reference() as reference:
-            fill_log_probs(reference, samples, cfg, pad_id, device, "ref_log_probs")
-    t1 = time.perf_counter()
+    with gathered(model):  # FSDP2: whole weights for the no-grad work; else a no-op
+        got = collect(
+            step, cfg, run.engine, run.tokenizer, run.scorer, run.source.train, run.sampler, run.d
+        )
+        samples = got.samples  # this rank's share of the kept groups
+        assign_advantages(samples, cfg)
+        t0 = time.perf_counter()
+        if samples and (cfg.algo.mu > 1 or cfg.algo.mini_batches > 1):
+            fill_log_probs(model, samples, cfg, pad_id, device, "old_log_probs")
+        if samples and cfg.algo.kl_coef > 0:
+            with run.policy.reference() as reference:
+                fill_log_probs(reference, samples, cfg, pad_id, device, "ref_log_probs")
+        t1 = time.perf_counter()
     metrics = dict(got.metrics)
     if got.groups:
         metrics.update(
@@ -187,12 +198,15 @@ def setup(cfg: Config, resume_dir: Path | None, console: Console) -> tuple[Run, 
     checkpoint = None
     if resume_dir:
         checkpoint = latest_good_checkpoint(run_dir, warn=console.print if d.is_main else _quiet)
-        if checkpoint is None:
-            raise CheckpointError(f"{run_dir}: no intact checkpoint to resume from")
+        if checkpoint is None and d.is_main:  # killed before its first save: start over
+            console.print(f"{run_dir}: no intact checkpoint yet; starting the run over from step 0")
+            for name in ("metrics.jsonl", "samples.jsonl"):
+                truncate_jsonl(run_dir / name, 0)
     tokenizer = load_tokenizer(cfg.model.name_or_path)
     policy = load_policy(cfg, checkpoint, device)
     model = policy.model
     source = load_prompts(cfg, tokenizer, getattr(model.config, "max_position_embeddings", None))
+    module = wrap(model, d, device, cfg.train.parallel)  # before the optimiser: FSDP2 shards
     o = cfg.optim
     optimizer = torch.optim.AdamW(
         [p for p in model.parameters() if p.requires_grad],
@@ -216,7 +230,7 @@ def setup(cfg: Config, resume_dir: Path | None, console: Console) -> tuple[Run, 
         run_dir=run_dir,
         tokenizer=tokenizer,
         policy=policy,
-        module=wrap_ddp(model, d, device),
+        module=module,
         engine=engine,
         scorer=Scorer.build(cfg, source.task),
         source=source,
@@ -227,7 +241,7 @@ def setup(cfg: Config, resume_dir: Path | None, console: Console) -> tuple[Run, 
     if checkpoint is None:
         return run, None
     state = load_trainer_state(checkpoint)
-    optimizer.load_state_dict(state["optimizer"])
+    load_optimizer_state(model, optimizer, state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])
     run.sampler.position = state["sampler_position"]
     set_rng_state(state["rng"])
@@ -253,6 +267,16 @@ def train(
     console = console or Console(stderr=True, soft_wrap=True)
     t_start = time.time()
     run, resumed = setup(cfg, resume_dir, console)
+    try:
+        return _train(run, resumed, console, show_progress, t_start)
+    finally:
+        shutdown(run.d)
+
+
+def _train(
+    run: Run, resumed: dict | None, console: Console, show_progress: bool, t_start: float
+) -> Path:
+    cfg = run.cfg
     d, run_dir = run.d, run.run_dir
     step, final = (resumed["step"], resumed["path"]) if resumed else (0, None)
     eval_before = resumed["eval_before"] if resumed else None
@@ -302,6 +326,7 @@ def train(
             "final_checkpoint": str(final),
             "reference": run.policy.reference_kind,
             "world_size": d.world_size,
+            "parallel": cfg.train.parallel if d.enabled else "none",
             "wall_time_s": time.time() - t_start,
         }
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))

@@ -10,7 +10,7 @@ import torch
 from rlvr.algos import ADVANTAGES, group_advantages, policy_loss
 from rlvr.batching import Sample, collate, token_log_probs
 from rlvr.config import Config
-from rlvr.distributed import Dist
+from rlvr.distributed import Dist, is_sharded
 
 
 def assign_advantages(samples: list[Sample], cfg: Config) -> None:
@@ -65,6 +65,52 @@ def _dummy(pad_id: int) -> list[Sample]:
     return [Sample([pad_id], [pad_id], True, 0.0, False, -1)]
 
 
+def _micro_loss(
+    module,
+    micro: list[Sample],
+    cfg: Config,
+    pad_id: int,
+    device,
+    num_tokens: float,
+    num_sequences: float,
+):
+    """The loss of one micro-batch (normalised by the step's global counts), its number of
+    loss tokens, and the policy entropy summed over its generated tokens (and their count)."""
+    a = cfg.algo
+    mb = collate(micro, pad_id, device)
+    real = torch.tensor([s.group >= 0 for s in micro], dtype=torch.float32, device=device)
+    kept = torch.tensor(
+        [_valid_tokens(s, cfg) > 0 for s in micro], dtype=torch.float32, device=device
+    )
+    mask = mb.response_mask * (real * kept)[:, None]  # dummies and filtered rows: no loss
+    log_probs, entropy = token_log_probs(
+        module, mb, temperature=cfg.rollout.temperature, with_entropy=True
+    )
+    # With mu = 1 and one mini-batch pi_old is the live policy: rho = 1 exactly
+    # (ALGORITHMS.md §3.5), and the detached log-probs save a forward pass.
+    old = mb.old_log_probs if mb.old_log_probs is not None else log_probs.detach()
+    out = policy_loss(
+        log_probs,
+        old,
+        mb.advantages,
+        mask,
+        clip_low=a.clip_low,
+        clip_high=a.clip_high,
+        dual_clip=a.dual_clip,
+        agg=a.agg,
+        num_tokens=num_tokens,
+        num_sequences=num_sequences,
+        norm_constant=float(cfg.rollout.max_new_tokens),
+        kl_coef=a.kl_coef if mb.ref_log_probs is not None else 0.0,  # a dummy has no reference
+        ref_log_probs=mb.ref_log_probs,
+        kl_kind=a.kl_kind,
+        ratio=a.ratio,
+        log_ratio_clamp=a.log_ratio_clamp,
+    )
+    generated = mb.response_mask * real[:, None]  # entropy also of overlong-filtered responses
+    return out, float(mask.sum()), float((entropy * generated).sum()), float(generated.sum())
+
+
 def policy_update(
     model,
     batch: list,
@@ -101,47 +147,19 @@ def policy_update(
                 ]
             )
             micros = _micro_batches(mine, cfg.optim.micro_batch_sequences) or [_dummy(pad_id)]
+            if is_sharded(model):  # FSDP2 communicates in every forward/backward: equal counts
+                micros += [_dummy(pad_id)] * (int(d.max(len(micros))) - len(micros))
             for k, micro in enumerate(micros):
                 # DDP all-reduces on the last micro-batch only; the others accumulate locally.
                 last = k == len(micros) - 1
-                sync = contextlib.nullcontext() if last or not d.enabled else module.no_sync()
+                ddp_accumulate = d.enabled and not last and hasattr(module, "no_sync")
+                sync = module.no_sync() if ddp_accumulate else contextlib.nullcontext()
                 with sync:
-                    mb = collate(micro, pad_id, device)
-                    mask = (
-                        mb.response_mask
-                        * torch.tensor(
-                            [_valid_tokens(s, cfg) > 0 for s in micro],
-                            dtype=torch.float32,
-                            device=device,
-                        )[:, None]
-                    )
-                    log_probs, entropy = token_log_probs(
-                        module, mb, temperature=cfg.rollout.temperature, with_entropy=True
-                    )
-                    # With mu = 1 and one mini-batch pi_old is the live policy: rho = 1 exactly
-                    # (ALGORITHMS.md §3.5), and the detached log-probs save a forward pass.
-                    old = mb.old_log_probs if mb.old_log_probs is not None else log_probs.detach()
-                    out = policy_loss(
-                        log_probs,
-                        old,
-                        mb.advantages,
-                        mask,
-                        clip_low=a.clip_low,
-                        clip_high=a.clip_high,
-                        dual_clip=a.dual_clip,
-                        agg=a.agg,
-                        num_tokens=num_tokens,
-                        num_sequences=num_sequences,
-                        norm_constant=float(cfg.rollout.max_new_tokens),
-                        kl_coef=a.kl_coef,
-                        ref_log_probs=mb.ref_log_probs,
-                        kl_kind=a.kl_kind,
-                        ratio=a.ratio,
-                        log_ratio_clamp=a.log_ratio_clamp,
+                    out, n_local, ent_sum, ent_n = _micro_loss(
+                        module, micro, cfg, pad_id, device, num_tokens, num_sequences
                     )
                     # The loss is already normalised by global counts: undo DDP's averaging.
                     (out.loss * d.world_size).backward()
-                n_local = float(mask.sum())
                 for key, v in out.metrics.items():
                     if key == "ratio_max":
                         ratio_max = max(ratio_max, v) if n_local else ratio_max
@@ -151,9 +169,12 @@ def policy_update(
                         add(key, v * n_local)  # token-weighted mean
                 add("loss", out.loss.item())
                 add("tokens", n_local)
-                add("entropy", float((entropy * mask).sum()))
+                add("entropy", ent_sum)
+                add("entropy_tokens", ent_n)
             clip = cfg.optim.max_grad_norm if cfg.optim.max_grad_norm > 0 else math.inf
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+            if hasattr(grad_norm, "full_tensor"):  # FSDP2: a DTensor
+                grad_norm = grad_norm.full_tensor()
             if torch.isfinite(grad_norm):
                 optimizer.step()
                 scheduler.step()  # the schedule counts optimiser steps actually taken
@@ -165,8 +186,10 @@ def policy_update(
     keys = sorted(sums)
     total = dict(zip(keys, d.sum([sums[k] for k in keys])))
     tokens = max(total.pop("tokens", 0.0), 1.0)
+    entropy = total.pop("entropy", 0.0) / max(total.pop("entropy_tokens", 0.0), 1.0)
     counts = {"loss", "log_ratio_clamped", "num_tokens"}
     out_metrics = {k: v / tokens for k, v in total.items() if k not in counts}
+    out_metrics["entropy"] = entropy
     out_metrics["log_ratio_clamped"] = total.get("log_ratio_clamped", 0.0)
     out_metrics["loss_tokens"] = total.get("num_tokens", 0.0)
     out_metrics["loss"] = total.get("loss", 0.0) / max(steps, 1)
