@@ -28,6 +28,7 @@ target = wall time from the start of training (after loading and rlvr's initial 
 to the end of the step whose evaluation first reaches `--target`, minus the time spent in
 evaluations: only training is timed. Each run is a subprocess with `--max-minutes` of
 training time; a run that does not reach the target reports the budget as a lower bound.
+With `--repeats N` the runs alternate (rlvr, TRL, rlvr, ...) and the medians are compared.
 
 The last line printed is one JSON object: `speedup_time_to_accuracy` (TRL time / rlvr time;
 a lower bound when TRL did not reach the target, flagged by `trl_reached`).
@@ -39,6 +40,7 @@ import argparse
 import contextlib
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -129,6 +131,9 @@ def child_rlvr(args) -> dict:
         if state["step"] == 0 and not clock.curve:  # the evaluation before training
             clock.record(0, ev, 0.0, 0.0, args.target)
             clock.start()
+            return ev
+        if clock.curve and clock.curve[-1]["step"] == state["step"]:  # the final evaluation
+            clock.in_eval += dur
             return ev
         if clock.record(state["step"], ev, dur, train_s, args.target):
             raise _Stop
@@ -231,7 +236,7 @@ def child_trl(args) -> dict:
         adam_beta2=o.beta2,
         max_grad_norm=o.max_grad_norm,
         max_steps=args.max_steps,
-        logging_steps=10,
+        logging_strategy="no",
         save_strategy="no",
         report_to="none",
         disable_tqdm=True,
@@ -278,6 +283,7 @@ def main() -> None:
     p.add_argument("--max-steps", type=int, default=1000)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--repeats", type=int, default=1, help="alternating runs per trainer")
     p.add_argument("--only", choices=["rlvr", "trl"], default=None, help="run one trainer")
     p.add_argument("--child", choices=["trl", "rlvr"], help=argparse.SUPPRESS)
     p.add_argument("--model-path", help=argparse.SUPPRESS)
@@ -309,64 +315,73 @@ def main() -> None:
         f"time to {args.target:.0%} held-out accuracy, model {args.model}, evaluation every "
         f"{args.eval_every} steps, budget {args.max_minutes:g} min of training per run"
     )
-    results = {}
-    for kind in [args.only] if args.only else ["rlvr", "trl"]:
-        out = work / f"{kind}.json"
-        cmd = [
-            sys.executable,
-            str(Path(__file__).resolve()),
-            "--child",
-            kind,
-            "--model-path",
-            model_path,
-            "--work-dir",
-            str(work / kind),
-            "--out",
-            str(out),
-            "--target",
-            str(args.target),
-            "--eval-every",
-            str(args.eval_every),
-            "--max-minutes",
-            str(args.max_minutes),
-            "--max-steps",
-            str(args.max_steps),
-            "--threads",
-            str(args.threads),
-            "--seed",
-            str(args.seed),
-        ]
-        env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), TOKENIZERS_PARALLELISM="false")
-        env["TRANSFORMERS_VERBOSITY"] = "error"
-        print(f"\n== {kind}")
-        sys.stdout.flush()
-        proc = subprocess.run(cmd, env=env, stdout=None, stderr=subprocess.PIPE, text=True)
-        if proc.returncode != 0 or not out.exists():
-            sys.stderr.write(proc.stderr[-8000:])
-            raise SystemExit(f"{kind} run failed (exit {proc.returncode})")
-        res = json.loads(out.read_text())
-        results[kind] = res
-        status = (
-            f"reached {args.target:.0%} at step {res['reached']['step']} after "
-            f"{res['train_s']:.1f} s of training"
-            if res["reached"]
-            else f"did not reach {args.target:.0%} in {res['train_s']:.1f} s ({res['steps']} steps)"
-        )
-        print(
-            f"  {kind}: {status}; {res['samples']} samples generated, peak RSS "
-            f"{res['peak_rss_mib']:.0f} MiB, run {res['wall_s']:.0f} s"
-        )
-    summary: dict = {"target": args.target, "model": args.model}
-    for kind, res in results.items():
-        summary[f"{kind}_seconds"] = round(res["train_s"], 2)
-        summary[f"{kind}_steps"] = res["reached"]["step"] if res["reached"] else res["steps"]
-        summary[f"{kind}_reached"] = res["reached"] is not None
-        summary[f"{kind}_best_accuracy"] = max((c["accuracy"] for c in res["curve"]), default=0)
-    if len(results) == 2 and results["rlvr"]["reached"]:
+    results: dict[str, list[dict]] = {}
+    kinds = [args.only] if args.only else ["rlvr", "trl"]
+    for rep in range(args.repeats):  # alternating rlvr, TRL, rlvr, TRL, ...
+        for kind in kinds:
+            tag = f"{kind}-{rep}"
+            out = work / f"{tag}.json"
+            cmd = [
+                sys.executable,
+                str(Path(__file__).resolve()),
+                "--child",
+                kind,
+                "--model-path",
+                model_path,
+                "--work-dir",
+                str(work / tag),
+                "--out",
+                str(out),
+                "--target",
+                str(args.target),
+                "--eval-every",
+                str(args.eval_every),
+                "--max-minutes",
+                str(args.max_minutes),
+                "--max-steps",
+                str(args.max_steps),
+                "--threads",
+                str(args.threads),
+                "--seed",
+                str(args.seed),
+            ]
+            env = dict(
+                os.environ, OMP_NUM_THREADS=str(args.threads), TOKENIZERS_PARALLELISM="false"
+            )
+            env["TRANSFORMERS_VERBOSITY"] = "error"
+            print(f"\n== {kind} (run {rep})")
+            sys.stdout.flush()
+            proc = subprocess.run(cmd, env=env, stdout=None, stderr=subprocess.PIPE, text=True)
+            if proc.returncode != 0 or not out.exists():
+                sys.stderr.write(proc.stderr[-8000:])
+                raise SystemExit(f"{kind} run failed (exit {proc.returncode})")
+            res = json.loads(out.read_text())
+            results.setdefault(kind, []).append(res)
+            status = (
+                f"reached {args.target:.0%} at step {res['reached']['step']} after "
+                f"{res['train_s']:.1f} s of training"
+                if res["reached"]
+                else f"did not reach {args.target:.0%} in {res['train_s']:.1f} s "
+                f"({res['steps']} steps)"
+            )
+            print(
+                f"  {kind}: {status}; {res['samples']} samples generated, peak RSS "
+                f"{res['peak_rss_mib']:.0f} MiB, run {res['wall_s']:.0f} s"
+            )
+    # Medians over repeats; a run that missed the target counts with its budget (a lower bound).
+    summary: dict = {"target": args.target, "model": args.model, "repeats": args.repeats}
+    for kind, rs in results.items():
+        summary[f"{kind}_seconds"] = round(statistics.median(r["train_s"] for r in rs), 2)
+        summary[f"{kind}_seconds_all"] = [round(r["train_s"], 2) for r in rs]
+        summary[f"{kind}_steps"] = [r["reached"]["step"] if r["reached"] else None for r in rs]
+        summary[f"{kind}_samples"] = [r["samples"] for r in rs]
+        summary[f"{kind}_reached"] = all(r["reached"] is not None for r in rs)
+        summary[f"{kind}_best_accuracy"] = max(c["accuracy"] for r in rs for c in r["curve"])
+    if len(results) == 2 and summary["rlvr_reached"]:
         summary["speedup_time_to_accuracy"] = round(
-            results["trl"]["train_s"] / results["rlvr"]["train_s"], 3
+            summary["trl_seconds"] / summary["rlvr_seconds"], 3
         )
-        summary["speedup_is_lower_bound"] = not results["trl"]["reached"]
+        summary["speedup_is_lower_bound"] = not summary["trl_reached"]
     tmp.cleanup()
     print(json.dumps(summary))
 
