@@ -1,4 +1,4 @@
-"""Shared fixtures: a tiny randomly initialised Qwen2 and its tokenizer, saved with
+"""Shared fixtures: tiny randomly initialised Llama and Qwen2 models and their tokenizer, saved with
 save_pretrained to a local directory, exactly as a user's model would be."""
 
 import pytest
@@ -16,7 +16,7 @@ def tokenizer():
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory, tokenizer):
-    path = tmp_path_factory.mktemp("tiny-qwen2")
+    path = tmp_path_factory.mktemp("tiny-llama")
     model = build_tiny_model(
         tokenizer,
         seed=0,
@@ -37,3 +37,28 @@ def tiny_model(tiny_model_dir):
     from rlvr.models import load_model
 
     return load_model(str(tiny_model_dir)).eval()
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen2_dir(tmp_path_factory, tokenizer):
+    """A tiny randomly initialised Qwen2 (the architecture users bring most often)."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        intermediate_size=64,
+        max_position_embeddings=128,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=None,
+        tie_word_embeddings=True,
+    )
+    path = tmp_path_factory.mktemp("tiny-qwen2-arch")
+    Qwen2ForCausalLM(config).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path

@@ -139,3 +139,27 @@ def test_directory_without_a_model_fails_naming_it(tmp_path):
 
 def test_hub_ids_pass_through():
     assert resolve_model_path("Qwen/Qwen2.5-0.5B-Instruct") == "Qwen/Qwen2.5-0.5B-Instruct"
+
+
+def test_generic_tokenizer_beside_a_qwen2_config_keeps_its_spacing(tmp_path):
+    """transformers 5 maps model_type qwen2 to Qwen2Tokenizer, which rebuilds the
+    pre-tokenizer; a directory that declares a generic tokenizer must get that one back."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from rlvr.models import build_tokenizer, load_tokenizer
+
+    tok = build_tokenizer()
+    config = Qwen2Config(
+        vocab_size=len(tok),
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        intermediate_size=32,
+    )
+    Qwen2ForCausalLM(config).save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    again = load_tokenizer(str(tmp_path))
+    text = "Compute 3 + 4.\n<think>x</think>"
+    assert again(text)["input_ids"] == tok(text)["input_ids"]
+    assert again.decode(again(text)["input_ids"]) == text

@@ -25,7 +25,8 @@ def _weights(path):
     return load_file(str(path / "model.safetensors"))
 
 
-def test_two_steps_on_a_local_model(tiny_model_dir, tmp_path, capsys):
+def test_two_steps_on_a_local_qwen2(tiny_qwen2_dir, tmp_path, capsys):
+    tiny_model_dir = tiny_qwen2_dir
     run = tmp_path / "run"
     # grpo: KL to a reference (loaded because kl_coef > 0); a user reward loaded by path gives
     # the random model's responses different rewards, hence non-zero advantages.

@@ -9,6 +9,7 @@ difference. ``scripts/build_tiny_model.py`` rebuilds it from ``build_tokenizer``
 
 from __future__ import annotations
 
+import json
 import string
 from pathlib import Path
 from typing import Literal
@@ -154,12 +155,31 @@ def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
     comparing token ids with ``pad_token_id``.
     """
     path = resolve_model_path(name_or_path)
-    tokenizer = _from_pretrained(AutoTokenizer.from_pretrained, path, name_or_path)
+    # A directory that declares a generic fast tokenizer gets exactly that: AutoTokenizer would
+    # swap in the model type's own class (Qwen2Tokenizer for qwen2), which rebuilds the
+    # pre-tokenizer and, for a tokenizer made with `tokenizers` like ours, drops spaces.
+    load = AutoTokenizer.from_pretrained
+    if _declared_tokenizer_class(path) in _GENERIC_TOKENIZERS:
+        load = PreTrainedTokenizerFast.from_pretrained
+    tokenizer = _from_pretrained(load, path, name_or_path)
     if tokenizer.pad_token is None:
         if tokenizer.eos_token is None:
             raise ValueError(f"tokenizer of {name_or_path!r} has neither a pad nor an eos token")
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
+
+
+_GENERIC_TOKENIZERS = ("PreTrainedTokenizerFast", "TokenizersBackend")
+
+
+def _declared_tokenizer_class(path: str) -> str | None:
+    config = Path(path) / "tokenizer_config.json"
+    if not config.is_file():
+        return None
+    try:
+        return json.loads(config.read_text()).get("tokenizer_class")
+    except (json.JSONDecodeError, AttributeError):
+        return None  # let from_pretrained report the broken file
 
 
 def load_model(
