@@ -35,7 +35,7 @@ def test_each_rung_adds_exactly_its_component(tmp_path):
     assert cfgs[0].algo.clip_high == 0.2 and cfgs[0].algo.agg == "sample_mean"
     for cfg in cfgs:
         assert cfg.reward.wrong_score == -1.0  # the same on every rung
-        assert cfg.train.eval_every == 1 and cfg.data.task == "chain"
+        assert cfg.train.eval_every == 1 and cfg.data.task == "arithmetic"
     for prev, cfg, rung in zip(cfgs, cfgs[1:], RUNGS[1:]):
         assert _diff(prev, cfg) == {("algo", k) for k in rung.changes["algo"]}
     dapo = load_config(None, {}, preset="dapo")

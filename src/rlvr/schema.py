@@ -1,0 +1,299 @@
+"""The config schema: nested frozen dataclasses, each field documented once, and the presets.
+
+A config is built in one order, each layer holding only changes to the one before:
+dataclass defaults -> preset (`grpo`, `dapo`, `dr_grpo`) -> YAML file -> `--section.key=value`.
+Every field is documented once, in its class docstring (`name: text` lines), and the CLI help
+reads it from there. Unknown keys and bad values fail here, before any work, naming the key and
+what was expected. Batch sizes say their unit: prompts or sequences, per optimiser step.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field, fields
+from typing import Any, Literal
+
+
+class ConfigError(ValueError):
+    """A config key or value is wrong; the message names the key and what is expected."""
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The policy (and, when kl_coef > 0, the frozen reference copy).
+
+    name_or_path: "rlvr-tiny" (the built-in offline model), a local directory, or a hub id.
+    dtype: parameter dtype: float32, bfloat16, float16, or auto (as saved).
+    device: "auto" (cuda if available, else cpu), "cpu", "cuda", "cuda:1", ...
+    lora_rank: LoRA rank r (PEFT); 0 trains every weight.
+    lora_alpha: LoRA scaling alpha (the update is scaled by alpha / r).
+    lora_dropout: dropout on the LoRA input (0 keeps log-probs deterministic).
+    lora_target_modules: module names that get adapters.
+    """
+
+    name_or_path: str = "rlvr-tiny"
+    dtype: Literal["float32", "bfloat16", "float16", "auto"] = "float32"
+    device: str = "auto"
+    lora_rank: int = 0
+    lora_alpha: float = 16.0
+    lora_dropout: float = 0.0
+    lora_target_modules: tuple[str, ...] = (
+        "q_proj",
+        "k_proj",
+        "v_proj",
+        "o_proj",
+        "gate_proj",
+        "up_proj",
+        "down_proj",
+    )
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Where prompts come from: a built-in task, or a dataset file.
+
+    task: built-in task name (see `rlvr.tasks.TASKS`); ignored when `path` is set.
+    path: a jsonl / parquet file or a local Hugging Face dataset directory.
+    preset: dataset format preset for `path`: none, gsm8k, dapo_math.
+    prompt_field: column holding the question, a string or chat messages (none = the preset's).
+    answer_field: column holding the reference answer, dotted when nested (none = the preset's).
+    eval_path: held-out dataset for evaluation (same format as `path`); defaults to none.
+    system_prompt: optional system message put before every prompt.
+    prompt_template: template with {question} applied to string prompts.
+    dedup: drop repeated prompts (the public DAPO-Math-17k copy repeats each ~100 times).
+    train_size: number of built-in task training prompts to generate.
+    """
+
+    task: str = "arithmetic"
+    path: str | None = None
+    preset: Literal["none", "gsm8k", "dapo_math"] = "none"
+    prompt_field: str | None = None
+    answer_field: str | None = None
+    eval_path: str | None = None
+    system_prompt: str | None = None
+    prompt_template: str = "{question}"
+    dedup: bool = False
+    train_size: int = 4000
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    """Sampling: how many responses, how long, at what temperature.
+
+    engine: "fast" (own decode loop: prompt prefilled once per group, static KV cache) or "hf" (generate).
+    prompts_per_step: prompts whose groups enter one rollout batch (after dynamic sampling).
+    group_size: G, responses sampled per prompt.
+    max_new_tokens: generation cap L_max in tokens; a response without EOS by then is truncated.
+    temperature: sampling temperature; the trainer applies the same one to its log-probs.
+    top_p: nucleus sampling threshold (1.0 = off).
+    top_k: top-k sampling (0 = off).
+    min_new_tokens: suppress EOS before this many tokens (benchmarks force lengths with it; 0 = off).
+    seed_per_prompt: draw each prompt's samples from its own seed, whatever else shares the batch
+        (always on under torchrun, so N ranks sample what one process would).
+    """
+
+    engine: str = "fast"
+    prompts_per_step: int = 16
+    group_size: int = 8
+    max_new_tokens: int = 32
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_new_tokens: int = 0
+    seed_per_prompt: bool = False
+
+
+@dataclass(frozen=True)
+class AlgoConfig:
+    """The policy-gradient algorithm (ALGORITHMS.md).
+
+    advantage: grpo (r - mean)/(std + eps), dr_grpo (r - mean), rloo (leave-one-out).
+    std: std estimator for grpo advantages: unbiased (torch.std, /(G-1)) or population (/G).
+    clip_low: eps_low; the ratio's lower bound is 1 - clip_low.
+    clip_high: eps_high; the ratio's upper bound is 1 + clip_high (DAPO clip-higher: 0.28).
+    dual_clip: dual-clip constant c > 1 capping the loss of negative advantages (none = off).
+    ratio: token (PPO/GRPO/DAPO importance ratio per token) or sequence (GSPO).
+    agg: loss aggregation: sample_mean (GRPO), token_mean (DAPO), token_sum_norm (Dr. GRPO).
+    kl_coef: beta, weight of the KL penalty to the reference model in the loss (0 = no reference).
+    kl_kind: KL estimator: k1, k2, k3.
+    dynamic_sampling: keep only groups with 0 < #correct < G, refilling from more generation batches.
+    max_gen_batches: bound on generation batches per step under dynamic sampling.
+    overlong_filter: give truncated responses a zero loss mask.
+    soft_overlong: add DAPO's soft overlong punishment to the reward.
+    overlong_cache: L_cache of the soft overlong punishment, in tokens.
+    mu: optimisation passes over each rollout batch.
+    mini_batches: optimiser steps per pass (the rollout batch is split into this many).
+    log_ratio_clamp: clamp |log rho| to this value (none = no clamp); clamped values are counted.
+    """
+
+    advantage: Literal["grpo", "dr_grpo", "rloo"] = "grpo"
+    std: Literal["unbiased", "population"] = "unbiased"
+    clip_low: float = 0.2
+    clip_high: float = 0.2
+    dual_clip: float | None = None
+    ratio: Literal["token", "sequence"] = "token"
+    agg: Literal["sample_mean", "token_mean", "token_sum_norm"] = "sample_mean"
+    kl_coef: float = 0.0
+    kl_kind: Literal["k1", "k2", "k3"] = "k3"
+    dynamic_sampling: bool = False
+    max_gen_batches: int = 4
+    overlong_filter: bool = False
+    soft_overlong: bool = False
+    overlong_cache: int = 8
+    mu: int = 1
+    mini_batches: int = 1
+    log_ratio_clamp: float | None = None
+
+
+@dataclass(frozen=True)
+class RewardConfig:
+    """How a response is scored. Accuracy stays separate: dynamic sampling filters on it.
+
+    accuracy: accuracy reward: "task" (the built-in task's verifier) or a reward name / module:function.
+    correct_score: reward of a correct answer under accuracy "task".
+    wrong_score: reward of a wrong answer under accuracy "task" (DAPO: -1).
+    format_weight: weight of the R1 format reward (<think>...</think> then the answer); 0 = off.
+    extra: more reward terms, each "name=weight" (name from rlvr.rewards.REWARDS or module:function).
+    on_error: a reward function that raises: "raise" stops the run, "zero" scores 0 and counts it.
+    params: settings per reward name, e.g. {math: {signed: false}} (YAML, or JSON on the command line).
+    """
+
+    accuracy: str = "task"
+    correct_score: float = 1.0
+    wrong_score: float = 0.0
+    format_weight: float = 0.0
+    extra: tuple[str, ...] = ()
+    on_error: Literal["raise", "zero"] = "raise"
+    params: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    """AdamW with linear warm-up then a constant learning rate.
+
+    lr: learning rate after warm-up.
+    weight_decay: AdamW weight decay.
+    beta1: AdamW beta1.
+    beta2: AdamW beta2.
+    warmup_steps: linear warm-up length in optimiser steps.
+    max_grad_norm: gradient clipping by global norm (0 = off).
+    micro_batch_sequences: sequences per forward/backward; gradients accumulate to the optimiser step.
+    """
+
+    lr: float = 1e-6
+    weight_decay: float = 0.0
+    beta1: float = 0.9
+    beta2: float = 0.999
+    warmup_steps: int = 0
+    max_grad_norm: float = 1.0
+    micro_batch_sequences: int = 64
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """The run: length, seed, evaluation, logging, checkpoints.
+
+    max_steps: rollout steps to train.
+    seed: the one seed every RNG of the run derives from.
+    output_dir: run directory (default runs/<timestamp>).
+    eval_size: held-out prompts in the before/after (and periodic) evaluation.
+    eval_samples: sampled answers per held-out prompt at the training temperature.
+    eval_every: periodic held-out evaluation every N steps (0 = only before and after).
+    log_samples: completions written to samples.jsonl per step.
+    save_every: checkpoint every N steps (0 = only at the end).
+    keep_checkpoints: keep the newest K checkpoints.
+    threads: torch CPU threads (0 = torch's default).
+    parallel: under torchrun: ddp (every rank holds the model) or fsdp2 (parameters sharded).
+    max_bad_steps: stop after this many steps in a row whose updates had a NaN/inf loss or gradient.
+    entropy_floor: warn when the policy's mean token entropy falls below this (collapse).
+    """
+
+    max_steps: int = 100
+    seed: int = 0
+    output_dir: str | None = None
+    eval_size: int = 256
+    eval_samples: int = 1
+    eval_every: int = 0
+    log_samples: int = 4
+    save_every: int = 0
+    keep_checkpoints: int = 2
+    threads: int = 0
+    parallel: Literal["ddp", "fsdp2"] = "ddp"
+    max_bad_steps: int = 3
+    entropy_floor: float = 0.01
+
+
+@dataclass(frozen=True)
+class Config:
+    """A whole run. Sections: model, data, rollout, algo, reward, optim, train."""
+
+    preset: str = "dapo"
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    algo: AlgoConfig = field(default_factory=AlgoConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+
+
+SECTIONS = {f.name: f.type for f in fields(Config) if f.name != "preset"}
+
+# Presets hold only changes to the defaults. The defaults are the tiny offline run's sizes;
+# the algorithm fields are what each paper specifies (ALGORITHMS.md §3, §5, §6).
+PRESETS: dict[str, dict[str, dict[str, Any]]] = {
+    "grpo": {
+        "algo": {
+            "advantage": "grpo",
+            "clip_low": 0.2,
+            "clip_high": 0.2,
+            "kl_coef": 0.04,
+            "kl_kind": "k3",
+            "agg": "sample_mean",
+        },
+    },
+    "dapo": {
+        "algo": {
+            "advantage": "grpo",
+            "clip_low": 0.2,
+            "clip_high": 0.28,
+            "kl_coef": 0.0,
+            "agg": "token_mean",
+            "dynamic_sampling": True,
+            "overlong_filter": True,
+            "soft_overlong": True,
+        },
+        "reward": {"wrong_score": -1.0},
+    },
+    "dr_grpo": {
+        "algo": {
+            "advantage": "dr_grpo",
+            "clip_low": 0.2,
+            "clip_high": 0.2,
+            "kl_coef": 0.0,
+            "agg": "token_sum_norm",
+        },
+    },
+}
+
+# The offline default (`rlvr train` with no arguments): sizes tuned so the built-in tiny model
+# learns its task on a laptop CPU in minutes. Applied under every preset when the model is the
+# built-in one and the user did not set them.
+TINY_DEFAULTS: dict[str, dict[str, Any]] = {
+    "optim": {"lr": 2e-4, "warmup_steps": 5},
+    "train": {"max_steps": 60, "threads": 2},
+}
+
+
+def field_docs(cls: type) -> dict[str, str]:
+    """The `name: text` lines of a dataclass docstring, for help and error messages."""
+    docs: dict[str, str] = {}
+    last = None
+    for line in (cls.__doc__ or "").splitlines():
+        m = re.match(r"\s*(\w+): (.+)", line)
+        if m:
+            last = m.group(1)
+            docs[last] = m.group(2).strip()
+        elif last and line.strip():  # a continuation line of the field above
+            docs[last] += " " + line.strip()
+    return docs
