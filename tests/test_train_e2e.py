@@ -145,3 +145,45 @@ def test_bad_input_fails_before_training(tiny_model_dir, tmp_path, capsys, args,
     assert rc == 2
     assert message in capsys.readouterr().err.replace("\n", "")
     assert not (run / "metrics.jsonl").exists()
+
+
+def test_report_to_wandb_offline(tiny_model_dir, tmp_path, monkeypatch):
+    wandb = pytest.importorskip("wandb")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    run = tmp_path / "run"
+    rc = main(
+        [
+            "train",
+            f"--model.name_or_path={tiny_model_dir}",
+            "--train.report_to=wandb",
+            "--max-steps",
+            "1",
+            "--output-dir",
+            str(run),
+            *FAST,
+        ]
+    )
+    assert rc == 0
+    offline = list((run / "wandb").glob("offline-run-*"))
+    assert offline and any(p.suffix == ".wandb" for p in offline[0].iterdir())
+    assert wandb.run is None  # finished
+
+
+def test_report_to_an_uninstalled_tracker_fails_before_work(tiny_model_dir, tmp_path, capsys):
+    import importlib.util
+
+    if importlib.util.find_spec("trackio") is not None:
+        pytest.skip("trackio is installed here")
+    rc = main(
+        [
+            "train",
+            f"--model.name_or_path={tiny_model_dir}",
+            "--train.report_to=trackio",
+            "--output-dir",
+            str(tmp_path / "run"),
+            *FAST,
+        ]
+    )
+    assert rc == 2
+    assert "train.report_to: 'trackio' is not installed" in capsys.readouterr().err

@@ -9,6 +9,7 @@ unknown keys and bad values fail before any work, naming the key and what was ex
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import re
 import types
 import typing
@@ -274,6 +275,11 @@ def validate(cfg: Config) -> None:
         _check(getattr(t, key) >= 0, f"train.{key}", ">= 0", getattr(t, key))
     _check(t.max_bad_steps >= 1, "train.max_bad_steps", ">= 1", t.max_bad_steps)
     _check(t.entropy_floor >= 0, "train.entropy_floor", ">= 0", t.entropy_floor)
+    for tracker in t.report_to:
+        if importlib.util.find_spec(tracker) is None:
+            raise ConfigError(
+                f"train.report_to: {tracker!r} is not installed (pip install {tracker})"
+            )
     _check(t.keep_checkpoints >= 1, "train.keep_checkpoints", ">= 1", t.keep_checkpoints)
     _check(cfg.reward.format_weight >= 0, "reward.format_weight", ">= 0", cfg.reward.format_weight)
     for item in cfg.reward.extra:

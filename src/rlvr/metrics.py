@@ -3,6 +3,7 @@ and a rich progress bar. Only the writing lives here; the trainer computes the n
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
 import time
@@ -32,6 +33,9 @@ class RunLogger:
         console: Console | None = None,
         tensorboard: bool = True,
         show_progress: bool = True,
+        report_to: tuple[str, ...] = (),
+        project: str = "rlvr",
+        config: dict[str, Any] | None = None,
     ):
         self.run_dir = run_dir
         self.console = console or Console(stderr=True, soft_wrap=True)
@@ -45,6 +49,13 @@ class RunLogger:
                 self._tb = SummaryWriter(str(run_dir / "tensorboard"))
             except ImportError:
                 self.console.print("[yellow]tensorboard not installed: no TensorBoard logs")
+        # wandb and trackio share one module-level API: init, log(step=), finish.
+        self._trackers = []
+        for name in report_to:
+            module = importlib.import_module(name)
+            extra = {"dir": str(run_dir)} if name == "wandb" else {}
+            module.init(project=project, name=run_dir.name, config=config or {}, **extra)
+            self._trackers.append(module)
         self.progress = Progress(
             TextColumn("[bold]step"),
             MofNCompleteColumn(),
@@ -69,10 +80,16 @@ class RunLogger:
         row = {"step": step, **{k: _clean(v) for k, v in metrics.items()}}
         self._metrics.write(json.dumps(row) + "\n")
         self._metrics.flush()
+        numbers = {
+            k: v
+            for k, v in metrics.items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool)
+        }
         if self._tb is not None:
-            for k, v in metrics.items():
-                if isinstance(v, (int, float)) and not isinstance(v, bool):
-                    self._tb.add_scalar(k, v, step)
+            for k, v in numbers.items():
+                self._tb.add_scalar(k, v, step)
+        for tracker in self._trackers:
+            tracker.log(numbers, step=step)
         info = (
             f"reward {metrics.get('reward/mean', 0):+.3f}  acc {metrics.get('accuracy', 0):.3f}"
             f"  ent {metrics.get('entropy', 0):.3f}  tok/s {metrics.get('tokens_per_s', 0):.0f}"
@@ -97,6 +114,9 @@ class RunLogger:
         if self._tb is not None:
             self._tb.close()
             self._tb = None
+        for tracker in self._trackers:
+            tracker.finish()
+        self._trackers = []
 
 
 class NullLogger:

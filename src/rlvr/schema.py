@@ -204,6 +204,8 @@ class TrainConfig:
     keep_checkpoints: keep the newest K checkpoints.
     threads: torch CPU threads (0 = torch's default).
     parallel: under torchrun: ddp (every rank holds the model) or fsdp2 (parameters sharded).
+    report_to: experiment trackers besides TensorBoard: wandb, trackio (each must be installed).
+    project: the trackers' project name.
     max_bad_steps: stop after this many steps in a row whose updates had a NaN/inf loss or gradient.
     entropy_floor: warn when the policy's mean token entropy falls below this (collapse).
     """
@@ -219,6 +221,8 @@ class TrainConfig:
     keep_checkpoints: int = 2
     threads: int = 0
     parallel: Literal["ddp", "fsdp2"] = "ddp"
+    report_to: tuple[Literal["wandb", "trackio"], ...] = ()
+    project: str = "rlvr"
     max_bad_steps: int = 3
     entropy_floor: float = 0.01
 

@@ -33,7 +33,7 @@ from rlvr.checkpoint import (
     set_rng_state,
 )
 from rlvr.collect import PromptSampler, collect
-from rlvr.config import Config, ConfigError
+from rlvr.config import Config, ConfigError, to_dict
 from rlvr.distributed import (
     Dist,
     full_state,
@@ -285,7 +285,13 @@ def _train(
     )
     logger = (
         RunLogger(
-            run_dir, total_steps=cfg.train.max_steps, console=console, show_progress=show_progress
+            run_dir,
+            total_steps=cfg.train.max_steps,
+            console=console,
+            show_progress=show_progress,
+            report_to=cfg.train.report_to,
+            project=cfg.train.project,
+            config=to_dict(cfg),
         )
         if d.is_main
         else NullLogger()
