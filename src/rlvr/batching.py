@@ -6,10 +6,12 @@ into a micro-batch only as wide as its longest member: no compute on another bat
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from transformers import DynamicCache
 
 
 @dataclass
@@ -100,6 +102,127 @@ def token_log_probs(
     targets = mb.input_ids[:, mb.prompt_width :]  # (B, T)
     log_z = torch.logsumexp(logits, dim=-1)
     log_probs = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - log_z
+    entropy = None
+    if with_entropy:
+        with torch.no_grad():
+            entropy = log_z - (F.softmax(logits, dim=-1) * logits).sum(-1)
+    return log_probs, entropy
+
+
+@dataclass(frozen=True)
+class SharedMicroBatch:
+    """Collated tensors with each distinct prompt once (U rows, left-padded to width P) and
+    the B completions right-padded to width T; `expand` maps each completion to its prompt."""
+
+    prompt_ids: torch.Tensor  # (U, P)
+    prompt_mask: torch.Tensor  # (U, P)
+    prompt_lengths: torch.Tensor  # (U,)
+    expand: torch.Tensor  # (B,) prompt row of each completion
+    completion_ids: torch.Tensor  # (B, T)
+    response_mask: torch.Tensor  # (B, T) 1 on generated tokens incl. EOS
+    advantages: torch.Tensor  # (B,)
+    old_log_probs: torch.Tensor | None  # (B, T)
+    ref_log_probs: torch.Tensor | None  # (B, T)
+
+
+def collate_shared(
+    samples: list[Sample], pad_id: int, device: torch.device | str
+) -> SharedMicroBatch:
+    first_seen: dict[tuple[int, ...], int] = {}
+    for s in samples:
+        first_seen.setdefault(tuple(s.prompt_ids), len(first_seen))
+    prompts = list(first_seen)
+    P = max(len(p) for p in prompts)
+    T = max(max(len(s.completion_ids) for s in samples), 1)
+    B, U = len(samples), len(prompts)
+    p_ids = torch.full((U, P), pad_id, dtype=torch.long)
+    p_mask = torch.zeros((U, P), dtype=torch.long)
+    for u, p in enumerate(prompts):
+        p_ids[u, P - len(p) :] = torch.tensor(p, dtype=torch.long)
+        p_mask[u, P - len(p) :] = 1
+    c_ids = torch.full((B, T), pad_id, dtype=torch.long)
+    for i, s in enumerate(samples):
+        c_ids[i, : len(s.completion_ids)] = torch.tensor(s.completion_ids, dtype=torch.long)
+    lengths = torch.tensor([len(s.completion_ids) for s in samples])
+    mask = (torch.arange(T)[None, :] < lengths[:, None]).float()
+    return SharedMicroBatch(
+        prompt_ids=p_ids.to(device),
+        prompt_mask=p_mask.to(device),
+        prompt_lengths=torch.tensor([len(p) for p in prompts]).to(device),
+        expand=torch.tensor([first_seen[tuple(s.prompt_ids)] for s in samples]).to(device),
+        completion_ids=c_ids.to(device),
+        response_mask=mask.to(device),
+        advantages=torch.tensor([s.advantage for s in samples], dtype=torch.float32, device=device),
+        old_log_probs=_to(_pad_rows([s.old_log_probs for s in samples], T), device),
+        ref_log_probs=_to(_pad_rows([s.ref_log_probs for s in samples], T), device),
+    )
+
+
+def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    """The model under DDP (`.module`) and PEFT (`get_base_model()`) wrappers."""
+    for _ in range(8):
+        inner = getattr(model, "module", None)
+        if inner is None and hasattr(model, "get_base_model"):
+            inner = model.get_base_model()
+        if not isinstance(inner, torch.nn.Module) or inner is model:
+            break
+        model = inner
+    return model
+
+
+def _cache_kwarg(model: torch.nn.Module) -> str:
+    """The forward's name for the KV cache: transformers 5 renamed `past_key_values` to
+    `cache` (the old name warns, then goes)."""
+    params = inspect.signature(_unwrap(model).forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def shared_token_log_probs(
+    model: torch.nn.Module,
+    mb: SharedMicroBatch,
+    *,
+    temperature: float,
+    with_entropy: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`token_log_probs` with each distinct prompt forwarded once: the prompt pass fills a KV
+    cache (with grad), whose rows are copied to the prompt's completions (`index_select`,
+    differentiable), and the completions (all but their last token, whose logits score
+    nothing) are forwarded on that cache. The last prompt position's logits score the first
+    completion token. Same positions and masks as `collate`, so the values are the same."""
+    T = mb.completion_ids.shape[1]
+    kw = _cache_kwarg(model)
+    cache = DynamicCache(config=_unwrap(model).config)
+    prompt_pos = (mb.prompt_mask.cumsum(-1) - 1).clamp(min=0)
+    out = model(
+        input_ids=mb.prompt_ids,
+        attention_mask=mb.prompt_mask,
+        position_ids=prompt_pos,
+        logits_to_keep=1,
+        use_cache=True,
+        **{kw: cache},
+    )
+    first = out.logits[:, -1:, :].index_select(0, mb.expand)  # (B, 1, V)
+    if T > 1:
+        cache.reorder_cache(mb.expand)
+        mask = torch.cat(
+            [mb.prompt_mask.index_select(0, mb.expand), torch.ones_like(mb.completion_ids)], -1
+        )[:, :-1]
+        positions = mb.prompt_lengths.index_select(0, mb.expand)[:, None] + torch.arange(
+            T - 1, device=mask.device
+        )
+        rest = model(
+            input_ids=mb.completion_ids[:, :-1],
+            attention_mask=mask,
+            position_ids=positions,
+            use_cache=True,
+            **{kw: cache},
+        ).logits
+        logits = torch.cat([first, rest], 1)
+    else:
+        logits = first
+    logits = logits.float() / temperature  # (B, T, V)
+    log_z = torch.logsumexp(logits, dim=-1)
+    log_probs = logits.gather(-1, mb.completion_ids.unsqueeze(-1)).squeeze(-1) - log_z
     entropy = None
     if with_entropy:
         with torch.no_grad():

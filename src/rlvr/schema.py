@@ -178,6 +178,7 @@ class OptimConfig:
     warmup_steps: linear warm-up length in optimiser steps.
     max_grad_norm: gradient clipping by global norm (0 = off).
     micro_batch_sequences: sequences per forward/backward; gradients accumulate to the optimiser step.
+    share_prompt: forward each distinct prompt once per micro-batch and its G completions on its KV cache (same values).
     """
 
     lr: float = 1e-6
@@ -187,6 +188,7 @@ class OptimConfig:
     warmup_steps: int = 0
     max_grad_norm: float = 1.0
     micro_batch_sequences: int = 64
+    share_prompt: bool = True
 
 
 @dataclass(frozen=True)

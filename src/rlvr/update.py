@@ -8,7 +8,13 @@ import math
 import torch
 
 from rlvr.algos import ADVANTAGES, group_advantages, policy_loss
-from rlvr.batching import Sample, collate, token_log_probs
+from rlvr.batching import (
+    Sample,
+    collate,
+    collate_shared,
+    shared_token_log_probs,
+    token_log_probs,
+)
 from rlvr.config import Config
 from rlvr.distributed import Dist, is_sharded
 
@@ -34,10 +40,40 @@ def _valid_tokens(s: Sample, cfg: Config) -> int:
     return 0 if (cfg.algo.overlong_filter and s.truncated) else len(s.completion_ids)
 
 
-def _micro_batches(samples: list[Sample], size: int) -> list[list[Sample]]:
-    # Sorted by total length so each micro-batch pads only to similar lengths.
-    order = sorted(samples, key=lambda s: len(s.prompt_ids) + len(s.completion_ids))
-    return [order[i : i + size] for i in range(0, len(order), size)]
+def _micro_batches(
+    samples: list[Sample], size: int, share_prompt: bool = False
+) -> list[list[Sample]]:
+    """Micro-batches of at most `size` sequences. Sorted by total length so each pads only to
+    similar lengths; with `share_prompt`, the samples of one prompt stay together (a prompt
+    with more than `size` samples is split into chunks, each of which forwards it once), and
+    the chunks, sorted by their longest sequence, are packed in order."""
+    if not share_prompt:
+        order = sorted(samples, key=lambda s: len(s.prompt_ids) + len(s.completion_ids))
+        return [order[i : i + size] for i in range(0, len(order), size)]
+    by_prompt: dict[tuple[int, ...], list[Sample]] = {}
+    for s in samples:
+        by_prompt.setdefault(tuple(s.prompt_ids), []).append(s)
+    chunks = []
+    for same in by_prompt.values():
+        same = sorted(same, key=lambda s: len(s.completion_ids))
+        chunks += [same[i : i + size] for i in range(0, len(same), size)]
+    chunks.sort(key=lambda c: len(c[0].prompt_ids) + len(c[-1].completion_ids))
+    micros: list[list[Sample]] = []
+    for c in chunks:
+        if micros and len(micros[-1]) + len(c) <= size:
+            micros[-1] += c
+        else:
+            micros.append(list(c))
+    return micros
+
+
+def _log_probs(model, micro: list[Sample], cfg: Config, pad_id: int, device, **kw):
+    """The micro-batch collated, and its token log-probs (shared prompts or not)."""
+    if cfg.optim.share_prompt:
+        mb = collate_shared(micro, pad_id, device)
+        return mb, shared_token_log_probs(model, mb, temperature=cfg.rollout.temperature, **kw)
+    mb = collate(micro, pad_id, device)
+    return mb, token_log_probs(model, mb, temperature=cfg.rollout.temperature, **kw)
 
 
 @torch.no_grad()
@@ -45,9 +81,9 @@ def fill_log_probs(
     model, samples: list[Sample], cfg: Config, pad_id: int, device, attr: str
 ) -> None:
     """Store per-sample log-probs under the given weights (old policy or reference)."""
-    for micro in _micro_batches(samples, cfg.optim.micro_batch_sequences):
-        mb = collate(micro, pad_id, device)
-        lp, _ = token_log_probs(model, mb, temperature=cfg.rollout.temperature)
+    o = cfg.optim
+    for micro in _micro_batches(samples, o.micro_batch_sequences, o.share_prompt):
+        _, (lp, _) = _log_probs(model, micro, cfg, pad_id, device)
         for s, row in zip(micro, lp.cpu()):
             setattr(s, attr, row[: len(s.completion_ids)].clone())
 
@@ -77,15 +113,12 @@ def _micro_loss(
     """The loss of one micro-batch (normalised by the step's global counts), its number of
     loss tokens, and the policy entropy summed over its generated tokens (and their count)."""
     a = cfg.algo
-    mb = collate(micro, pad_id, device)
+    mb, (log_probs, entropy) = _log_probs(module, micro, cfg, pad_id, device, with_entropy=True)
     real = torch.tensor([s.group >= 0 for s in micro], dtype=torch.float32, device=device)
     kept = torch.tensor(
         [_valid_tokens(s, cfg) > 0 for s in micro], dtype=torch.float32, device=device
     )
     mask = mb.response_mask * (real * kept)[:, None]  # dummies and filtered rows: no loss
-    log_probs, entropy = token_log_probs(
-        module, mb, temperature=cfg.rollout.temperature, with_entropy=True
-    )
     # With mu = 1 and one mini-batch pi_old is the live policy: rho = 1 exactly
     # (ALGORITHMS.md §3.5), and the detached log-probs save a forward pass.
     old = mb.old_log_probs if mb.old_log_probs is not None else log_probs.detach()
@@ -146,7 +179,9 @@ def policy_update(
                     sum(1 for s in mine if _valid_tokens(s, cfg) > 0),
                 ]
             )
-            micros = _micro_batches(mine, cfg.optim.micro_batch_sequences) or [_dummy(pad_id)]
+            o = cfg.optim
+            micros = _micro_batches(mine, o.micro_batch_sequences, o.share_prompt)
+            micros = micros or [_dummy(pad_id)]
             if is_sharded(model):  # FSDP2 communicates in every forward/backward: equal counts
                 micros += [_dummy(pad_id)] * (int(d.max(len(micros))) - len(micros))
             for k, micro in enumerate(micros):
