@@ -1,0 +1,165 @@
+"""optim.share_prompt: each distinct prompt forwarded once, its completions on its KV cache.
+Same log-probs, entropies and gradients as the plain left-pad + right-pad forward."""
+
+import copy
+
+import pytest
+import torch
+
+from rlvr.batching import (
+    Sample,
+    collate,
+    collate_shared,
+    shared_token_log_probs,
+    token_log_probs,
+)
+from rlvr.config import load_config
+from rlvr.models import load_model
+from rlvr.update import _dummy, _micro_batches, _micro_loss, assign_advantages, policy_update
+from rlvr.update import fill_log_probs as fill
+
+
+def _samples(G=4, groups=3, seed=0, max_len=9):
+    """Prompts of different lengths, completions of different lengths, some truncated."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for k in range(groups):
+        n_prompt = 2 + 3 * k + int(torch.randint(0, 3, (1,), generator=g))
+        prompt = torch.randint(5, 100, (n_prompt,), generator=g).tolist()
+        for _ in range(G):
+            n = int(torch.randint(1, max_len, (1,), generator=g))
+            out.append(
+                Sample(
+                    prompt_ids=prompt,
+                    completion_ids=torch.randint(5, 100, (n,), generator=g).tolist(),
+                    truncated=bool(torch.rand(1, generator=g) < 0.3),
+                    reward=float(torch.rand(1, generator=g)),
+                    correct=False,
+                    group=k,
+                )
+            )
+    return out
+
+
+@pytest.fixture(params=["llama", "qwen2"])
+def model(request, tiny_model_dir, tiny_qwen2_dir):
+    path = tiny_model_dir if request.param == "llama" else tiny_qwen2_dir
+    return load_model(str(path)).train()
+
+
+def _cfg(share, preset="dapo", micro=64, **algo):
+    return load_config(
+        None,
+        {
+            "preset": preset,
+            "rollout": {"group_size": 4, "prompts_per_step": 3, "temperature": 0.7},
+            "algo": algo,
+            "optim": {"micro_batch_sequences": micro, "share_prompt": share, "max_grad_norm": 0},
+        },
+    )
+
+
+@pytest.mark.parametrize("max_len", [9, 2])  # 2: completions of one token (no second pass)
+def test_log_probs_and_entropy_match(model, max_len):
+    samples = _samples(max_len=max_len)
+    with torch.no_grad():
+        plain = collate(samples, 0, "cpu")
+        lp, ent = token_log_probs(model, plain, temperature=0.7, with_entropy=True)
+        shared = collate_shared(samples, 0, "cpu")
+        lp_s, ent_s = shared_token_log_probs(model, shared, temperature=0.7, with_entropy=True)
+    assert shared.prompt_ids.shape[0] == 3  # each prompt once
+    torch.testing.assert_close(shared.response_mask, plain.response_mask)
+    m = plain.response_mask.bool()
+    torch.testing.assert_close(lp_s[m], lp[m], atol=1e-5, rtol=0)
+    torch.testing.assert_close(ent_s[m], ent[m], atol=1e-5, rtol=0)
+
+
+def _grads(model, samples, cfg):
+    model = copy.deepcopy(model)
+    samples = copy.deepcopy(samples)
+    assign_advantages(samples, cfg)
+    n_tok = float(sum(0 if s.truncated else len(s.completion_ids) for s in samples))
+    n_seq = float(sum(not s.truncated for s in samples))
+    out, n, ent, ent_n = _micro_loss(model, samples, cfg, 0, "cpu", n_tok, n_seq)
+    out.loss.backward()
+    grads = {k: p.grad for k, p in model.named_parameters() if p.grad is not None}
+    return out.loss.detach(), grads, (n, ent, ent_n)
+
+
+@pytest.mark.parametrize("preset", ["grpo", "dapo"])  # dapo: truncated rows filtered
+def test_policy_loss_gradients_match(model, preset):
+    samples = _samples()
+    loss, grads, stats = _grads(model, samples, _cfg(False, preset))
+    loss_s, grads_s, stats_s = _grads(model, samples, _cfg(True, preset))
+    torch.testing.assert_close(loss_s, loss, atol=1e-6, rtol=1e-5)
+    assert grads.keys() == grads_s.keys() and len(grads) > 0
+    for k in grads:
+        torch.testing.assert_close(grads_s[k], grads[k], atol=1e-5, rtol=1e-5, msg=k)
+    assert stats_s[0] == stats[0] and stats_s[2] == stats[2]
+    assert stats_s[1] == pytest.approx(stats[1], abs=1e-4)
+    # the gradient reaches the prompt pass too (every layer's weights, not only the head)
+    assert any(v.abs().sum() > 0 for k, v in grads_s.items() if "layers.0." in k)
+
+
+def _step(model, samples, cfg):
+    model, samples = copy.deepcopy(model), copy.deepcopy(samples)
+    assign_advantages(samples, cfg)
+    if cfg.algo.kl_coef > 0:
+        fill(model, samples, cfg, 0, "cpu", "ref_log_probs")
+    opt = torch.optim.SGD(model.parameters(), lr=1.0)  # new params = old - grad
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+    metrics = policy_update(model, samples, cfg, opt, sched, pad_id=0, device="cpu")
+    return model, metrics
+
+
+@pytest.mark.parametrize(
+    "preset,micro,algo",
+    [("grpo", 64, {"kl_coef": 0.04}), ("dapo", 64, {}), ("dapo", 3, {}), ("grpo", 6, {"mu": 2})],
+)
+def test_policy_update_same_parameters(model, preset, micro, algo):
+    samples = _samples()
+    off, m_off = _step(model, samples, _cfg(False, preset, micro, **algo))
+    on, m_on = _step(model, samples, _cfg(True, preset, micro, **algo))
+    for (name, a), b in zip(off.named_parameters(), on.parameters()):
+        torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-5, msg=name)
+    assert m_on["loss"] == pytest.approx(m_off["loss"], abs=1e-5)
+    assert m_on["loss_tokens"] == m_off["loss_tokens"]
+    moved = any(not torch.equal(a, b) for a, b in zip(on.parameters(), model.parameters()))
+    assert moved
+
+
+def test_fill_log_probs_match(model):
+    samples = _samples()
+    a, b = copy.deepcopy(samples), copy.deepcopy(samples)
+    fill(model, a, _cfg(False, micro=5), 0, "cpu", "old_log_probs")
+    fill(model, b, _cfg(True, micro=5), 0, "cpu", "old_log_probs")
+    for x, y in zip(a, b):
+        torch.testing.assert_close(y.old_log_probs, x.old_log_probs, atol=1e-5, rtol=0)
+
+
+def test_dummy_micro_batch_has_no_loss(model):
+    model = copy.deepcopy(model)
+    out, n, _, ent_n = _micro_loss(model, _dummy(0), _cfg(True), 0, "cpu", 1.0, 1.0)
+    out.loss.backward()
+    loss = out.loss.detach()
+    grads = {k: p.grad for k, p in model.named_parameters() if p.grad is not None}
+    assert n == 0 and ent_n == 0 and float(loss) == 0.0
+    assert all(float(g.abs().sum()) == 0 for g in grads.values())
+
+
+@pytest.mark.parametrize("size", [1, 3, 4, 5, 8, 64])
+def test_shared_micro_batches_keep_prompts_together(size):
+    samples = _samples(G=4, groups=5)
+    micros = _micro_batches(samples, size, share_prompt=True)
+    assert sorted(id(s) for m in micros for s in m) == sorted(id(s) for s in samples)
+    assert all(1 <= len(m) <= size for m in micros)
+    # a prompt is split only when its group is larger than a micro-batch
+    homes = {}
+    for i, m in enumerate(micros):
+        for s in m:
+            homes.setdefault(s.group, set()).add(i)
+    if size < 4:
+        assert all(len(h) == -(-4 // size) for h in homes.values())
+    else:
+        assert all(len(h) == 1 for h in homes.values())
+        assert len(micros) == -(-5 // (size // 4))  # packed: whole groups per micro-batch
