@@ -6,6 +6,7 @@ response) gives a random model mixed groups, so dynamic sampling really filters.
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -51,10 +52,31 @@ def _train(model_dir, run, nproc, agg, parallel="ddp", steps=3, resume=False):
         str(nproc),
         f"--train.parallel={parallel}",
     ]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    res = subprocess.run(args, capture_output=True, text=True, timeout=600, env=env)
-    assert res.returncode == 0, res.stderr[-3000:]
+    rc, err = _run_group(args)
+    assert rc == 0, err[-3000:]
     return run
+
+
+def _run_group(args, timeout=300):
+    """Run in a new session; on a timeout kill the whole group (torchrun and its ranks), so a
+    hung collective fails the test instead of leaving processes behind."""
+    proc = subprocess.Popen(
+        args,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        start_new_session=True,
+    )
+    try:
+        _, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        _, err = proc.communicate()
+        raise AssertionError(
+            f"timed out after {timeout} s (a collective hung?)\n{err[-3000:]}"
+        ) from None
+    return proc.returncode, err
 
 
 @pytest.mark.slow
@@ -89,7 +111,7 @@ def test_fsdp2_checkpoint_resumes_on_one_process(tiny_model_dir, tmp_path):
     run that was 1 process throughout (checkpoints hold whole weights and named state)."""
     one = _train(tiny_model_dir, tmp_path / "one", 1, "token_mean")
     mixed = _train(tiny_model_dir, tmp_path / "mixed", 2, "token_mean", "fsdp2", steps=2)
-    res = subprocess.run(
+    rc, err = _run_group(
         [
             sys.executable,
             "-m",
@@ -99,13 +121,9 @@ def test_fsdp2_checkpoint_resumes_on_one_process(tiny_model_dir, tmp_path):
             str(mixed),
             "--max-steps=3",
             "--no-progress",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        ]
     )
-    assert res.returncode == 0, res.stderr[-3000:]
+    assert rc == 0, err[-3000:]
     w1 = load_file(str(one / "checkpoints" / "step-000003" / "model.safetensors"))
     w2 = load_file(str(mixed / "checkpoints" / "step-000003" / "model.safetensors"))
     for k in w1:

@@ -67,9 +67,15 @@ def _micro_batches(
     return micros
 
 
+def _share(cfg: Config, model) -> bool:
+    """Prompt sharing runs one or two forwards per micro-batch depending on its lengths; under
+    FSDP2 every forward is a collective that all ranks must join, so there it stays off."""
+    return cfg.optim.share_prompt and not is_sharded(model)
+
+
 def _log_probs(model, micro: list[Sample], cfg: Config, pad_id: int, device, **kw):
     """The micro-batch collated, and its token log-probs (shared prompts or not)."""
-    if cfg.optim.share_prompt:
+    if _share(cfg, model):
         mb = collate_shared(micro, pad_id, device)
         return mb, shared_token_log_probs(model, mb, temperature=cfg.rollout.temperature, **kw)
     mb = collate(micro, pad_id, device)
@@ -82,7 +88,7 @@ def fill_log_probs(
 ) -> None:
     """Store per-sample log-probs under the given weights (old policy or reference)."""
     o = cfg.optim
-    for micro in _micro_batches(samples, o.micro_batch_sequences, o.share_prompt):
+    for micro in _micro_batches(samples, o.micro_batch_sequences, _share(cfg, model)):
         _, (lp, _) = _log_probs(model, micro, cfg, pad_id, device)
         for s, row in zip(micro, lp.cpu()):
             setattr(s, attr, row[: len(s.completion_ids)].clone())
@@ -180,7 +186,7 @@ def policy_update(
                 ]
             )
             o = cfg.optim
-            micros = _micro_batches(mine, o.micro_batch_sequences, o.share_prompt)
+            micros = _micro_batches(mine, o.micro_batch_sequences, _share(cfg, model))
             micros = micros or [_dummy(pad_id)]
             if is_sharded(model):  # FSDP2 communicates in every forward/backward: equal counts
                 micros += [_dummy(pad_id)] * (int(d.max(len(micros))) - len(micros))
