@@ -20,11 +20,11 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _shared import QWEN2_SHAPE  # noqa: E402
+from _shared import QWEN2_SHAPE
 
-from rlvr.batching import Sample  # noqa: E402
-from rlvr.config import load_config  # noqa: E402
-from rlvr.update import assign_advantages, policy_update  # noqa: E402
+from rlvr.batching import Sample
+from rlvr.config import load_config
+from rlvr.update import assign_advantages, policy_update
 
 
 def build(seed: int = 0):
