@@ -187,3 +187,25 @@ def test_report_to_an_uninstalled_tracker_fails_before_work(tiny_model_dir, tmp_
     )
     assert rc == 2
     assert "train.report_to: 'trackio' is not installed" in capsys.readouterr().err
+
+
+def test_eval_reports_avg_pass_and_greedy(tiny_model_dir, capsys):
+    rc = main(
+        [
+            "eval",
+            "--model",
+            str(tiny_model_dir),
+            "--task",
+            "arithmetic",
+            "--k",
+            "2",
+            "--num-prompts",
+            "8",
+            "--max-new-tokens",
+            "12",
+        ]
+    )
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out)
+    assert set(out) >= {"avg@2", "pass@2", "greedy_accuracy", "num_prompts"}
+    assert 0 <= out["avg@2"] <= out["pass@2"] <= 1 and out["num_prompts"] == 8

@@ -164,7 +164,9 @@ def cmd_eval(argv: list[str]) -> int:
     model = load_model(args.model).eval()
     source = load_prompts(cfg, tokenizer, getattr(model.config, "max_position_embeddings", None))
     scorer = Scorer.build(cfg, source.task)
-    engine = ENGINES["hf"](model, pad_id=tokenizer.pad_token_id, eos_ids=eos_ids(tokenizer, model))
+    engine = ENGINES[cfg.rollout.engine](
+        model, pad_id=tokenizer.pad_token_id, eos_ids=eos_ids(tokenizer, model)
+    )
     sampled = evaluate(engine, tokenizer, scorer, source.eval, params=eval_params(cfg))
     greedy = evaluate(
         engine, tokenizer, scorer, source.eval, params=eval_params(cfg, greedy=True, n=1)
