@@ -6,12 +6,14 @@ into a micro-batch only as wide as its longest member: no compute on another bat
 
 from __future__ import annotations
 
-import inspect
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from transformers import DynamicCache
+
+from rlvr.models import cache_kwarg, unwrap_model
+from rlvr.rollout.hf import left_pad
 
 
 @dataclass
@@ -98,8 +100,16 @@ def token_log_probs(
         logits_to_keep=T + 1,
         use_cache=False,
     )
-    logits = out.logits[:, :-1, :].float() / temperature  # (B, T, V)
-    targets = mb.input_ids[:, mb.prompt_width :]  # (B, T)
+    return _score(
+        out.logits[:, :-1, :], mb.input_ids[:, mb.prompt_width :], temperature, with_entropy
+    )
+
+
+def _score(
+    logits: torch.Tensor, targets: torch.Tensor, temperature: float, with_entropy: bool
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(B, T) fp32 log-probs of `targets` under softmax(logits / T), and the entropy (no grad)."""
+    logits = logits.float() / temperature  # (B, T, V)
     log_z = torch.logsumexp(logits, dim=-1)
     log_probs = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - log_z
     entropy = None
@@ -132,14 +142,9 @@ def collate_shared(
     for s in samples:
         first_seen.setdefault(tuple(s.prompt_ids), len(first_seen))
     prompts = list(first_seen)
-    P = max(len(p) for p in prompts)
     T = max(max(len(s.completion_ids) for s in samples), 1)
-    B, U = len(samples), len(prompts)
-    p_ids = torch.full((U, P), pad_id, dtype=torch.long)
-    p_mask = torch.zeros((U, P), dtype=torch.long)
-    for u, p in enumerate(prompts):
-        p_ids[u, P - len(p) :] = torch.tensor(p, dtype=torch.long)
-        p_mask[u, P - len(p) :] = 1
+    B = len(samples)
+    p_ids, p_mask = left_pad([list(p) for p in prompts], pad_id, "cpu")
     c_ids = torch.full((B, T), pad_id, dtype=torch.long)
     for i, s in enumerate(samples):
         c_ids[i, : len(s.completion_ids)] = torch.tensor(s.completion_ids, dtype=torch.long)
@@ -158,25 +163,6 @@ def collate_shared(
     )
 
 
-def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
-    """The model under DDP (`.module`) and PEFT (`get_base_model()`) wrappers."""
-    for _ in range(8):
-        inner = getattr(model, "module", None)
-        if inner is None and hasattr(model, "get_base_model"):
-            inner = model.get_base_model()
-        if not isinstance(inner, torch.nn.Module) or inner is model:
-            break
-        model = inner
-    return model
-
-
-def _cache_kwarg(model: torch.nn.Module) -> str:
-    """The forward's name for the KV cache: transformers 5 renamed `past_key_values` to
-    `cache` (the old name warns, then goes)."""
-    params = inspect.signature(_unwrap(model).forward).parameters
-    return "cache" if "cache" in params else "past_key_values"
-
-
 def shared_token_log_probs(
     model: torch.nn.Module,
     mb: SharedMicroBatch,
@@ -190,8 +176,8 @@ def shared_token_log_probs(
     nothing) are forwarded on that cache. The last prompt position's logits score the first
     completion token. Same positions and masks as `collate`, so the values are the same."""
     T = mb.completion_ids.shape[1]
-    kw = _cache_kwarg(model)
-    cache = DynamicCache(config=_unwrap(model).config)
+    kw = cache_kwarg(model)
+    cache = DynamicCache(config=unwrap_model(model).config)
     prompt_pos = (mb.prompt_mask.cumsum(-1) - 1).clamp(min=0)
     out = model(
         input_ids=mb.prompt_ids,
@@ -220,11 +206,4 @@ def shared_token_log_probs(
         logits = torch.cat([first, rest], 1)
     else:
         logits = first
-    logits = logits.float() / temperature  # (B, T, V)
-    log_z = torch.logsumexp(logits, dim=-1)
-    log_probs = logits.gather(-1, mb.completion_ids.unsqueeze(-1)).squeeze(-1) - log_z
-    entropy = None
-    if with_entropy:
-        with torch.no_grad():
-            entropy = log_z - (F.softmax(logits, dim=-1) * logits).sum(-1)
-    return log_probs, entropy
+    return _score(logits, mb.completion_ids, temperature, with_entropy)

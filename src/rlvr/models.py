@@ -9,6 +9,7 @@ difference. ``scripts/build_tiny_model.py`` rebuilds it from ``build_tokenizer``
 
 from __future__ import annotations
 
+import inspect
 import json
 import string
 from pathlib import Path
@@ -207,3 +208,22 @@ def _from_pretrained(load, path: str, name: str, **kwargs):
             f"could not load {name!r}: it is neither a local model directory nor a Hugging "
             f"Face Hub id that can be reached from here ({type(err).__name__}: {err})"
         ) from err
+
+
+def unwrap_model(model: torch.nn.Module) -> torch.nn.Module:
+    """The model under DDP (`.module`) and PEFT (`get_base_model()`) wrappers."""
+    for _ in range(8):
+        inner = getattr(model, "module", None)
+        if inner is None and hasattr(model, "get_base_model"):
+            inner = model.get_base_model()
+        if not isinstance(inner, torch.nn.Module) or inner is model:
+            break
+        model = inner
+    return model
+
+
+def cache_kwarg(model: torch.nn.Module) -> str:
+    """The forward's name for the KV cache: transformers 5 renamed `past_key_values` to
+    `cache` (the old name warns, then goes)."""
+    params = inspect.signature(unwrap_model(model).forward).parameters
+    return "cache" if "cache" in params else "past_key_values"

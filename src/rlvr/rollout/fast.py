@@ -18,12 +18,11 @@ at the sampled token, fp32) match `token_log_probs` on the same sequences.
 
 from __future__ import annotations
 
-import inspect
-
 import torch
 from transformers import DynamicCache, PreTrainedModel, StaticCache
 from transformers.cache_utils import StaticLayer
 
+from rlvr.models import cache_kwarg
 from rlvr.rollout.base import Rollout, SamplingParams, lengths_from_eos
 from rlvr.rollout.hf import left_pad
 
@@ -139,9 +138,7 @@ class FastEngine:
             raise ValueError(f"cache must be 'static' or 'dynamic', not {cache!r}")
         self.model, self.pad_id, self.eos_ids = model, pad_id, list(eos_ids)
         self.retire_fraction, self.cache = retire_fraction, cache
-        params = inspect.signature(model.forward).parameters
-        # transformers 5 renamed `past_key_values` to `cache` (the old name warns, then goes).
-        self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        self._cache_kw = cache_kwarg(model)
 
     def sync_weights(self) -> None:
         """The engine samples from the live policy module: nothing to copy."""
