@@ -10,3 +10,10 @@ def has_digit(prompts, completions, answers, **kwargs):
     """An accuracy a random model sometimes meets: groups come out mixed, so dynamic sampling
     keeps some and drops others."""
     return [1.0 if any(ch.isdigit() for ch in c) else 0.0 for c in completions]
+
+
+def picky_digit(prompts, completions, answers, **kwargs):
+    """`has_digit` that raises on any completion containing "!" (to test failure counting)."""
+    if any("!" in c for c in completions):
+        raise ValueError("cannot score an exclamation")
+    return has_digit(prompts, completions, answers)

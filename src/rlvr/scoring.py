@@ -76,7 +76,14 @@ class Scorer:
         self, prompts: list[Prompt], completions: list[str], rollout: Rollout
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(B,) accuracy reward values and (B,) bool correctness (value > 0 for a reward fn)."""
-        r = self.cfg.reward
+        values, correct, _ = self._accuracy(prompts, completions, rollout)
+        return values, correct
+
+    def _accuracy(
+        self, prompts: list[Prompt], completions: list[str], rollout: Rollout
+    ) -> tuple[torch.Tensor, torch.Tensor, dict[str, int]]:
+        """`accuracy`, plus the failures of the accuracy reward (scored 0 under on_error=zero)."""
+        r, failures = self.cfg.reward, {}
         if self.accuracy_fn is None:
             correct = torch.tensor(
                 [self.task.verify(c, p.example) for p, c in zip(prompts, completions)],
@@ -96,13 +103,13 @@ class Scorer:
             )
             accuracy = torch.tensor(res.total, dtype=torch.float32)
             correct = accuracy > 0
-        return accuracy.float(), correct
+            failures = dict(res.failures)
+        return accuracy.float(), correct, failures
 
     def __call__(self, prompts: list[Prompt], completions: list[str], rollout: Rollout) -> Scores:
         r, a = self.cfg.reward, self.cfg.algo
-        accuracy, correct = self.accuracy(prompts, completions, rollout)
+        accuracy, correct, failures = self._accuracy(prompts, completions, rollout)
         terms = {"accuracy": accuracy}
-        failures: dict[str, int] = {}
         total = accuracy.clone()
         if self.shaping:
             from rlvr.rewards import combine_rewards
