@@ -78,15 +78,19 @@ def reference_run(tiny_model_dir, tmp_path_factory):
     return run
 
 
-def _wait_for_lines(path: Path, n: int, proc: subprocess.Popen, timeout=120):
+def _wait_until(ready, proc: subprocess.Popen, timeout=120):
     start = time.time()
     while time.time() - start < timeout:
-        if path.exists() and len(path.read_text().splitlines()) >= n:
+        if ready():
             return
         if proc.poll() is not None:
             raise AssertionError(f"run ended early: {proc.stderr.read()}")
         time.sleep(0.01)
-    raise AssertionError("timed out waiting for metrics")
+    raise AssertionError("timed out waiting for the run")
+
+
+def _wait_for_lines(path: Path, n: int, proc: subprocess.Popen):
+    _wait_until(lambda: path.exists() and len(path.read_text().splitlines()) >= n, proc)
 
 
 def _same_run(a, b):
@@ -106,7 +110,10 @@ def test_sigkill_at_a_random_step_then_resume(reference_run, tiny_model_dir, tmp
     proc = subprocess.Popen(
         _args(tiny_model_dir, run), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
-    _wait_for_lines(run / "metrics.jsonl", kill_after, proc)
+    # the metrics line of a step is written before its checkpoint: wait for the renamed
+    # (complete) checkpoint directory, else a kill at step 1 legitimately starts over
+    ckpt = run / "checkpoints" / f"step-{kill_after:06d}"
+    _wait_until(ckpt.is_dir, proc)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     res = _resume(run)
