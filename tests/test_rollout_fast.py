@@ -88,8 +88,14 @@ def test_registered():
 
 @pytest.mark.parametrize(
     "fast_kwargs",
-    [{}, {"retire_fraction": None}, {"retire_fraction": 0.0}, {"cache": "dynamic"}],
-    ids=["default", "never-retire", "retire-each-step", "dynamic-cache"],
+    [
+        {},
+        {"retire_fraction": None},
+        {"retire_fraction": 0.0},
+        {"cache": "dynamic"},
+        {"pack_weights": False},
+    ],
+    ids=["default", "never-retire", "retire-each-step", "dynamic-cache", "unpacked"],
 )
 def test_greedy_same_tokens_as_hf(model, tok, prompts, eos_ids, hf_greedy, fast_kwargs):
     fast = FastEngine(model, pad_id=tok.pad_token_id, eos_ids=eos_ids, **fast_kwargs)

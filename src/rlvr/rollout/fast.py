@@ -8,6 +8,8 @@ What it saves over `model.generate` (the `hf` engine):
 - the 2D attention mask is built once (prompt padding, then ones for every generation slot:
   the causal mask already hides the slots not yet written);
 - temperature, top-k and top-p are one small function on the logits, no processor list;
+- on CPU, the linear weights are packed once per rollout into oneDNN's blocked layout
+  (`rlvr.rollout.packed`), instead of being re-packed inside every decode-step matmul;
 - rows that emitted EOS are retired: once enough of the batch is finished, the cache, mask
   and positions are index-selected down to the live rows.
 
@@ -18,6 +20,8 @@ at the sampled token, fp32) match `token_log_probs` on the same sequences.
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from transformers import DynamicCache, PreTrainedModel, StaticCache
 from transformers.cache_utils import StaticLayer
@@ -25,6 +29,7 @@ from transformers.cache_utils import StaticLayer
 from rlvr.models import cache_kwarg
 from rlvr.rollout.base import Rollout, SamplingParams, lengths_from_eos
 from rlvr.rollout.hf import left_pad
+from rlvr.rollout.packed import packed_linears
 
 
 def filter_logits(logits: torch.Tensor, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
@@ -119,7 +124,9 @@ class _LiveLayer(StaticLayer):
 class FastEngine:
     """Samples on the live policy module with its own decoding loop (see the module doc).
 
-    `retire_fraction`: the live batch is compacted once at least this fraction of its rows
+    `pack_weights`: on CPU, multiply with oneDNN-packed copies of the linear weights while
+    sampling (`rlvr.rollout.packed`; float reassociation only, a large speed-up at decode
+    shapes); False keeps `F.linear`. `retire_fraction`: the live batch is compacted once at least this fraction of its rows
     has finished (each compaction copies the whole KV cache, so it is not done every step);
     None never compacts (the loop still stops when every row is done). `cache`: "static"
     (preallocated) or "dynamic" (grown by concatenation, for models without static support).
@@ -133,11 +140,13 @@ class FastEngine:
         eos_ids: list[int],
         retire_fraction: float | None = 0.25,
         cache: str = "static",
+        pack_weights: bool = True,
     ):
         if cache not in ("static", "dynamic"):
             raise ValueError(f"cache must be 'static' or 'dynamic', not {cache!r}")
         self.model, self.pad_id, self.eos_ids = model, pad_id, list(eos_ids)
         self.retire_fraction, self.cache = retire_fraction, cache
+        self.pack_weights = pack_weights
         self._cache_kw = cache_kwarg(model)
 
     def sync_weights(self) -> None:
@@ -170,8 +179,14 @@ class FastEngine:
     def generate(self, prompt_ids: list[list[int]], params: SamplingParams) -> Rollout:
         was_training = self.model.training
         self.model.eval()
+        packing = (
+            packed_linears(self.model, rows_hint=len(prompt_ids) * params.n)
+            if self.pack_weights
+            else contextlib.nullcontext()
+        )
         try:
-            return self._generate(prompt_ids, params)
+            with packing:
+                return self._generate(prompt_ids, params)
         finally:
             self.model.train(was_training)
 

@@ -1,0 +1,83 @@
+"""Pre-packed CPU matmul weights for decoding: oneDNN's blocked layout, packed once per rollout.
+
+A decoding step multiplies a few dozen rows by every weight matrix of the model. At that shape
+a plain `F.linear` (MKL sgemm) spends much of its time re-packing the weight into the kernel's
+blocked layout on every call, and then reads it again. oneDNN can keep the weight in that layout:
+`torch.ops.mkldnn._reorder_linear_weight` packs it once, `_linear_pointwise` multiplies with
+it (what `torch.compile` emits for CPU linears). Measured on the issue-5 model (2 threads,
+32 rows): about 1.7x faster matmuls, 25-30% less generation time; packing the 4.2M-parameter
+model costs ~7 ms, paid once per `generate` because the policy changes between rollouts.
+
+The result differs from `F.linear` by float reassociation only (about 1e-6 relative): the same
+tokens under greedy decoding, log-probs within 1e-5 (tested).
+
+Only plain `nn.Linear` modules with ordinary CPU float32/bfloat16 weights are packed (a
+DTensor under FSDP2, a CUDA tensor or a quantised layer keeps its own forward), and only
+for the duration of the `with` block, under `no_grad`: `_linear_pointwise` has no backward.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+from torch import nn
+
+_PACKABLE_DTYPES = (torch.float32, torch.bfloat16)
+
+
+def packing_available() -> bool:
+    """True where this torch build has oneDNN and the private packing ops."""
+    mkldnn = getattr(torch.ops, "mkldnn", None)
+    return (
+        torch.backends.mkldnn.is_available()
+        and hasattr(mkldnn, "_reorder_linear_weight")
+        and hasattr(mkldnn, "_linear_pointwise")
+    )
+
+
+def _packable(module: nn.Module) -> bool:
+    if type(module) is not nn.Linear:  # subclasses (quantised, LoRA-merged) keep their forward
+        return False
+    w = module.weight
+    return (
+        type(w) is nn.Parameter  # not a DTensor (FSDP2) or a quantised tensor subclass
+        and w.device.type == "cpu"
+        and w.dtype in _PACKABLE_DTYPES
+        and (module.bias is None or module.bias.dtype == w.dtype)
+    )
+
+
+def _packed_forward(weight: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None):
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        if x.dtype != weight.dtype:  # e.g. fp32 activations into a bf16 layer: plain math
+            return nn.functional.linear(x, weight, bias)
+        return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+
+    return forward
+
+
+@contextlib.contextmanager
+def packed_linears(model: nn.Module, rows_hint: int = 32) -> Iterator[int]:
+    """Within the block, every packable `nn.Linear` of `model` multiplies with a packed copy
+    of its current weight; yields how many were packed. `rows_hint` is the expected number of
+    rows per call (oneDNN picks its blocking from it; any row count works)."""
+    if not packing_available():
+        yield 0
+        return
+    patched: list[nn.Module] = []
+    try:
+        with torch.no_grad():
+            for module in model.modules():
+                if not _packable(module):
+                    continue
+                w = module.weight.detach()
+                packed = torch.ops.mkldnn._reorder_linear_weight(w, max(1, rows_hint))
+                bias = None if module.bias is None else module.bias.detach()
+                module.forward = _packed_forward(w, packed, bias)  # instance attribute
+                patched.append(module)
+        yield len(patched)
+    finally:
+        for module in patched:
+            del module.forward  # back to the class's forward
