@@ -250,6 +250,12 @@ def validate(cfg: Config) -> None:
         "ddp with LoRA (an adapter is small: shard the base with fsdp2 and no LoRA)",
         t.parallel,
     )
+    _check(
+        m.autocast == "none" or m.dtype == "float32",
+        "model.autocast",
+        "none unless model.dtype is float32 (autocast keeps fp32 weights, computes in bf16)",
+        m.autocast,
+    )
     _check(m.lora_rank >= 0, "model.lora_rank", ">= 0", m.lora_rank)
     _check(m.lora_alpha > 0, "model.lora_alpha", "> 0", m.lora_alpha)
     _check(0 <= m.lora_dropout < 1, "model.lora_dropout", "in [0, 1)", m.lora_dropout)

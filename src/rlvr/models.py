@@ -9,6 +9,7 @@ difference. ``scripts/build_tiny_model.py`` rebuilds it from ``build_tokenizer``
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import json
 import string
@@ -227,3 +228,12 @@ def cache_kwarg(model: torch.nn.Module) -> str:
     `cache` (the old name warns, then goes)."""
     params = inspect.signature(unwrap_model(model).forward).parameters
     return "cache" if "cache" in params else "past_key_values"
+
+
+def autocast(mode: str, device: str | torch.device) -> contextlib.AbstractContextManager:
+    """`model.autocast` as a context: bf16 matmuls over fp32 weights, or nothing for "none"."""
+    if mode == "none":
+        return contextlib.nullcontext()
+    if mode != "bfloat16":
+        raise ValueError(f"autocast {mode!r} is not one of none, bfloat16")
+    return torch.autocast(device_type=torch.device(device).type, dtype=torch.bfloat16)

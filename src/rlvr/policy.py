@@ -57,6 +57,18 @@ def _lora_config(cfg: Config):
     )
 
 
+def _checkpointing(model, cfg: Config):
+    """Gradient checkpointing when asked (non-reentrant: no input needs requires_grad, so it
+    also works with frozen LoRA bases)."""
+    if cfg.optim.gradient_checkpointing:
+        kwargs = {"use_reentrant": False}
+        if hasattr(model, "activation_checkpointing_enable"):  # transformers 5's name
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    return model
+
+
 def load_policy(cfg: Config, checkpoint: Path | None, device: torch.device) -> Policy:
     """The policy from the model (or a checkpoint to resume), and the reference if kl > 0."""
     m = cfg.model
@@ -73,10 +85,11 @@ def load_policy(cfg: Config, checkpoint: Path | None, device: torch.device) -> P
                 model = peft.get_peft_model(base, _lora_config(cfg))
             except ValueError as e:  # e.g. target modules not found in the model
                 raise ConfigError(f"model.lora_target_modules: {e}") from None
-        return Policy(model.eval(), None)
+        return Policy(_checkpointing(model, cfg).eval(), None)
     model = load_model(
         str(checkpoint) if checkpoint else m.name_or_path, dtype=m.dtype, device=device
     )
+    model = _checkpointing(model, cfg)
     ref = None
     if cfg.algo.kl_coef > 0:  # the reference is the starting policy, frozen
         ref = load_model(m.name_or_path, dtype=m.dtype, device=device).eval()

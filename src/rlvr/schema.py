@@ -24,6 +24,10 @@ class ModelConfig:
 
     name_or_path: "rlvr-tiny" (the built-in offline model), a local directory, or a hub id.
     dtype: parameter dtype: float32, bfloat16, float16, or auto (as saved).
+    autocast: none, or bfloat16: forwards (sampling, log-probs, the loss) run their matmuls in
+        bf16 under torch.autocast while weights, gradients and AdamW stay fp32 (mixed precision,
+        TRL's bf16=True); needs dtype float32. Pure bf16 weights (dtype bfloat16) round small
+        updates away; this does not.
     device: "auto" (cuda if available, else cpu), "cpu", "cuda", "cuda:1", ...
     lora_rank: LoRA rank r (PEFT); 0 trains every weight.
     lora_alpha: LoRA scaling alpha (the update is scaled by alpha / r).
@@ -33,6 +37,7 @@ class ModelConfig:
 
     name_or_path: str = "rlvr-tiny"
     dtype: Literal["float32", "bfloat16", "float16", "auto"] = "float32"
+    autocast: Literal["none", "bfloat16"] = "none"
     device: str = "auto"
     lora_rank: int = 0
     lora_alpha: float = 16.0
@@ -179,6 +184,8 @@ class OptimConfig:
     max_grad_norm: gradient clipping by global norm (0 = off).
     micro_batch_sequences: sequences per forward/backward; gradients accumulate to the optimiser step.
     share_prompt: forward each distinct prompt once per micro-batch and its G completions on its KV cache (same values).
+    gradient_checkpointing: recompute each layer's activations in the backward instead of keeping
+        them (less memory for long responses, about one more forward of time; same gradients).
     """
 
     lr: float = 1e-6
@@ -189,6 +196,7 @@ class OptimConfig:
     max_grad_norm: float = 1.0
     micro_batch_sequences: int = 64
     share_prompt: bool = True
+    gradient_checkpointing: bool = False
 
 
 @dataclass(frozen=True)

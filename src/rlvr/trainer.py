@@ -46,7 +46,7 @@ from rlvr.distributed import (
 from rlvr.evaluation import evaluate
 from rlvr.health import HealthGuard
 from rlvr.metrics import NullLogger, RunLogger
-from rlvr.models import load_tokenizer
+from rlvr.models import autocast, load_tokenizer
 from rlvr.policy import Policy, load_policy
 from rlvr.prompts import PromptSource, load_prompts
 from rlvr.rollout import ENGINES, SamplingParams, derive_seed
@@ -88,7 +88,7 @@ class Run:
     scheduler: torch.optim.lr_scheduler.LRScheduler
 
     def evaluate(self) -> dict[str, float]:
-        with gathered(self.policy.model):
+        with gathered(self.policy.model), autocast(self.cfg.model.autocast, self.device):
             return evaluate(
                 self.engine,
                 self.tokenizer,
@@ -127,7 +127,8 @@ def run_step(step: int, run: Run) -> tuple[dict[str, float], list[dict]]:
     cfg, device, pad_id = run.cfg, run.device, run.tokenizer.pad_token_id
     model = run.policy.model
     t_start = time.perf_counter()
-    with gathered(model):  # FSDP2: whole weights for the no-grad work; else a no-op
+    # FSDP2: whole weights for the no-grad work (else a no-op); bf16 sampling when asked
+    with gathered(model), autocast(cfg.model.autocast, device):
         got = collect(
             step, cfg, run.engine, run.tokenizer, run.scorer, run.source.train, run.sampler, run.d
         )

@@ -17,6 +17,7 @@ from rlvr.batching import (
 )
 from rlvr.config import Config
 from rlvr.distributed import Dist, is_sharded
+from rlvr.models import autocast
 
 
 def assign_advantages(samples: list[Sample], cfg: Config) -> None:
@@ -69,17 +70,22 @@ def _micro_batches(
 
 def _share(cfg: Config, model) -> bool:
     """Prompt sharing runs one or two forwards per micro-batch depending on its lengths; under
-    FSDP2 every forward is a collective that all ranks must join, so there it stays off."""
-    return cfg.optim.share_prompt and not is_sharded(model)
+    FSDP2 every forward is a collective that all ranks must join, so there it stays off. It
+    also needs the prompt's KV cache, which gradient checkpointing turns off."""
+    o = cfg.optim
+    return o.share_prompt and not o.gradient_checkpointing and not is_sharded(model)
 
 
 def _log_probs(model, micro: list[Sample], cfg: Config, pad_id: int, device, **kw):
     """The micro-batch collated, and its token log-probs (shared prompts or not)."""
+    T = cfg.rollout.temperature
     if _share(cfg, model):
         mb = collate_shared(micro, pad_id, device)
-        return mb, shared_token_log_probs(model, mb, temperature=cfg.rollout.temperature, **kw)
+        with autocast(cfg.model.autocast, device):
+            return mb, shared_token_log_probs(model, mb, temperature=T, **kw)
     mb = collate(micro, pad_id, device)
-    return mb, token_log_probs(model, mb, temperature=cfg.rollout.temperature, **kw)
+    with autocast(cfg.model.autocast, device):
+        return mb, token_log_probs(model, mb, temperature=T, **kw)
 
 
 @torch.no_grad()
@@ -165,9 +171,21 @@ def policy_update(
     """mu passes x mini-batches x micro-batches; one optimiser step per mini-batch.
 
     `batch`: this rank's samples, or the step's groups in global order with None for groups
-    of other ranks. `module`: what the training forward runs through (DDP-wrapped model)."""
-    a, d = cfg.algo, d or Dist()
+    of other ranks. `module`: what the training forward runs through (DDP-wrapped model).
+
+    The module is in training mode for the loss forwards (dropout and LoRA dropout act,
+    gradient checkpointing recomputes), and back in eval mode after."""
     module = module if module is not None else model
+    was_training = module.training
+    module.train()
+    try:
+        return _policy_update(model, batch, cfg, optimizer, scheduler, pad_id, device, d, module)
+    finally:
+        module.train(was_training)
+
+
+def _policy_update(model, batch, cfg, optimizer, scheduler, pad_id, device, d, module):
+    a, d = cfg.algo, d or Dist()
     groups = _as_groups(batch, cfg.rollout.group_size)
     per_mini = max(1, math.ceil(len(groups) / a.mini_batches))
     sums: dict[str, float] = {}

@@ -14,6 +14,7 @@ tokens under greedy decoding, log-probs within 1e-5 (tested).
 Only plain `nn.Linear` modules with ordinary CPU float32/bfloat16 weights are packed (a
 DTensor under FSDP2, a CUDA tensor or a quantised layer keeps its own forward), and only
 for the duration of the `with` block, under `no_grad`: `_linear_pointwise` has no backward.
+Entered under CPU bf16 autocast, it packs bf16 copies and gives what autocast's linear would.
 """
 
 from __future__ import annotations
@@ -51,8 +52,11 @@ def _packable(module: nn.Module) -> bool:
 
 def _packed_forward(weight: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None):
     def forward(x: torch.Tensor) -> torch.Tensor:
-        if x.dtype != weight.dtype:  # e.g. fp32 activations into a bf16 layer: plain math
-            return nn.functional.linear(x, weight, bias)
+        if x.dtype != packed.dtype:
+            if x.dtype == weight.dtype:  # packed in bf16 under autocast: autocast's math
+                x = x.to(packed.dtype)
+            else:  # e.g. fp32 activations into a bf16 layer: plain math (and its error)
+                return nn.functional.linear(x, weight, bias)
         return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
 
     return forward
@@ -66,6 +70,8 @@ def packed_linears(model: nn.Module, rows_hint: int = 32) -> Iterator[int]:
     if not packing_available():
         yield 0
         return
+    # Under CPU bf16 autocast a linear computes in bf16: pack bf16 copies, cast inputs to them.
+    bf16 = torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
     patched: list[nn.Module] = []
     try:
         with torch.no_grad():
@@ -73,8 +79,13 @@ def packed_linears(model: nn.Module, rows_hint: int = 32) -> Iterator[int]:
                 if not _packable(module):
                     continue
                 w = module.weight.detach()
-                packed = torch.ops.mkldnn._reorder_linear_weight(w, max(1, rows_hint))
                 bias = None if module.bias is None else module.bias.detach()
+                if bf16:
+                    w_c = w.to(torch.bfloat16)
+                    bias = None if bias is None else bias.to(torch.bfloat16)
+                else:
+                    w_c = w
+                packed = torch.ops.mkldnn._reorder_linear_weight(w_c, max(1, rows_hint))
                 module.forward = _packed_forward(w, packed, bias)  # instance attribute
                 patched.append(module)
         yield len(patched)
