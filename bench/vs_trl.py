@@ -97,7 +97,7 @@ def child_trl(args) -> dict:
     config = GRPOConfig(
         output_dir=str(Path(args.work_dir) / "trl"),
         use_cpu=True,
-        bf16=False,
+        bf16=args.bf16,  # accelerate's CPU autocast; weights stay fp32
         fp16=False,
         # TRL's default is True; rlvr has none, so the same computation means off here.
         gradient_checkpointing=args.trl_gradient_checkpointing,
@@ -167,7 +167,12 @@ def child_rlvr(args) -> dict:
             f"{LENGTH}; the comparison needs it (EOS suppressed before that many tokens)"
         )
     overrides = {
-        "model": {"name_or_path": args.model_dir, "dtype": "float32", "device": "cpu"},
+        "model": {
+            "name_or_path": args.model_dir,
+            "dtype": "float32",
+            "device": "cpu",
+            "autocast": "bfloat16" if args.bf16 else "none",
+        },
         "data": {"task": TASK, "train_size": TRAIN_SIZE},
         "rollout": {
             "prompts_per_step": PROMPTS_PER_STEP,
@@ -274,22 +279,25 @@ def child_rlvr(args) -> dict:
 
 def child_main(args) -> None:
     set_threads(args.threads)
-    peaks = [matmul_peak(args.threads, rounds=3)]
+    dtype = torch.bfloat16 if args.bf16 else torch.float32
+    peaks = [matmul_peak(args.threads, rounds=3, dtype=dtype)]
     result = child_trl(args) if args.child == "trl" else child_rlvr(args)
     result["peak_rss_mib"] = peak_rss_mib()  # before the matmul below (it allocates 12 MiB)
-    result["matmul_peaks"] = [*peaks, matmul_peak(args.threads, rounds=3)]
+    result["matmul_peaks"] = [*peaks, matmul_peak(args.threads, rounds=3, dtype=dtype)]
     Path(args.out).write_text(json.dumps(result))
 
 
 # ----------------------------------------------------------------------------- parent
 
 
-def matmul_peak(threads: int, n: int = 1024, reps: int = 10, rounds: int = 7) -> float:
-    """Best fp32 matmul rate (FLOP/s) of n x n matrices with `threads` threads."""
+def matmul_peak(
+    threads: int, n: int = 1024, reps: int = 10, rounds: int = 7, dtype=torch.float32
+) -> float:
+    """Best matmul rate (FLOP/s) of n x n `dtype` matrices with `threads` threads."""
     torch.set_num_threads(threads)
     g = torch.Generator().manual_seed(0)
-    a, b = torch.randn(n, n, generator=g), torch.randn(n, n, generator=g)
-    out = torch.empty(n, n)
+    a, b = (torch.randn(n, n, generator=g).to(dtype) for _ in range(2))
+    out = torch.empty(n, n, dtype=dtype)
     torch.matmul(a, b, out=out)
     best = float("inf")
     for _ in range(rounds):
@@ -363,6 +371,8 @@ def run_child(kind: str, beta: float, args, model_dir: Path, work: Path, tag: st
         cmd += ["--rlvr-engine", args.rlvr_engine]
     if args.trl_gradient_checkpointing:
         cmd += ["--trl-gradient-checkpointing"]
+    if args.bf16:
+        cmd += ["--bf16"]
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), TOKENIZERS_PARALLELISM="false")
     env["TRANSFORMERS_VERBOSITY"] = "error"
     t0 = time.perf_counter()
@@ -433,6 +443,12 @@ def main() -> None:
         action="store_true",
         help="TRL's own default (recomputes the forward in the backward); off: same work as rlvr",
     )
+    p.add_argument(
+        "--bf16",
+        action="store_true",
+        help="mixed precision in both: TRL bf16=True, rlvr model.autocast=bfloat16 (fp32 "
+        "weights); MFU against a bf16 matmul peak",
+    )
     p.add_argument("--keep", default=None, help="keep the model and run files in this directory")
     # child mode (internal)
     p.add_argument("--child", choices=["trl", "rlvr"], help=argparse.SUPPRESS)
@@ -458,12 +474,17 @@ def main() -> None:
 
     print(
         f"model: Qwen2 {shape['total'] / 1e6:.2f}M parameters ({shape['N'] / 1e6:.2f}M in "
-        f"matmuls), {PROMPTS_PER_STEP} prompts x G={GROUP}, {LENGTH} tokens forced, fp32, "
+        f"matmuls), {PROMPTS_PER_STEP} prompts x G={GROUP}, {LENGTH} tokens forced, "
+        f"{'bf16 autocast over fp32 weights' if args.bf16 else 'fp32'}, "
         f"{args.threads} threads; torch {torch.__version__}, transformers "
         f"{transformers.__version__}, trl {trl.__version__}"
     )
-    peaks = [matmul_peak(args.threads)]
-    print(f"fp32 matmul peak (1024^3, {args.threads} threads): {peaks[0] / 1e9:.1f} GFLOP/s")
+    dtype = torch.bfloat16 if args.bf16 else torch.float32
+    peaks = [matmul_peak(args.threads, dtype=dtype)]
+    print(
+        f"{str(dtype).removeprefix('torch.')} matmul peak (1024^3, {args.threads} threads): "
+        f"{peaks[0] / 1e9:.1f} GFLOP/s"
+    )
     print(
         f"{args.rounds} rounds x betas {betas}, {args.warmup} warm-up + {args.steps} timed "
         "steps per run, alternating TRL / rlvr"
@@ -484,7 +505,7 @@ def main() -> None:
                     f"(gen {statistics.median(g):6.3f} s), rss {res['peak_rss_mib']:6.0f} MiB, "
                     f"run {res['wall_s']:5.1f} s"
                 )
-    peaks.append(matmul_peak(args.threads))
+    peaks.append(matmul_peak(args.threads, dtype=dtype))
     child_peaks = [p for rs in runs.values() for r in rs for p in r["matmul_peaks"]]
     peak = max(peaks + child_peaks)
     print(
@@ -551,6 +572,7 @@ def main() -> None:
         for k, v in ratios.items():
             result[k + suffix] = round(v, 4)
     result["matmul_peak_gflops"] = round(peak / 1e9, 2)
+    result["precision"] = "bf16-autocast" if args.bf16 else "fp32"
     result["rounds"], result["timed_steps_per_run"] = args.rounds, args.steps
     if tmp is not None:
         tmp.cleanup()

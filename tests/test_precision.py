@@ -60,16 +60,19 @@ def test_bf16_autocast_sampling_agrees_with_fp32(tiny_model, tokenizer):
 
 
 @pytest.mark.skipif(not packing_available(), reason="torch built without oneDNN")
-def test_packed_under_autocast_is_autocasts_linear():
+def test_packed_bf16_compute_matches_bf16_matmul():
     torch.manual_seed(0)
     layer = torch.nn.Linear(64, 32)
     x = torch.randn(16, 64)
-    with torch.no_grad(), autocast("bfloat16", "cpu"):
-        plain = layer(x)
-        with packed_linears(layer):
+    with torch.no_grad():
+        ref = torch.nn.functional.linear(
+            x.bfloat16().float(), layer.weight.bfloat16().float(), layer.bias.bfloat16().float()
+        )  # bf16-rounded operands, fp32 accumulation
+        with packed_linears(layer, compute_dtype=torch.bfloat16):
             packed = layer(x)
-    assert plain.dtype == packed.dtype == torch.bfloat16
-    torch.testing.assert_close(packed.float(), plain.float(), atol=2e-2, rtol=2e-2)
+    assert packed.dtype == torch.float32  # only the matmul ran in bf16
+    torch.testing.assert_close(packed, ref, atol=1e-2, rtol=1e-2)
+    assert not torch.allclose(packed, layer(x), atol=1e-5, rtol=0)  # and it did run in bf16
 
 
 def test_gradient_checkpointing_gives_the_same_update(tiny_model):

@@ -29,7 +29,7 @@ from transformers.cache_utils import StaticLayer
 from rlvr.models import cache_kwarg
 from rlvr.rollout.base import Rollout, SamplingParams, lengths_from_eos
 from rlvr.rollout.hf import left_pad
-from rlvr.rollout.packed import packed_linears
+from rlvr.rollout.packed import packed_linears, packing_available
 
 
 def filter_logits(logits: torch.Tensor, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
@@ -152,6 +152,25 @@ class FastEngine:
     def sync_weights(self) -> None:
         """The engine samples from the live policy module: nothing to copy."""
 
+    def _packing(self, rows: int) -> contextlib.AbstractContextManager:
+        """Packed CPU weights for this rollout. Under bf16 autocast (`model.autocast`) the
+        matmuls run in bf16 from bf16 packed copies and autocast is lifted for the rest:
+        measured, CPU attention in bf16 is slower than in fp32, and casting the KV cache
+        every step costs more again."""
+        device = next(self.model.parameters()).device
+        if not (self.pack_weights and device.type == "cpu" and packing_available()):
+            return contextlib.nullcontext()
+        bf16 = (
+            torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
+        )
+        stack = contextlib.ExitStack()
+        if bf16:
+            stack.enter_context(torch.autocast("cpu", enabled=False))
+        stack.enter_context(
+            packed_linears(self.model, rows, compute_dtype=torch.bfloat16 if bf16 else None)
+        )
+        return stack
+
     def _new_cache(self, max_len: int):
         config = self.model.config
         if self.cache == "dynamic":
@@ -179,13 +198,8 @@ class FastEngine:
     def generate(self, prompt_ids: list[list[int]], params: SamplingParams) -> Rollout:
         was_training = self.model.training
         self.model.eval()
-        packing = (
-            packed_linears(self.model, rows_hint=len(prompt_ids) * params.n)
-            if self.pack_weights
-            else contextlib.nullcontext()
-        )
         try:
-            with packing:
+            with self._packing(len(prompt_ids) * params.n):
                 return self._generate(prompt_ids, params)
         finally:
             self.model.train(was_training)

@@ -14,7 +14,9 @@ tokens under greedy decoding, log-probs within 1e-5 (tested).
 Only plain `nn.Linear` modules with ordinary CPU float32/bfloat16 weights are packed (a
 DTensor under FSDP2, a CUDA tensor or a quantised layer keeps its own forward), and only
 for the duration of the `with` block, under `no_grad`: `_linear_pointwise` has no backward.
-Entered under CPU bf16 autocast, it packs bf16 copies and gives what autocast's linear would.
+With `compute_dtype=torch.bfloat16` it packs bf16 copies: the fast engine's bf16 sampling
+(`model.autocast`) multiplies in bf16 and keeps the rest fp32; measured, CPU bf16 attention
+under autocast is slower than fp32.
 """
 
 from __future__ import annotations
@@ -52,26 +54,28 @@ def _packable(module: nn.Module) -> bool:
 
 def _packed_forward(weight: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None):
     def forward(x: torch.Tensor) -> torch.Tensor:
-        if x.dtype != packed.dtype:
-            if x.dtype == weight.dtype:  # packed in bf16 under autocast: autocast's math
-                x = x.to(packed.dtype)
-            else:  # e.g. fp32 activations into a bf16 layer: plain math (and its error)
-                return nn.functional.linear(x, weight, bias)
-        return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+        if x.dtype == packed.dtype:
+            return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+        if x.dtype == weight.dtype:  # a lower compute dtype: cast in, multiply, cast back
+            y = torch.ops.mkldnn._linear_pointwise(x.to(packed.dtype), packed, bias, "none", [], "")
+            return y.to(x.dtype)
+        return nn.functional.linear(x, weight, bias)  # e.g. fp32 into a bf16 layer: plain math
 
     return forward
 
 
 @contextlib.contextmanager
-def packed_linears(model: nn.Module, rows_hint: int = 32) -> Iterator[int]:
+def packed_linears(
+    model: nn.Module, rows_hint: int = 32, compute_dtype: torch.dtype | None = None
+) -> Iterator[int]:
     """Within the block, every packable `nn.Linear` of `model` multiplies with a packed copy
     of its current weight; yields how many were packed. `rows_hint` is the expected number of
-    rows per call (oneDNN picks its blocking from it; any row count works)."""
+    rows per call (oneDNN picks its blocking from it; any row count works). `compute_dtype`
+    (bfloat16) packs copies in that dtype: inputs are cast to it and outputs back, so only the
+    matmuls run in it (oneDNN accumulates in fp32)."""
     if not packing_available():
         yield 0
         return
-    # Under CPU bf16 autocast a linear computes in bf16: pack bf16 copies, cast inputs to them.
-    bf16 = torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
     patched: list[nn.Module] = []
     try:
         with torch.no_grad():
@@ -80,11 +84,9 @@ def packed_linears(model: nn.Module, rows_hint: int = 32) -> Iterator[int]:
                     continue
                 w = module.weight.detach()
                 bias = None if module.bias is None else module.bias.detach()
-                if bf16:
-                    w_c = w.to(torch.bfloat16)
-                    bias = None if bias is None else bias.to(torch.bfloat16)
-                else:
-                    w_c = w
+                w_c = w if compute_dtype is None else w.to(compute_dtype)
+                if bias is not None and compute_dtype is not None:
+                    bias = bias.to(compute_dtype)
                 packed = torch.ops.mkldnn._reorder_linear_weight(w_c, max(1, rows_hint))
                 module.forward = _packed_forward(w, packed, bias)  # instance attribute
                 patched.append(module)
