@@ -41,6 +41,9 @@ VARIANTS = {
     "fast-retire-each": lambda m, pad, eos: FastEngine(
         m, pad_id=pad, eos_ids=eos, retire_fraction=0.0
     ),
+    "fast-noprefix": lambda m, pad, eos: FastEngine(
+        m, pad_id=pad, eos_ids=eos, prefix_attention=False
+    ),
     "fast-unpacked": lambda m, pad, eos: FastEngine(m, pad_id=pad, eos_ids=eos, pack_weights=False),
     "fast-dynamic": lambda m, pad, eos: FastEngine(m, pad_id=pad, eos_ids=eos, cache="dynamic"),
 }

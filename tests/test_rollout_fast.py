@@ -94,8 +94,9 @@ def test_registered():
         {"retire_fraction": 0.0},
         {"cache": "dynamic"},
         {"pack_weights": False},
+        {"prefix_attention": False},
     ],
-    ids=["default", "never-retire", "retire-each-step", "dynamic-cache", "unpacked"],
+    ids=["default", "never-retire", "retire-each-step", "dynamic-cache", "unpacked", "no-prefix"],
 )
 def test_greedy_same_tokens_as_hf(model, tok, prompts, eos_ids, hf_greedy, fast_kwargs):
     fast = FastEngine(model, pad_id=tok.pad_token_id, eos_ids=eos_ids, **fast_kwargs)

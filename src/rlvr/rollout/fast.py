@@ -30,6 +30,12 @@ from rlvr.models import cache_kwarg
 from rlvr.rollout.base import Rollout, SamplingParams, lengths_from_eos
 from rlvr.rollout.hf import left_pad
 from rlvr.rollout.packed import packed_linears, packing_available
+from rlvr.rollout.prefix_attention import (
+    PrefixLayer,
+    PrefixLayout,
+    prefix_decoding,
+    supports_prefix_attention,
+)
 
 
 def filter_logits(logits: torch.Tensor, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
@@ -124,6 +130,8 @@ class _LiveLayer(StaticLayer):
 class FastEngine:
     """Samples on the live policy module with its own decoding loop (see the module doc).
 
+    `prefix_attention`: decode with each prompt's KV stored once per group, attended by all
+    its samples (`rlvr.rollout.prefix_attention`; supported model types, static cache, CPU).
     `pack_weights`: on CPU, multiply with oneDNN-packed copies of the linear weights while
     sampling (`rlvr.rollout.packed`; float reassociation only, a large speed-up at decode
     shapes); False keeps `F.linear`. `retire_fraction`: the live batch is compacted once at least this fraction of its rows
@@ -141,12 +149,14 @@ class FastEngine:
         retire_fraction: float | None = 0.25,
         cache: str = "static",
         pack_weights: bool = True,
+        prefix_attention: bool = True,
     ):
         if cache not in ("static", "dynamic"):
             raise ValueError(f"cache must be 'static' or 'dynamic', not {cache!r}")
         self.model, self.pad_id, self.eos_ids = model, pad_id, list(eos_ids)
         self.retire_fraction, self.cache = retire_fraction, cache
         self.pack_weights = pack_weights
+        self.prefix_attention = prefix_attention
         self._cache_kw = cache_kwarg(model)
 
     def sync_weights(self) -> None:
@@ -212,10 +222,9 @@ class FastEngine:
         torch.manual_seed(params.seed)
         generators = row_generators(params, len(prompt_ids), device)
 
-        completion = torch.full((B, T), self.pad_id, dtype=torch.long, device=device)
-        log_probs = torch.zeros((B, T), dtype=torch.float32, device=device)
         if B == 0 or T == 0:
-            return self._rollout(rows, completion, log_probs, 0, n)
+            empty = torch.full((B, T), self.pad_id, dtype=torch.long, device=device)
+            return self._rollout(rows, empty, torch.zeros((B, T), device=device), 0, n)
 
         # Distinct prompts, prefilled once; `expand` maps each of the B rows to its prefill row.
         first_seen: dict[tuple[int, ...], int] = {}
@@ -229,13 +238,40 @@ class FastEngine:
         ids, prompt_mask = left_pad(unique, self.pad_id, device)
         P = ids.shape[1]
         cache = self._new_cache(P + T)
+        layout = None
+        if self._use_prefix(cache, device):
+            cache.layers = [PrefixLayer(T) for _ in cache.layers]
         # The trainer's positions: counting from each row's first real token.
         prefill_pos = (prompt_mask.cumsum(-1) - 1).clamp(min=0)
         logits = self._forward(ids, prompt_mask, prefill_pos, cache)
 
-        # Copy each prompt's cache rows to its samples (index_select along the batch).
-        cache.reorder_cache(expand)
+        if isinstance(cache.layers[0], PrefixLayer):  # prompts stay once per prefill row
+            layout = PrefixLayout.build(cache.layers, prompt_mask, expand)
+        else:  # copy each prompt's cache rows to its samples (index_select along the batch)
+            cache.reorder_cache(expand)
         logits = logits.index_select(0, expand)
+        with contextlib.ExitStack() as stack:
+            if layout is not None:
+                stack.enter_context(prefix_decoding(self.model, layout))
+            return self._decode(
+                logits, cache, layout, prompt_mask, expand, generators, params, rows
+            )
+
+    def _use_prefix(self, cache, device) -> bool:
+        return (
+            self.prefix_attention
+            and self.cache == "static"
+            and device.type == "cpu"
+            and all(type(layer) is _LiveLayer for layer in cache.layers)  # plain full attention
+            and supports_prefix_attention(self.model)
+        )
+
+    def _decode(self, logits, cache, layout, prompt_mask, expand, generators, params, rows):
+        """The sampling loop after the prefill: one token per live row per step."""
+        n, T = params.n, params.max_new_tokens
+        B, P, device = len(rows), prompt_mask.shape[1], logits.device
+        completion = torch.full((B, T), self.pad_id, dtype=torch.long, device=device)
+        log_probs = torch.zeros((B, T), dtype=torch.float32, device=device)
         # One mask for the whole loop: prompt padding, then ones on every generation slot.
         mask = torch.ones((B, P + T), dtype=prompt_mask.dtype, device=device)
         mask[:, :P] = prompt_mask.index_select(0, expand)
@@ -262,10 +298,13 @@ class FastEngine:
             if self.retire_fraction is not None and live - n_alive >= self.retire_fraction * live:
                 keep = alive.nonzero().squeeze(1)
                 cache.reorder_cache(keep)
+                if layout is not None:
+                    layout.select(keep)
                 row_ids, alive, tokens = row_ids[keep], alive[keep], tokens[keep]
                 mask, next_pos = mask[keep], next_pos[keep]
             # The mask of the tokens seen so far (a view): a layer that holds more slots pads it.
-            step_mask = mask[:, : P + t + 1]
+            # Prefix attention masks the prompts' padding itself and needs no mask.
+            step_mask = None if layout is not None else mask[:, : P + t + 1]
             logits = self._forward(tokens[:, None], step_mask, (next_pos + t)[:, None], cache)
 
         return self._rollout(rows, completion, log_probs, steps, n)
