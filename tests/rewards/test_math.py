@@ -58,7 +58,7 @@ EXTRACT = [
 def test_extract_answer(text, fallback, want):
     t0 = time.perf_counter()
     assert extract_answer(text, number_fallback=fallback) == want
-    assert time.perf_counter() - t0 < 1.0
+    assert time.perf_counter() - t0 < 2.0  # bounded (a hang would be minutes), with CI slack
 
 
 EQUAL = [
@@ -106,7 +106,8 @@ def test_math_equal(pred, ref, want):
     start_verifier()  # the worker's start-up (after a kill, too) is not the call's time
     t0 = time.perf_counter()
     assert math_equal(pred, ref) is want
-    assert time.perf_counter() - t0 < 1.0
+    # 0.5 s deadline, then kill and answer: bounded, with slack for a loaded CI machine
+    assert time.perf_counter() - t0 < 2.0
 
 
 def test_hostile_code_is_never_run(tmp_path):
