@@ -29,6 +29,7 @@ from transformers.cache_utils import StaticLayer
 from rlvr.models import cache_kwarg
 from rlvr.rollout.base import Rollout, SamplingParams, lengths_from_eos
 from rlvr.rollout.hf import left_pad
+from rlvr.rollout.lean import LeanDecoder
 from rlvr.rollout.packed import packed_linears, packing_available
 from rlvr.rollout.prefix_attention import (
     PrefixLayer,
@@ -132,6 +133,8 @@ class FastEngine:
 
     `prefix_attention`: decode with each prompt's KV stored once per group, attended by all
     its samples (`rlvr.rollout.prefix_attention`; supported model types, static cache, CPU).
+    `lean`: with prefix attention, decoding steps of the Llama family run
+    `rlvr.rollout.lean` (the layer math on packed fused weights) instead of the modules.
     `pack_weights`: on CPU, multiply with oneDNN-packed copies of the linear weights while
     sampling (`rlvr.rollout.packed`; float reassociation only, a large speed-up at decode
     shapes); False keeps `F.linear`. `retire_fraction`: the live batch is compacted once at least this fraction of its rows
@@ -150,6 +153,7 @@ class FastEngine:
         cache: str = "static",
         pack_weights: bool = True,
         prefix_attention: bool = True,
+        lean: bool = True,
     ):
         if cache not in ("static", "dynamic"):
             raise ValueError(f"cache must be 'static' or 'dynamic', not {cache!r}")
@@ -157,6 +161,8 @@ class FastEngine:
         self.retire_fraction, self.cache = retire_fraction, cache
         self.pack_weights = pack_weights
         self.prefix_attention = prefix_attention
+        self.lean = lean
+        self._compute_dtype = None  # bf16 under CPU bf16 autocast (set per rollout)
         self._cache_kw = cache_kwarg(model)
 
     def sync_weights(self) -> None:
@@ -168,11 +174,13 @@ class FastEngine:
         measured, CPU attention in bf16 is slower than in fp32, and casting the KV cache
         every step costs more again."""
         device = next(self.model.parameters()).device
+        self._compute_dtype = None
         if not (self.pack_weights and device.type == "cpu" and packing_available()):
             return contextlib.nullcontext()
         bf16 = (
             torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
         )
+        self._compute_dtype = torch.bfloat16 if bf16 else None
         stack = contextlib.ExitStack()
         if bf16:
             stack.enter_context(torch.autocast("cpu", enabled=False))
@@ -250,11 +258,14 @@ class FastEngine:
         else:  # copy each prompt's cache rows to its samples (index_select along the batch)
             cache.reorder_cache(expand)
         logits = logits.index_select(0, expand)
+        lean = None
+        if layout is not None and self.lean and self.pack_weights:
+            lean = LeanDecoder.build(self.model, B, self._compute_dtype)
         with contextlib.ExitStack() as stack:
             if layout is not None:
                 stack.enter_context(prefix_decoding(self.model, layout))
             return self._decode(
-                logits, cache, layout, prompt_mask, expand, generators, params, rows
+                logits, cache, layout, lean, prompt_mask, expand, generators, params, rows
             )
 
     def _use_prefix(self, cache, device) -> bool:
@@ -266,7 +277,7 @@ class FastEngine:
             and supports_prefix_attention(self.model)
         )
 
-    def _decode(self, logits, cache, layout, prompt_mask, expand, generators, params, rows):
+    def _decode(self, logits, cache, layout, lean, prompt_mask, expand, generators, params, rows):
         """The sampling loop after the prefill: one token per live row per step."""
         n, T = params.n, params.max_new_tokens
         B, P, device = len(rows), prompt_mask.shape[1], logits.device
@@ -305,7 +316,10 @@ class FastEngine:
             # The mask of the tokens seen so far (a view): a layer that holds more slots pads it.
             # Prefix attention masks the prompts' padding itself and needs no mask.
             step_mask = None if layout is not None else mask[:, : P + t + 1]
-            logits = self._forward(tokens[:, None], step_mask, (next_pos + t)[:, None], cache)
+            if lean is not None:
+                logits = lean.step(tokens, next_pos + t, cache)
+            else:
+                logits = self._forward(tokens[:, None], step_mask, (next_pos + t)[:, None], cache)
 
         return self._rollout(rows, completion, log_probs, steps, n)
 

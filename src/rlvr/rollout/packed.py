@@ -52,14 +52,25 @@ def _packable(module: nn.Module) -> bool:
     )
 
 
-def _packed_forward(weight: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None):
+def pack_linear(
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    rows_hint: int = 32,
+    compute_dtype: torch.dtype | None = None,
+):
+    """`x -> x @ weight.T + bias` with `weight` packed now (see `packed_linears`)."""
+    w = weight.detach()
+    w_c = w if compute_dtype is None else w.to(compute_dtype)
+    b = None if bias is None else bias.detach().to(w_c.dtype)
+    packed = torch.ops.mkldnn._reorder_linear_weight(w_c, max(1, rows_hint))
+
     def forward(x: torch.Tensor) -> torch.Tensor:
         if x.dtype == packed.dtype:
-            return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
-        if x.dtype == weight.dtype:  # a lower compute dtype: cast in, multiply, cast back
-            y = torch.ops.mkldnn._linear_pointwise(x.to(packed.dtype), packed, bias, "none", [], "")
+            return torch.ops.mkldnn._linear_pointwise(x, packed, b, "none", [], "")
+        if x.dtype == w.dtype:  # a lower compute dtype: cast in, multiply, cast back
+            y = torch.ops.mkldnn._linear_pointwise(x.to(packed.dtype), packed, b, "none", [], "")
             return y.to(x.dtype)
-        return nn.functional.linear(x, weight, bias)  # e.g. fp32 into a bf16 layer: plain math
+        return nn.functional.linear(x, w, bias)  # e.g. fp32 into a bf16 layer: plain math
 
     return forward
 
@@ -82,13 +93,8 @@ def packed_linears(
             for module in model.modules():
                 if not _packable(module):
                     continue
-                w = module.weight.detach()
-                bias = None if module.bias is None else module.bias.detach()
-                w_c = w if compute_dtype is None else w.to(compute_dtype)
-                if bias is not None and compute_dtype is not None:
-                    bias = bias.to(compute_dtype)
-                packed = torch.ops.mkldnn._reorder_linear_weight(w_c, max(1, rows_hint))
-                module.forward = _packed_forward(w, packed, bias)  # instance attribute
+                # an instance attribute: shadows the class's forward until deleted
+                module.forward = pack_linear(module.weight, module.bias, rows_hint, compute_dtype)
                 patched.append(module)
         yield len(patched)
     finally:

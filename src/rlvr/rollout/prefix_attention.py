@@ -55,9 +55,12 @@ class PrefixLayer(StaticLayer):
         if self.prefix is None:
             self.prefix = (key_states, value_states)
             return key_states, value_states
-        keys, values = super().update(key_states, value_states, *args, **kwargs)
-        self.live += key_states.shape[-2]
-        return keys[:, :, : self.live], values[:, :, : self.live]
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        start, self.live = self.live, self.live + key_states.shape[-2]
+        self.keys[:, :, start : self.live] = key_states  # in place, a plain slice copy
+        self.values[:, :, start : self.live] = value_states
+        return self.keys[:, :, : self.live], self.values[:, :, : self.live]
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         return self.live + query_length, 0  # the prefill's mask (later steps build none)

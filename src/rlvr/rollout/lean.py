@@ -1,0 +1,138 @@
+"""A lean decoding step for the Llama family (Llama, Qwen2, Qwen3, Mistral) on CPU.
+
+A decoding step moves one token per row through the model. Through the Hugging Face modules
+that is ~25 module calls per layer, each with its Python, hooks, shape bookkeeping and mask
+plumbing: on a small model most of the step. This module runs the same layer math directly
+on the model's own parameters with fewer, larger matmuls: q/k/v fused into one packed weight,
+gate/up into another (`rlvr.rollout.packed`), RMSNorm as one `F.rms_norm`, the model's own
+rotary module for cos/sin (any RoPE scaling it implements), and the shared-prefix attention
+of `rlvr.rollout.prefix_attention` on the same cache. The prefill still runs the modules.
+
+It is used only where every piece is the plain one it expects (`LeanDecoder.build` returns
+None otherwise: LoRA-wrapped projections, unknown norms, other families), and it is tested
+against the module path: same logits within 1e-5, same greedy tokens.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from rlvr.rollout.packed import pack_linear, packing_available
+from rlvr.rollout.prefix_attention import PREFIX_MODEL_TYPES, prefix_attention
+
+
+def _plain(*modules) -> bool:
+    return all(type(m) is nn.Linear and type(m.weight) is nn.Parameter for m in modules)
+
+
+def _eps(norm: nn.Module) -> float | None:
+    eps = getattr(norm, "variance_epsilon", getattr(norm, "eps", None))
+    weight = getattr(norm, "weight", None)
+    ok = type(norm).__name__.endswith("RMSNorm") and isinstance(weight, nn.Parameter)
+    return float(eps) if ok and eps is not None else None
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+class _Layer:
+    """One decoder layer's packed matmuls, norms and sizes."""
+
+    def __init__(self, layer: nn.Module, rows: int, compute_dtype):
+        a, m = layer.self_attn, layer.mlp
+        self.idx, self.scaling = a.layer_idx, a.scaling
+        self.Hq, self.Hkv = a.config.num_attention_heads, a.config.num_key_value_heads
+        self.D = a.head_dim
+
+        def fused(*linears):
+            w = torch.cat([lin.weight for lin in linears])
+            has_bias = [lin.bias is not None for lin in linears]
+            b = torch.cat([lin.bias for lin in linears]) if all(has_bias) else None
+            return pack_linear(w, b, rows, compute_dtype)
+
+        self.qkv = fused(a.q_proj, a.k_proj, a.v_proj)
+        self.o = pack_linear(a.o_proj.weight, a.o_proj.bias, rows, compute_dtype)
+        self.gate_up = fused(m.gate_proj, m.up_proj)
+        self.down = pack_linear(m.down_proj.weight, m.down_proj.bias, rows, compute_dtype)
+        self.act = m.act_fn
+        self.n1, self.n2 = layer.input_layernorm, layer.post_attention_layernorm
+        self.q_norm, self.k_norm = getattr(a, "q_norm", None), getattr(a, "k_norm", None)
+        self.module = a  # prefix_attention reads its layer_idx
+
+    def __call__(self, h, cos, sin, cache) -> torch.Tensor:
+        n, (Hq, Hkv, D) = h.shape[0], (self.Hq, self.Hkv, self.D)
+        x = _rms(h, self.n1)
+        q, k, v = self.qkv(x).split([Hq * D, Hkv * D, Hkv * D], dim=-1)
+        q, k, v = q.view(n, Hq, D), k.view(n, Hkv, D), v.view(n, Hkv, D)
+        if self.q_norm is not None:  # Qwen3: RMSNorm over each head before RoPE
+            q, k = _rms(q, self.q_norm), _rms(k, self.k_norm)
+        q = q * cos + _rotate_half(q) * sin  # cos/sin: (n, 1, D), broadcast over heads
+        k = k * cos + _rotate_half(k) * sin
+        keys, values = cache.layers[self.idx].update(k[:, :, None], v[:, :, None])
+        attn, _ = prefix_attention(self.module, q[:, :, None], keys, values, None, self.scaling)
+        h = h + self.o(attn.reshape(n, Hq * D))
+        gate, up = self.gate_up(_rms(h, self.n2)).chunk(2, dim=-1)
+        return h + self.down(self.act(gate) * up)
+
+
+def _rms(x: torch.Tensor, norm: nn.Module) -> torch.Tensor:
+    """The Llama-family RMSNorm (fp32 statistics, weight times the input-dtype result)."""
+    eps = getattr(norm, "variance_epsilon", getattr(norm, "eps", 1e-6))
+    y = F.rms_norm(x.float(), (x.shape[-1],), eps=eps).to(x.dtype)
+    return norm.weight * y
+
+
+class LeanDecoder:
+    """`step(tokens, positions, cache) -> logits` for one decoding step of a supported model
+    (its layers' caches must be `PrefixLayer`s and a `PrefixLayout` active)."""
+
+    def __init__(self, model: nn.Module, rows: int, compute_dtype=None):
+        inner = model.model
+        self.embed, self.rotary, self.norm = inner.embed_tokens, inner.rotary_emb, inner.norm
+        self.layers = [_Layer(layer, rows, compute_dtype) for layer in inner.layers]
+        self.head = pack_linear(model.lm_head.weight, model.lm_head.bias, rows, compute_dtype)
+
+    @classmethod
+    def build(cls, model: nn.Module, rows: int, compute_dtype=None) -> LeanDecoder | None:
+        """A decoder for `model`, or None where any part is not the plain one expected."""
+        config = getattr(model, "config", None)
+        inner = getattr(model, "model", None)
+        if (
+            not packing_available()
+            or getattr(config, "model_type", None) not in PREFIX_MODEL_TYPES
+            or getattr(config, "pretraining_tp", 1) != 1
+            or inner is None
+            or not all(hasattr(inner, a) for a in ("embed_tokens", "rotary_emb", "norm", "layers"))
+            or not _plain(getattr(model, "lm_head", None))
+            or _eps(inner.norm) is None
+        ):
+            return None
+        for layer in inner.layers:
+            a, m = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
+            parts = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+            linears = [getattr(a, p, None) or getattr(m, p, None) for p in parts]
+            norms = [layer.input_layernorm, layer.post_attention_layernorm]
+            norms += [x for x in (getattr(a, "q_norm", None), getattr(a, "k_norm", None)) if x]
+            if (
+                not _plain(*linears)
+                or any(_eps(x) is None for x in norms)
+                or not hasattr(m, "act_fn")
+                or not hasattr(a, "scaling")
+            ):
+                return None
+        with torch.no_grad():
+            return cls(model, rows, compute_dtype)
+
+    @torch.no_grad()
+    def step(self, tokens: torch.Tensor, positions: torch.Tensor, cache) -> torch.Tensor:
+        """tokens, positions: (n,). Returns (n, V) logits of the next token."""
+        h = self.embed(tokens)  # (n, d)
+        cos, sin = self.rotary(h[:, None], positions[:, None])  # (n, 1, D): one per row
+        cos, sin = cos.to(h.dtype), sin.to(h.dtype)
+        for layer in self.layers:
+            h = layer(h, cos, sin, cache)
+        return self.head(self.norm(h))

@@ -1,0 +1,100 @@
+"""The lean decoding step (`rlvr.rollout.lean`) against the model's own modules: same next-token
+logits within 1e-5 on Llama, Qwen2 (q/k/v biases) and Qwen3 (per-head q/k norms), with GQA,
+left padding and duplicated prompts; and refusal where a part is not the plain one."""
+
+import pytest
+import torch
+from transformers import (
+    LlamaConfig,
+    LlamaForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+)
+
+from rlvr.rollout import FastEngine, HFEngine, SamplingParams
+from rlvr.rollout.fast import _LiveLayer
+from rlvr.rollout.hf import left_pad
+from rlvr.rollout.lean import LeanDecoder
+from rlvr.rollout.packed import packing_available
+from rlvr.rollout.prefix_attention import PrefixLayer, PrefixLayout, prefix_decoding
+
+pytestmark = pytest.mark.skipif(not packing_available(), reason="torch built without oneDNN")
+
+SHAPE = dict(
+    vocab_size=50,
+    hidden_size=48,
+    intermediate_size=96,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=64,
+)
+FAMILIES = {
+    "llama": lambda: LlamaForCausalLM(LlamaConfig(**SHAPE, attention_bias=True)),
+    "qwen2": lambda: Qwen2ForCausalLM(Qwen2Config(**SHAPE)),
+    "qwen3": lambda: Qwen3ForCausalLM(Qwen3Config(**SHAPE, head_dim=16)),
+}
+
+
+@pytest.fixture(params=list(FAMILIES))
+def model(request):
+    torch.manual_seed(0)
+    model = FAMILIES[request.param]().eval()
+    with torch.no_grad():  # spread the logits so that greedy paths differ between rows
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.mul_(6.0)
+            elif p.dim() == 1:  # biases and norm weights away from 0 and 1
+                p.add_(0.1 * torch.randn_like(p))
+    return model
+
+
+def _prefilled(model, prompts, G):
+    """A cache of PrefixLayers after the modules' prefill, and the decoding layout."""
+    engine = FastEngine(model, pad_id=0, eos_ids=[999])
+    ids, mask = left_pad(prompts, 0, "cpu")
+    cache = engine._new_cache(ids.shape[1] + 8)
+    assert all(type(layer) is _LiveLayer for layer in cache.layers)
+    cache.layers = [PrefixLayer(8) for _ in cache.layers]
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    with torch.no_grad():
+        model(input_ids=ids, attention_mask=mask, position_ids=pos, cache=cache, use_cache=True)
+    expand = torch.arange(len(prompts)).repeat_interleave(G)
+    return cache, PrefixLayout.build(cache.layers, mask, expand), mask.sum(-1)[expand]
+
+
+def test_step_logits_match_the_modules(model):
+    prompts = [[5, 6, 7, 8, 9], [10, 11], [12, 13, 14]]
+    lean = LeanDecoder.build(model, rows=6)
+    assert lean is not None
+    c_lean, lay_lean, pos = _prefilled(model, prompts, G=2)
+    c_ref, lay_ref, _ = _prefilled(model, prompts, G=2)
+    tokens = torch.tensor([20, 21, 22, 23, 24, 25])
+    for t in range(3):  # three steps: the own-token cache grows in both
+        with prefix_decoding(model, lay_lean):
+            got = lean.step(tokens, pos + t, c_lean)
+        with prefix_decoding(model, lay_ref), torch.no_grad():
+            want = model(
+                input_ids=tokens[:, None], position_ids=(pos + t)[:, None], cache=c_ref
+            ).logits[:, -1]
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+        tokens = want.argmax(-1)
+
+
+def test_greedy_same_tokens_as_hf(model):
+    prompts = [[5, 6, 7, 8, 9], [10, 11], [5, 6, 7, 8, 9]]  # a duplicate: irregular layout
+    params = SamplingParams(n=3, max_new_tokens=10, greedy=True)
+    hf = HFEngine(model, pad_id=0, eos_ids=[999]).generate(prompts, params)
+    for lean in (True, False):
+        out = FastEngine(model, pad_id=0, eos_ids=[999], lean=lean).generate(prompts, params)
+        assert torch.equal(out.completion_ids, hf.completion_ids), lean
+    assert len({tuple(r) for r in hf.completion_ids.tolist()}) > 1  # the rows do differ
+
+
+def test_refuses_what_it_does_not_implement(model):
+    peft = pytest.importorskip("peft")
+    lora = peft.get_peft_model(model, peft.LoraConfig(r=2, target_modules=["q_proj"]))
+    assert LeanDecoder.build(lora.base_model.model, rows=4) is None  # LoRA-wrapped q_proj
+    assert LeanDecoder.build(torch.nn.Linear(2, 2), rows=4) is None
