@@ -2,8 +2,11 @@
 
 What it saves over `model.generate` (the `hf` engine):
 
-- each distinct prompt is prefilled once, and its KV cache rows are then copied to the
-  group's G samples (`generate` prefills every one of the B = U * G rows);
+- each distinct prompt is prefilled once (`generate` prefills every one of the B = U * G
+  rows); for the Llama family on CPU its KV rows are then kept once and read by all G samples
+  (`rlvr.rollout.prefix_attention`), elsewhere they are copied to the G samples;
+- for the Llama family on CPU, decoding steps run the layer math directly on fused packed
+  weights (`rlvr.rollout.lean`) instead of through the modules;
 - the KV cache is preallocated (`StaticCache`: written in place, never grown by `torch.cat`);
 - the 2D attention mask is built once (prompt padding, then ones for every generation slot:
   the causal mask already hides the slots not yet written);
@@ -137,7 +140,8 @@ class FastEngine:
     `rlvr.rollout.lean` (the layer math on packed fused weights) instead of the modules.
     `pack_weights`: on CPU, multiply with oneDNN-packed copies of the linear weights while
     sampling (`rlvr.rollout.packed`; float reassociation only, a large speed-up at decode
-    shapes); False keeps `F.linear`. `retire_fraction`: the live batch is compacted once at least this fraction of its rows
+    shapes); False keeps `F.linear` (and turns `lean` off).
+    `retire_fraction`: the live batch is compacted once at least this fraction of its rows
     has finished (each compaction copies the whole KV cache, so it is not done every step);
     None never compacts (the loop still stops when every row is done). `cache`: "static"
     (preallocated) or "dynamic" (grown by concatenation, for models without static support).
