@@ -98,3 +98,8 @@ def test_refuses_what_it_does_not_implement(model):
     lora = peft.get_peft_model(model, peft.LoraConfig(r=2, target_modules=["q_proj"]))
     assert LeanDecoder.build(lora.base_model.model, rows=4) is None  # LoRA-wrapped q_proj
     assert LeanDecoder.build(torch.nn.Linear(2, 2), rows=4) is None
+
+
+def test_fp16_weights_keep_the_module_path(model):
+    """oneDNN packs fp32 and bf16 only: an fp16 model decodes through its modules."""
+    assert LeanDecoder.build(model.half(), rows=4) is None

@@ -108,6 +108,7 @@ class LeanDecoder:
             or inner is None
             or not all(hasattr(inner, a) for a in ("embed_tokens", "rotary_emb", "norm", "layers"))
             or not _plain(getattr(model, "lm_head", None))
+            or model.lm_head.weight.dtype not in (torch.float32, torch.bfloat16)  # oneDNN's
             or _eps(inner.norm) is None
         ):
             return None
