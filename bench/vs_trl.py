@@ -45,7 +45,10 @@ How each number is measured:
                  generation: forward over each distinct prompt once (prefill; HF generate
                    prefills every sample, which is not counted as useful work) plus every
                    completion token at its context length;
-                 train: 3 x forward FLOPs of every prompt + completion token of every row;
+                 train: 3 x forward FLOPs of what each trainer runs: TRL every prompt +
+                   completion token of every row; rlvr (prompt sharing) each distinct prompt
+                   once plus every completion token at its context (`train_mfu`; the JSON's
+                   `train_mfu_trl_flops` credits rlvr with TRL's count instead);
                  log_probs: 1 x forward FLOPs of the same (per no-grad forward).
 
 The last line printed is one JSON object (beta 0 unless a key says otherwise).
@@ -340,7 +343,13 @@ def step_flops(shape: dict, s: dict) -> dict[str, float]:
     decode = fwd_flops(shape, rows * T, rows * (T * P + T * (T + 1) / 2))
     S = P + T
     full = fwd_flops(shape, rows * S, rows * S * (S + 1) / 2)
-    return {"generation": prefill + decode, "train": 3 * full, "log_probs_per_pass": full}
+    return {
+        "generation": prefill + decode,
+        "train": 3 * full,
+        # rlvr's prompt sharing: each distinct prompt forwarded once, completions on its cache
+        "train_shared": 3 * (prefill + decode),
+        "log_probs_per_pass": full,
+    }
 
 
 def run_child(kind: str, beta: float, args, model_dir: Path, work: Path, tag: str) -> dict:
@@ -400,7 +409,7 @@ def _median(run: dict, key: str) -> float:
     return statistics.median(s[key] for s in run["timed"])
 
 
-def summarise(runs: list[dict], shape: dict, peak: float, beta: float) -> dict:
+def summarise(runs: list[dict], shape: dict, peak: float, beta: float, kind: str) -> dict:
     timed = [s for r in runs for s in r["timed"]]
 
     def med(key: str) -> float:
@@ -419,7 +428,10 @@ def summarise(runs: list[dict], shape: dict, peak: float, beta: float) -> dict:
         ),
         "peak_rss_mib": max(r["peak_rss_mib"] for r in runs),
         "gen_mfu": flops["generation"] / med("generation") / peak,
-        "train_mfu": flops["train"] / med("train") / peak,
+        # hardware use: the FLOPs this trainer actually runs (rlvr shares prompts; TRL doesn't)
+        "train_mfu": flops["train_shared" if kind == "rlvr" else "train"] / med("train") / peak,
+        # the same work credited as TRL does it (counts the work prompt sharing avoids)
+        "train_mfu_trl_flops": flops["train"] / med("train") / peak,
         "step_spread": [min(s["step"] for s in timed), max(s["step"] for s in timed)],
         "threads": sorted({r["threads"] for r in runs}),
     }
@@ -516,7 +528,7 @@ def main() -> None:
 
     result: dict[str, float] = {}
     for beta in betas:
-        s = {k: summarise(runs[(k, beta)], shape, peak, beta) for k in ("trl", "rlvr")}
+        s = {k: summarise(runs[(k, beta)], shape, peak, beta, k) for k in ("trl", "rlvr")}
         engine = runs[("rlvr", beta)][0].get("engine")
         print(f"\n== beta {beta:g} (rlvr engine {engine}); medians over timed steps")
         print(
@@ -536,6 +548,7 @@ def main() -> None:
             "speedup_generation": s["trl"]["generation_s"] / s["rlvr"]["generation_s"],
             "speedup_train": s["trl"]["train_s"] / s["rlvr"]["train_s"],
             "train_mfu": s["rlvr"]["train_mfu"],
+            "train_mfu_trl_flops": s["rlvr"]["train_mfu_trl_flops"],
             "gen_mfu": s["rlvr"]["gen_mfu"],
             "trl_train_mfu": s["trl"]["train_mfu"],
             "trl_gen_mfu": s["trl"]["gen_mfu"],
