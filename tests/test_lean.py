@@ -31,10 +31,21 @@ SHAPE = dict(
     num_key_value_heads=2,
     max_position_embeddings=64,
 )
+
+
+def _qwen2_v_without_bias():
+    """q and k with biases, v without: the fused q/k/v bias must add zeros for v."""
+    model = Qwen2ForCausalLM(Qwen2Config(**SHAPE))
+    for layer in model.model.layers:
+        layer.self_attn.v_proj.bias = None
+    return model
+
+
 FAMILIES = {
     "llama": lambda: LlamaForCausalLM(LlamaConfig(**SHAPE, attention_bias=True)),
     "qwen2": lambda: Qwen2ForCausalLM(Qwen2Config(**SHAPE)),
     "qwen3": lambda: Qwen3ForCausalLM(Qwen3Config(**SHAPE, head_dim=16)),
+    "qwen2-mixed-bias": _qwen2_v_without_bias,
 }
 
 

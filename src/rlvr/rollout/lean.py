@@ -44,14 +44,20 @@ class _Layer:
 
     def __init__(self, layer: nn.Module, rows: int, compute_dtype):
         a, m = layer.self_attn, layer.mlp
-        self.idx, self.scaling = a.layer_idx, a.scaling
-        self.Hq, self.Hkv = a.config.num_attention_heads, a.config.num_key_value_heads
-        self.D = a.head_dim
+        self.idx, self.scaling, self.D = a.layer_idx, a.scaling, a.head_dim
+        self.Hq = a.q_proj.out_features // self.D  # from the weights, whatever the config says
+        self.Hkv = a.k_proj.out_features // self.D
 
         def fused(*linears):
             w = torch.cat([lin.weight for lin in linears])
-            has_bias = [lin.bias is not None for lin in linears]
-            b = torch.cat([lin.bias for lin in linears]) if all(has_bias) else None
+            if all(lin.bias is None for lin in linears):
+                return pack_linear(w, None, rows, compute_dtype)
+            b = torch.cat(  # a projection without a bias adds zeros
+                [
+                    lin.bias if lin.bias is not None else w.new_zeros(lin.out_features)
+                    for lin in linears
+                ]
+            )
             return pack_linear(w, b, rows, compute_dtype)
 
         self.qkv = fused(a.q_proj, a.k_proj, a.v_proj)
