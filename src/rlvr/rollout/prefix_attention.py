@@ -163,7 +163,8 @@ def prefix_attention(
     s_prompt = _to_rows(torch.matmul(_to_groups(q, lay, U), k_p.transpose(-1, -2)), lay, n, r)
     s_prompt = s_prompt * scale + lay.bias[lay.group].to(s_prompt.dtype)
     s_own = torch.matmul(q, key.transpose(-1, -2)) * scale  # (n, Hkv, r, t)
-    probs = torch.cat([s_prompt, s_own], dim=-1).softmax(dim=-1)
+    # softmax in fp32 whatever the model's dtype, as SDPA's kernels do
+    probs = torch.cat([s_prompt, s_own], dim=-1).float().softmax(dim=-1).to(query.dtype)
     p_prompt, p_own = probs.split([P, key.shape[2]], dim=-1)
     out = _to_rows(torch.matmul(_to_groups(p_prompt, lay, U), v_p), lay, n, r)
     out = out + torch.matmul(p_own, value)  # (n, Hkv, r, D)
