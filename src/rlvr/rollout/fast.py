@@ -166,31 +166,26 @@ class FastEngine:
         self.pack_weights = pack_weights
         self.prefix_attention = prefix_attention
         self.lean = lean
-        self._compute_dtype = None  # bf16 under CPU bf16 autocast (set per rollout)
         self._cache_kw = cache_kwarg(model)
 
     def sync_weights(self) -> None:
         """The engine samples from the live policy module: nothing to copy."""
 
-    def _packing(self, rows: int) -> contextlib.AbstractContextManager:
-        """Packed CPU weights for this rollout. Under bf16 autocast (`model.autocast`) the
-        matmuls run in bf16 from bf16 packed copies and autocast is lifted for the rest:
-        measured, CPU attention in bf16 is slower than in fp32, and casting the KV cache
-        every step costs more again."""
+    def _packs(self) -> bool:
         device = next(self.model.parameters()).device
-        self._compute_dtype = None
-        if not (self.pack_weights and device.type == "cpu" and packing_available()):
+        return self.pack_weights and device.type == "cpu" and packing_available()
+
+    def _packing(self, rows: int, compute_dtype) -> contextlib.AbstractContextManager:
+        """Packed CPU weights for this rollout. Under bf16 autocast (`model.autocast`) the
+        matmuls run in bf16 from bf16 packed copies (`compute_dtype`) and autocast is lifted
+        for the rest: measured, CPU attention in bf16 is slower than in fp32, and casting
+        the KV cache every step costs more again."""
+        if not self._packs():
             return contextlib.nullcontext()
-        bf16 = (
-            torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
-        )
-        self._compute_dtype = torch.bfloat16 if bf16 else None
         stack = contextlib.ExitStack()
-        if bf16:
+        if compute_dtype is not None:
             stack.enter_context(torch.autocast("cpu", enabled=False))
-        stack.enter_context(
-            packed_linears(self.model, rows, compute_dtype=torch.bfloat16 if bf16 else None)
-        )
+        stack.enter_context(packed_linears(self.model, rows, compute_dtype=compute_dtype))
         return stack
 
     def _new_cache(self, max_len: int):
@@ -220,13 +215,17 @@ class FastEngine:
     def generate(self, prompt_ids: list[list[int]], params: SamplingParams) -> Rollout:
         was_training = self.model.training
         self.model.eval()
+        bf16 = (
+            torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
+        )
+        compute_dtype = torch.bfloat16 if bf16 and self._packs() else None
         try:
-            with self._packing(len(prompt_ids) * params.n):
-                return self._generate(prompt_ids, params)
+            with self._packing(len(prompt_ids) * params.n, compute_dtype):
+                return self._generate(prompt_ids, params, compute_dtype)
         finally:
             self.model.train(was_training)
 
-    def _generate(self, prompt_ids: list[list[int]], params: SamplingParams) -> Rollout:
+    def _generate(self, prompt_ids: list[list[int]], params: SamplingParams, compute_dtype):
         n, T = params.n, params.max_new_tokens
         rows = [p for p in prompt_ids for _ in range(n)]
         B = len(rows)
@@ -264,7 +263,7 @@ class FastEngine:
         logits = logits.index_select(0, expand)
         lean = None
         if layout is not None and self.lean and self.pack_weights:
-            lean = LeanDecoder.build(self.model, B, self._compute_dtype)
+            lean = LeanDecoder.build(self.model, B, compute_dtype)
         with contextlib.ExitStack() as stack:
             if layout is not None:
                 stack.enter_context(prefix_decoding(self.model, layout))

@@ -19,12 +19,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from rlvr.rollout.packed import pack_linear, packing_available
+from rlvr.rollout.packed import pack_linear, packable, packing_available
 from rlvr.rollout.prefix_attention import PREFIX_MODEL_TYPES, prefix_attention
-
-
-def _plain(*modules) -> bool:
-    return all(type(m) is nn.Linear and type(m.weight) is nn.Parameter for m in modules)
 
 
 def _eps(norm: nn.Module) -> float | None:
@@ -65,8 +61,9 @@ class _Layer:
         self.gate_up = fused(m.gate_proj, m.up_proj)
         self.down = pack_linear(m.down_proj.weight, m.down_proj.bias, rows, compute_dtype)
         self.act = m.act_fn
-        self.n1, self.n2 = layer.input_layernorm, layer.post_attention_layernorm
-        self.q_norm, self.k_norm = getattr(a, "q_norm", None), getattr(a, "k_norm", None)
+        self.n1, self.n2 = _norm(layer.input_layernorm), _norm(layer.post_attention_layernorm)
+        self.q_norm = _norm(getattr(a, "q_norm", None))  # Qwen3 only
+        self.k_norm = _norm(getattr(a, "k_norm", None))
         self.module = a  # prefix_attention reads its layer_idx
 
     def __call__(self, h, cos, sin, cache) -> torch.Tensor:
@@ -85,11 +82,14 @@ class _Layer:
         return h + self.down(self.act(gate) * up)
 
 
-def _rms(x: torch.Tensor, norm: nn.Module) -> torch.Tensor:
+def _norm(norm: nn.Module | None) -> tuple[torch.Tensor, float] | None:
+    return None if norm is None else (norm.weight, _eps(norm))
+
+
+def _rms(x: torch.Tensor, norm: tuple[torch.Tensor, float]) -> torch.Tensor:
     """The Llama-family RMSNorm (fp32 statistics, weight times the input-dtype result)."""
-    eps = getattr(norm, "variance_epsilon", getattr(norm, "eps", 1e-6))
-    y = F.rms_norm(x.float(), (x.shape[-1],), eps=eps).to(x.dtype)
-    return norm.weight * y
+    weight, eps = norm
+    return weight * F.rms_norm(x.float(), (x.shape[-1],), eps=eps).to(x.dtype)
 
 
 class LeanDecoder:
@@ -113,8 +113,7 @@ class LeanDecoder:
             or getattr(config, "pretraining_tp", 1) != 1
             or inner is None
             or not all(hasattr(inner, a) for a in ("embed_tokens", "rotary_emb", "norm", "layers"))
-            or not _plain(getattr(model, "lm_head", None))
-            or model.lm_head.weight.dtype not in (torch.float32, torch.bfloat16)  # oneDNN's
+            or not packable(getattr(model, "lm_head", None))
             or _eps(inner.norm) is None
         ):
             return None
@@ -125,7 +124,7 @@ class LeanDecoder:
             norms = [layer.input_layernorm, layer.post_attention_layernorm]
             norms += [x for x in (getattr(a, "q_norm", None), getattr(a, "k_norm", None)) if x]
             if (
-                not _plain(*linears)
+                not all(packable(x) for x in linears)
                 or any(_eps(x) is None for x in norms)
                 or not hasattr(m, "act_fn")
                 or not hasattr(a, "scaling")

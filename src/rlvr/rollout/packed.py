@@ -40,7 +40,8 @@ def packing_available() -> bool:
     )
 
 
-def _packable(module: nn.Module) -> bool:
+def packable(module: nn.Module | None) -> bool:
+    """A plain `nn.Linear` with an ordinary CPU float32/bfloat16 weight (what oneDNN packs)."""
     if type(module) is not nn.Linear:  # subclasses (quantised, LoRA-merged) keep their forward
         return False
     w = module.weight
@@ -91,7 +92,7 @@ def packed_linears(
     try:
         with torch.no_grad():
             for module in model.modules():
-                if not _packable(module):
+                if not packable(module):
                     continue
                 # an instance attribute: shadows the class's forward until deleted
                 module.forward = pack_linear(module.weight, module.bias, rows_hint, compute_dtype)

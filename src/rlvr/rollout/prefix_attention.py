@@ -80,7 +80,7 @@ class PrefixLayer(StaticLayer):
 class PrefixLayout:
     """Which prompt (prefill row) and which slot of its group each live row is.
 
-    bias: (U, 1, 1, P) additive mask of the prompts' left padding (0 or -inf).
+    bias: (n, 1, 1, P) additive mask of each live row's prompt padding (0 or -inf).
     group, slot: (n,) per live row. regular: rows are exactly U blocks of `slots` in order,
     so the regrouping is a view instead of a scatter."""
 
@@ -96,7 +96,7 @@ class PrefixLayout:
         """`expand[r]`: the prefill row of response row r (rows of one prompt contiguous or not)."""
         U = prompt_mask.shape[0]
         bias = torch.zeros(prompt_mask.shape, dtype=torch.float32, device=prompt_mask.device)
-        bias = bias.masked_fill(prompt_mask == 0, float("-inf"))[:, None, None, :]
+        bias = bias.masked_fill(prompt_mask == 0, float("-inf"))[expand, None, None, :]
         counts = [0] * U
         slot = []
         for g in expand.tolist():
@@ -112,7 +112,7 @@ class PrefixLayout:
 
     def select(self, keep: torch.Tensor) -> None:
         """Rows `keep` stay live (the engine retired the others)."""
-        self.group, self.slot = self.group[keep], self.slot[keep]
+        self.group, self.slot, self.bias = self.group[keep], self.slot[keep], self.bias[keep]
         self.regular = False
 
 
@@ -161,7 +161,7 @@ def prefix_attention(
     scale = scaling if scaling is not None else D**-0.5
     q = query.view(n, Hkv, r, D)
     s_prompt = _to_rows(torch.matmul(_to_groups(q, lay, U), k_p.transpose(-1, -2)), lay, n, r)
-    s_prompt = s_prompt * scale + lay.bias[lay.group].to(s_prompt.dtype)
+    s_prompt = s_prompt * scale + lay.bias.to(s_prompt.dtype)
     s_own = torch.matmul(q, key.transpose(-1, -2)) * scale  # (n, Hkv, r, t)
     # softmax in fp32 whatever the model's dtype, as SDPA's kernels do
     probs = torch.cat([s_prompt, s_own], dim=-1).float().softmax(dim=-1).to(query.dtype)
