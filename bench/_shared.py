@@ -37,12 +37,9 @@ def build_qwen2(path: Path, *, seed: int = 0, **shape) -> Path:
         bos_token_id=None,
         **{**QWEN2_SHAPE, **shape},
     )
-    state = torch.random.get_rng_state()
-    try:
+    with torch.random.fork_rng(devices=[]):  # seeded init, the caller's RNG untouched
         torch.manual_seed(seed)
         model = Qwen2ForCausalLM(config)
-    finally:
-        torch.random.set_rng_state(state)
     model.generation_config = GenerationConfig(
         pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id
     )

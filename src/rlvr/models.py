@@ -110,12 +110,9 @@ def build_tiny_model(
         eos_token_id=tokenizer.eos_token_id,
         bos_token_id=tokenizer.convert_tokens_to_ids(IM_START),
     )
-    gen = torch.random.get_rng_state()
-    try:
+    with torch.random.fork_rng(devices=[]):  # seeded init, the caller's RNG untouched
         torch.manual_seed(seed)
         model = LlamaForCausalLM(config)
-    finally:
-        torch.random.set_rng_state(gen)
     model.generation_config = GenerationConfig(
         pad_token_id=config.pad_token_id,
         eos_token_id=config.eos_token_id,

@@ -78,14 +78,11 @@ def _share(cfg: Config, model) -> bool:
 
 def _log_probs(model, micro: list[Sample], cfg: Config, pad_id: int, device, **kw):
     """The micro-batch collated, and its token log-probs (shared prompts or not)."""
-    T = cfg.rollout.temperature
-    if _share(cfg, model):
-        mb = collate_shared(micro, pad_id, device)
-        with autocast(cfg.model.autocast, device):
-            return mb, shared_token_log_probs(model, mb, temperature=T, **kw)
-    mb = collate(micro, pad_id, device)
+    share = _share(cfg, model)
+    mb = (collate_shared if share else collate)(micro, pad_id, device)
+    score = shared_token_log_probs if share else token_log_probs
     with autocast(cfg.model.autocast, device):
-        return mb, token_log_probs(model, mb, temperature=T, **kw)
+        return mb, score(model, mb, temperature=cfg.rollout.temperature, **kw)
 
 
 @torch.no_grad()
