@@ -4,11 +4,13 @@ Same global batch and seed; weights after each of 3 steps agree within 1e-5 (fp3
 dynamic sampling on, for token_mean and sample_mean, under DDP and under FSDP2. The accuracy reward (a digit in the
 response) gives a random model mixed groups, so dynamic sampling really filters."""
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -58,25 +60,46 @@ def _train(model_dir, run, nproc, agg, parallel="ddp", steps=3, resume=False):
 
 
 def _run_group(args, timeout=300):
-    """Run in a new session; on a timeout kill the whole group (torchrun and its ranks), so a
-    hung collective fails the test instead of leaving processes behind."""
-    proc = subprocess.Popen(
-        args,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-        start_new_session=True,
-    )
-    try:
-        _, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        _, err = proc.communicate()
-        raise AssertionError(
-            f"timed out after {timeout} s (a collective hung?)\n{err[-3000:]}"
-        ) from None
-    return proc.returncode, err
+    """Run with output to a file (an orphaned rank holding a pipe would block reading it); on a
+    timeout kill torchrun and every descendant: its ranks run in sessions of their own, so
+    killing torchrun's group alone would leave them, and a hung collective with them."""
+    with tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen(
+            args,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            text=True,
+            env={**os.environ, "OMP_NUM_THREADS": "1"},
+        )
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            for pid in [*_descendants(proc.pid), proc.pid]:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            proc.wait()
+            err.seek(0)
+            raise AssertionError(
+                f"timed out after {timeout} s (a collective hung?)\n{err.read()[-3000:]}"
+            ) from None
+        err.seek(0)
+        return proc.returncode, err.read()
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every live descendant of `pid`, from /proc's parent links."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError):
+            # the field after the ")" that closes the command name: state, then ppid
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            children.setdefault(ppid, []).append(int(stat.parent.name))
+    out, todo = [], [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            out.append(c)
+            todo.append(c)
+    return out
 
 
 @pytest.mark.slow

@@ -106,7 +106,11 @@ def cmd_train(argv: list[str]) -> int:
 
 
 def _launch_torchrun(nproc: int, argv: list[str]) -> int:
-    """`rlvr train --nproc N ...` = `torchrun --standalone --nproc-per-node N -m rlvr train ...`."""
+    """`rlvr train --nproc N ...` = `torchrun --standalone --nproc-per-node N -m rlvr train ...`,
+    all on loopback: torchrun would otherwise give the ranks this machine's hostname as
+    MASTER_ADDR, and where that name does not resolve (containers, CI sandboxes) every rank
+    waits out the store's 300 s connect timeout."""
+    import socket
     import subprocess
 
     rest, skip = [], False
@@ -122,13 +126,18 @@ def _launch_torchrun(nproc: int, argv: list[str]) -> int:
         "-m",
         "torch.distributed.run",
         "--standalone",
+        "--local-addr=127.0.0.1",
         f"--nproc-per-node={nproc}",
         "-m",
         "rlvr",
         "train",
         *rest,
     ]
-    return subprocess.call(cmd)
+    env = dict(os.environ)
+    loopback = [n for _, n in socket.if_nameindex() if n.startswith("lo")]
+    if loopback and "GLOO_SOCKET_IFNAME" not in env:  # gloo binds by hostname too
+        env["GLOO_SOCKET_IFNAME"] = loopback[0]
+    return subprocess.call(cmd, env=env)
 
 
 def cmd_eval(argv: list[str]) -> int:
