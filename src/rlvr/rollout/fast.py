@@ -175,18 +175,16 @@ class FastEngine:
         device = next(self.model.parameters()).device
         return self.pack_weights and device.type == "cpu" and packing_available()
 
-    def _packing(self, rows: int, compute_dtype) -> contextlib.AbstractContextManager:
-        """Packed CPU weights for this rollout. Under bf16 autocast (`model.autocast`) the
-        matmuls run in bf16 from bf16 packed copies (`compute_dtype`) and autocast is lifted
-        for the rest: measured, CPU attention in bf16 is slower than in fp32, and casting
-        the KV cache every step costs more again."""
-        if not self._packs():
+    def _packing(self, rows: int, compute_dtype, lean) -> contextlib.AbstractContextManager:
+        """Packed CPU weights for the modules' forwards in this rollout. Under bf16 autocast
+        (`model.autocast`) the matmuls run in bf16 from bf16 packed copies (`compute_dtype`)
+        while autocast is lifted for the rest (`generate`): measured, CPU attention in bf16 is
+        slower than in fp32, and casting the KV cache every step costs more again. In fp32
+        with a lean decoder the modules run only the prefill, which packing ~30 weights
+        (~10 ms) does not pay for."""
+        if not self._packs() or (lean is not None and compute_dtype is None):
             return contextlib.nullcontext()
-        stack = contextlib.ExitStack()
-        if compute_dtype is not None:
-            stack.enter_context(torch.autocast("cpu", enabled=False))
-        stack.enter_context(packed_linears(self.model, rows, compute_dtype=compute_dtype))
-        return stack
+        return packed_linears(self.model, rows, compute_dtype=compute_dtype)
 
     def _new_cache(self, max_len: int):
         config = self.model.config
@@ -220,7 +218,9 @@ class FastEngine:
         )
         compute_dtype = torch.bfloat16 if bf16 and self._packs() else None
         try:
-            with self._packing(len(prompt_ids) * params.n, compute_dtype):
+            with contextlib.ExitStack() as stack:
+                if compute_dtype is not None:
+                    stack.enter_context(torch.autocast("cpu", enabled=False))
                 return self._generate(prompt_ids, params, compute_dtype)
         finally:
             self.model.train(was_training)
@@ -249,21 +249,26 @@ class FastEngine:
         ids, prompt_mask = left_pad(unique, self.pad_id, device)
         P = ids.shape[1]
         cache = self._new_cache(P + T)
-        layout = None
+        lean = None
         if self._use_prefix(cache, device):
             cache.layers = [PrefixLayer(T) for _ in cache.layers]
+            if self.lean and self._packs():
+                lean = LeanDecoder.build(self.model, B, compute_dtype)
+        with self._packing(B, compute_dtype, lean):
+            return self._prefill_and_decode(
+                ids, prompt_mask, expand, cache, lean, generators, params, rows
+            )
+
+    def _prefill_and_decode(self, ids, prompt_mask, expand, cache, lean, generators, params, rows):
         # The trainer's positions: counting from each row's first real token.
         prefill_pos = (prompt_mask.cumsum(-1) - 1).clamp(min=0)
         logits = self._forward(ids, prompt_mask, prefill_pos, cache)
-
+        layout = None
         if isinstance(cache.layers[0], PrefixLayer):  # prompts stay once per prefill row
             layout = PrefixLayout.build(cache.layers, prompt_mask, expand)
         else:  # copy each prompt's cache rows to its samples (index_select along the batch)
             cache.reorder_cache(expand)
         logits = logits.index_select(0, expand)
-        lean = None
-        if layout is not None and self.lean and self.pack_weights:
-            lean = LeanDecoder.build(self.model, B, compute_dtype)
         with contextlib.ExitStack() as stack:
             if layout is not None:
                 stack.enter_context(prefix_decoding(self.model, layout))
