@@ -1,12 +1,14 @@
 """Shared-prefix decode attention (`rlvr.rollout.prefix_attention`) against SDPA over the
 expanded cache, a plain loop, and the `hf` engine on Llama and Qwen2."""
 
+import shutil
+
 import pytest
 import torch
 from torch import nn
 from transformers import AutoModelForCausalLM
 
-from rlvr.rollout import FastEngine, HFEngine, SamplingParams
+from rlvr.rollout import FastEngine, HFEngine, SamplingParams, native
 from rlvr.rollout.prefix_attention import (
     NAME,
     PrefixLayer,
@@ -17,7 +19,17 @@ from rlvr.rollout.prefix_attention import (
 )
 
 
-def _case(expand, U=3, P=5, t=4, Hkv=2, r=2, D=8, seed=0):
+@pytest.fixture(params=["torch", "native"])
+def path(request):
+    """Both implementations: the torch ops, and `rlvr.rollout.native`'s C kernel."""
+    if request.param == "native" and native.kernel() is None:
+        if shutil.which("cc") or shutil.which("gcc"):  # a compiler is here: it must build
+            pytest.fail(f"the native kernel did not build: {native.status()}")
+        pytest.skip(native.status())
+    return request.param
+
+
+def _case(expand, U=3, P=5, t=4, Hkv=2, r=2, D=8, seed=0, path="torch"):
     g = torch.Generator().manual_seed(seed)
     n = len(expand)
     expand = torch.tensor(expand)
@@ -30,7 +42,16 @@ def _case(expand, U=3, P=5, t=4, Hkv=2, r=2, D=8, seed=0):
     k, v = (torch.randn(n, Hkv, t, D, generator=g) for _ in range(2))
     q = torch.randn(n, Hkv * r, 1, D, generator=g)
     layout = PrefixLayout.build([layer], prompt_mask, expand)
+    layout.native = path == "native"
     return q, k, v, k_p, v_p, prompt_mask, expand, layout
+
+
+def _check_path(path, layout, q, k, v):
+    """The native case must really reach the kernel (not fall back because a layout differs)."""
+    n, H, _, D = q.shape
+    k_p, v_p = layout.layers[0].prefix
+    bias = layout.bias.reshape(n, -1)
+    assert native.fits(q.reshape(n, H, D), k_p, v_p, bias, layout.group, k, v), path
 
 
 class _Attn(nn.Module):
@@ -54,9 +75,10 @@ def _sdpa_reference(q, k, v, k_p, v_p, prompt_mask, rows):
     [[0, 0, 1, 1, 2, 2], [0, 1, 0, 2, 1, 0], [2, 2, 2, 0]],
     ids=["regular", "interleaved-duplicates", "uneven-groups"],
 )
-def test_matches_sdpa_over_the_expanded_cache(expand):
-    q, k, v, k_p, v_p, mask, rows, layout = _case(expand)
+def test_matches_sdpa_over_the_expanded_cache(expand, path):
+    q, k, v, k_p, v_p, mask, rows, layout = _case(expand, path=path)
     assert layout.regular == (expand == [0, 0, 1, 1, 2, 2])
+    _check_path(path, layout, q, k, v)
     with _layout(layout):
         out, _ = prefix_attention(_Attn(), q, k, v, None)
     torch.testing.assert_close(
@@ -64,11 +86,17 @@ def test_matches_sdpa_over_the_expanded_cache(expand):
     )
 
 
-def test_matches_a_loop_after_retiring_rows():
-    q, k, v, k_p, v_p, mask, rows, layout = _case([0, 0, 1, 1, 2, 2])
+@pytest.mark.parametrize(
+    "shape",
+    [dict(), dict(P=1, t=1, D=7), dict(P=9, t=13, Hkv=1, r=4, D=5), dict(Hkv=3, r=1, D=64)],
+    ids=["default", "one-each-odd-D", "mqa", "mha-D64"],
+)
+def test_matches_a_loop_after_retiring_rows(path, shape):
+    q, k, v, k_p, v_p, mask, rows, layout = _case([0, 0, 1, 1, 2, 2], path=path, **shape)
     keep = torch.tensor([1, 2, 5])
     layout.select(keep)
     q, k, v = q[keep], k[keep], v[keep]
+    _check_path(path, layout, q, k, v)
     with _layout(layout):
         out, _ = prefix_attention(_Attn(), q, k, v, None)
     r, D = q.shape[1] // k.shape[1], q.shape[-1]
@@ -79,6 +107,19 @@ def test_matches_a_loop_after_retiring_rows():
             values = torch.cat([v_p[row, h // r][real], v[i, h // r]])
             w = torch.softmax(keys @ q[i, h, 0] / D**0.5, dim=0)
             torch.testing.assert_close(out[i, 0, h], w @ values, atol=1e-5, rtol=1e-5)
+
+
+def test_own_tokens_read_from_a_slice_of_the_preallocated_buffer(path):
+    """In decoding the own keys are the first t slots of a (n, Hkv, T, D) buffer: strided."""
+    q, k, v, k_p, v_p, mask, rows, layout = _case([0, 0, 1, 1, 2, 2], t=3, path=path)
+    big_k, big_v = torch.randn(6, 2, 10, 8), torch.randn(6, 2, 10, 8)
+    big_k[:, :, :3], big_v[:, :, :3] = k, v
+    _check_path(path, layout, q, big_k[:, :, :3], big_v[:, :, :3])
+    with _layout(layout):
+        out, _ = prefix_attention(_Attn(), q, big_k[:, :, :3], big_v[:, :, :3], None)
+    torch.testing.assert_close(
+        out, _sdpa_reference(q, k, v, k_p, v_p, mask, rows), atol=1e-5, rtol=1e-5
+    )
 
 
 class _layout:

@@ -242,3 +242,19 @@ def test_filter_matches_loop_reference(top_k, top_p):
     want = reference_filter(logits, top_k, top_p)
     assert torch.equal(torch.isinf(got), torch.isinf(want))
     assert torch.equal(got[~torch.isinf(got)], logits[~torch.isinf(want)])
+
+
+@pytest.mark.parametrize(
+    "bad, field",
+    [
+        (dict(temperature=0.0), "temperature"),
+        (dict(temperature=float("nan")), "temperature"),
+        (dict(top_p=0.0), "top_p"),
+        (dict(top_p=1.5), "top_p"),
+        (dict(n=0), "n >= 1"),
+        (dict(top_k=-1), "top_k"),
+    ],
+)
+def test_sampling_params_refuse_values_that_would_give_nan_or_nothing(bad, field):
+    with pytest.raises(ValueError, match=field):
+        SamplingParams(**{"n": 2, "max_new_tokens": 4, **bad})

@@ -30,6 +30,22 @@ class SamplingParams:
     # does not depend on which other prompts share the batch (data-parallel ranks need this).
     row_seeds: tuple[int, ...] | None = None
 
+    def __post_init__(self):
+        # The trainer's config checks these by key; this guards direct library use, where
+        # temperature 0 would otherwise surface as NaN probabilities deep in sampling.
+        if not self.temperature > 0:
+            raise ValueError(
+                f"SamplingParams.temperature must be > 0 (got {self.temperature}); "
+                "for argmax decoding pass greedy=True"
+            )
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"SamplingParams.top_p must be in (0, 1] (got {self.top_p})")
+        if self.n < 1 or self.max_new_tokens < 0 or self.top_k < 0 or self.min_new_tokens < 0:
+            raise ValueError(
+                "SamplingParams: n >= 1, max_new_tokens >= 0, top_k >= 0 and "
+                f"min_new_tokens >= 0 expected, got {self}"
+            )
+
 
 @dataclass(frozen=True)
 class Rollout:

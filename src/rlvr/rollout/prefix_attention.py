@@ -31,6 +31,8 @@ import torch
 from transformers import AttentionInterface
 from transformers.cache_utils import StaticLayer
 
+from rlvr.rollout import native
+
 NAME = "rlvr_prefix"
 # Decoder-only families whose attention is `cache.update` then the registry's function, with
 # nothing else attended to (no sliding window used here: checked on the cache layers).
@@ -52,9 +54,9 @@ class PrefixLayer(StaticLayer):
         self.live = 0
 
     def update(self, key_states, value_states, *args, **kwargs):
-        if self.prefix is None:
-            self.prefix = (key_states, value_states)
-            return key_states, value_states
+        if self.prefix is None:  # contiguous: the native kernel reads it as (U, Hkv, P, D)
+            self.prefix = (key_states.contiguous(), value_states.contiguous())
+            return self.prefix
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         start, self.live = self.live, self.live + key_states.shape[-2]
@@ -90,6 +92,7 @@ class PrefixLayout:
     slot: torch.Tensor
     slots: int
     regular: bool
+    native: bool = False  # decode with rlvr.rollout.native's kernel where the tensors fit
 
     @classmethod
     def build(cls, layers: list, prompt_mask: torch.Tensor, expand: torch.Tensor) -> PrefixLayout:
@@ -108,7 +111,7 @@ class PrefixLayout:
         regular = min(counts) == slots and torch.equal(
             group, torch.arange(U, device=expand.device).repeat_interleave(slots)
         )
-        return cls(layers, bias, group, slot_t, slots, bool(regular))
+        return cls(layers, bias, group, slot_t, slots, bool(regular), native.kernel() is not None)
 
     def select(self, keep: torch.Tensor) -> None:
         """Rows `keep` stay live (the engine retired the others)."""
@@ -159,6 +162,11 @@ def prefix_attention(
     U, Hkv, P, _ = k_p.shape
     r = Hq // Hkv  # query heads per KV head: q head h reads KV head h // r
     scale = scaling if scaling is not None else D**-0.5
+    if lay.native:
+        q, bias = query.reshape(n, Hq, D), lay.bias.reshape(n, P)
+        if native.fits(q, k_p, v_p, bias, lay.group, key, value):
+            out = native.prefix_decode_attention(q, k_p, v_p, bias, lay.group, key, value, scale)
+            return out.view(n, 1, Hq, D), None
     q = query.view(n, Hkv, r, D)
     s_prompt = _to_rows(torch.matmul(_to_groups(q, lay, U), k_p.transpose(-1, -2)), lay, n, r)
     s_prompt = s_prompt * scale + lay.bias.to(s_prompt.dtype)

@@ -1,0 +1,111 @@
+/* One decoding step of attention over a prompt prefix stored once per group plus each row's
+ * own generated tokens (rlvr.rollout.prefix_attention holds the reference in torch ops).
+ *
+ * Eager torch spends this step in ~20 small ops (batched matmuls of one query row, softmax,
+ * regrouping copies); here it is one pass per (row, query head), parallel over both:
+ *
+ *   s_j = q . k_j * scale + bias_j    over the prompt's P keys, then the row's own t keys
+ *   out = sum_j softmax(s)_j v_j
+ *
+ * Built at first use by rlvr.rollout.native with the system C compiler; no -ffast-math (it
+ * would flush denormals process-wide and drop -inf handling), so the exponential below is a
+ * branch-free polynomial the compiler can vectorise. */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+/* exp(x) for x <= 0 (scores minus their max), Cephes' expf polynomial: ~1 ulp, 0 below
+ * -87.3 (which covers -inf from masked prompt padding). */
+static inline float exp_nonpositive(float x) {
+    float zero = x < -87.33654f ? 0.0f : 1.0f;
+    x = x < -87.33654f ? -87.33654f : x;
+    float fx = floorf(x * 1.44269504088896341f + 0.5f);
+    x = x - fx * 0.693359375f - fx * -2.12194440e-4f;
+    float z = x * x;
+    float y = ((((1.9875691500e-4f * x + 1.3981999507e-3f) * x + 8.3334519073e-3f) * x +
+                4.1665795894e-2f) * x + 1.6666665459e-1f) * x + 5.0000001201e-1f;
+    y = y * z + x + 1.0f;
+    int32_t bits = ((int32_t)fx + 127) << 23;
+    float pow2;
+    memcpy(&pow2, &bits, sizeof pow2);
+    return y * pow2 * zero;
+}
+
+/* s[j] = (q . k_j) * scale + (bias ? bias[j] : 0) for the `len` keys at k (row stride D);
+ * returns max_j s[j]. Four keys per pass, each dot product vectorised over D. */
+static float scores(const float *restrict q, const float *restrict k, const float *bias,
+                    int64_t len, int64_t D, float scale, float *restrict s) {
+    int64_t j = 0;
+    for (; j + 4 <= len; j += 4) {
+        const float *k0 = k + j * D, *k1 = k0 + D, *k2 = k1 + D, *k3 = k2 + D;
+        float a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f;
+#pragma omp simd reduction(+ : a0, a1, a2, a3)
+        for (int64_t d = 0; d < D; d++) {
+            a0 += q[d] * k0[d];
+            a1 += q[d] * k1[d];
+            a2 += q[d] * k2[d];
+            a3 += q[d] * k3[d];
+        }
+        s[j] = a0 * scale, s[j + 1] = a1 * scale, s[j + 2] = a2 * scale, s[j + 3] = a3 * scale;
+    }
+    for (; j < len; j++) {
+        const float *kj = k + j * D;
+        float a = 0.0f;
+#pragma omp simd reduction(+ : a)
+        for (int64_t d = 0; d < D; d++) a += q[d] * kj[d];
+        s[j] = a * scale;
+    }
+    float m = -INFINITY;
+    for (j = 0; j < len; j++) {
+        if (bias) s[j] += bias[j];
+        m = s[j] > m ? s[j] : m;
+    }
+    return m;
+}
+
+/* out += sum_j w[j] * v_j over `len` values at v (row stride D). */
+static void weighted_sum(const float *restrict w, const float *restrict v, int64_t len,
+                         int64_t D, float *restrict out) {
+    for (int64_t j = 0; j < len; j++) {
+        const float wj = w[j], *vj = v + j * D;
+#pragma omp simd
+        for (int64_t d = 0; d < D; d++) out[d] += wj * vj[d];
+    }
+}
+
+/* q, out: (n, Hq, D). Prompt keys/values kp, vp: (U, Hkv, P, D) contiguous; bias: (n, P)
+ * additive (0 or -inf); group: (n,) prompt of each row. Own keys/values ko, vo: row r, KV
+ * head h, token j at [r * own_row + h * own_head + j * D]. scratch: n * Hq * (P + t). A query
+ * head h reads KV head h / (Hq / Hkv). */
+void rlvr_prefix_decode_attention(const float *q, int64_t n, int64_t Hq, int64_t Hkv,
+                                  int64_t D, const float *kp, const float *vp, int64_t P,
+                                  const float *bias, const int64_t *group, const float *ko,
+                                  const float *vo, int64_t t, int64_t own_row,
+                                  int64_t own_head, float scale, float *out, float *scratch,
+                                  int threads) {
+    const int64_t per_kv = Hq / Hkv, L = P + t;
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t i = 0; i < n * Hq; i++) {
+        const int64_t row = i / Hq, kv = (i % Hq) / per_kv, u = group[row];
+        const float *qi = q + i * D;
+        const float *kpi = kp + (u * Hkv + kv) * P * D, *vpi = vp + (u * Hkv + kv) * P * D;
+        const float *koi = ko + row * own_row + kv * own_head;
+        const float *voi = vo + row * own_row + kv * own_head;
+        float *s = scratch + i * L, *o = out + i * D;
+        float m = scores(qi, kpi, bias + row * P, P, D, scale, s);
+        float m_own = scores(qi, koi, 0, t, D, scale, s + P);
+        m = m_own > m ? m_own : m;
+        float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+        for (int64_t j = 0; j < L; j++) {
+            s[j] = exp_nonpositive(s[j] - m);
+            sum += s[j];
+        }
+        const float inv = 1.0f / sum;
+#pragma omp simd
+        for (int64_t j = 0; j < L; j++) s[j] *= inv;
+        for (int64_t d = 0; d < D; d++) o[d] = 0.0f;
+        weighted_sum(s, vpi, P, D, o);
+        weighted_sum(s + P, voi, t, D, o);
+    }
+}

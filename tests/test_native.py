@@ -1,0 +1,104 @@
+"""`rlvr.rollout.native`: the C decode-attention kernel's build, cache, fallback and guards
+(its numbers are checked against torch in tests/test_prefix_attention.py)."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from rlvr.rollout import native
+
+HAVE_CC = bool(shutil.which("cc") or shutil.which("gcc"))
+
+
+def _status(tmp_path, **env) -> dict:
+    """native.status() and a short greedy generation's tokens, in a fresh process."""
+    code = """
+import json, torch
+from rlvr.models import build_tiny_model, build_tokenizer
+from rlvr.rollout import FastEngine, SamplingParams, native
+tok = build_tokenizer()
+model = build_tiny_model(tok, seed=0)
+engine = FastEngine(model, pad_id=tok.pad_token_id, eos_ids=[tok.eos_token_id])
+prompts = [tok("12+7=")["input_ids"], tok("3*4=")["input_ids"]]
+out = engine.generate(prompts, SamplingParams(n=3, max_new_tokens=6, greedy=True))
+print(json.dumps({"status": native.status(), "tokens": out.completion_ids.tolist()}))
+"""
+    full_env = {**os.environ, "RLVR_CACHE_DIR": str(tmp_path / "cache"), **env}
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=full_env, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.skipif(not HAVE_CC, reason="no C compiler on this machine")
+def test_builds_once_into_the_cache_and_matches_the_torch_path(tmp_path):
+    on = _status(tmp_path)
+    assert on["status"] == "on"
+    built = list((tmp_path / "cache" / "kernels").glob("prefix_decode-*.so"))
+    assert len(built) == 1
+    mtime = built[0].stat().st_mtime_ns
+    assert _status(tmp_path)["status"] == "on"  # second process: loaded, not rebuilt
+    assert built[0].stat().st_mtime_ns == mtime
+    assert not [p for p in built[0].parent.iterdir() if p.is_dir()], "a build dir was left"
+    off = _status(tmp_path, RLVR_NATIVE="0")
+    assert off["status"] == "off: RLVR_NATIVE=0"
+    assert on["tokens"] == off["tokens"]  # greedy: same tokens with or without the kernel
+
+
+def test_a_broken_compiler_falls_back_with_the_reason(tmp_path):
+    fake = tmp_path / "cc"
+    fake.write_text("#!/bin/sh\necho 'fake cc 1.0'\necho 'no such thing' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    res = _status(tmp_path, CC=str(fake))
+    assert res["status"].startswith("off: ") and "no such thing" in res["status"]
+    assert len(res["tokens"]) == 6  # generation still ran, on the torch path
+
+
+def _tensors(n=4, Hq=4, Hkv=2, U=2, P=3, t=2, D=8):
+    return dict(
+        q=torch.randn(n, Hq, D),
+        k_prompt=torch.randn(U, Hkv, P, D),
+        v_prompt=torch.randn(U, Hkv, P, D),
+        bias=torch.zeros(n, P),
+        group=torch.tensor([0, 0, 1, 1]),
+        k_own=torch.randn(n, Hkv, t, D),
+        v_own=torch.randn(n, Hkv, t, D),
+    )
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda a: a.update(q=a["q"].double()),
+        lambda a: a.update(k_prompt=a["k_prompt"].transpose(2, 3).contiguous().transpose(2, 3)),
+        lambda a: a.update(k_own=a["k_own"].transpose(2, 3).contiguous().transpose(2, 3)),
+        lambda a: a.update(v_own=a["v_own"][:, :, :1]),
+        lambda a: a.update(bias=a["bias"][:, :2]),
+        lambda a: a.update(group=a["group"].int()),
+        lambda a: a.update(group=a["group"][:3]),
+        lambda a: a.update(q=torch.randn(4, 3, 8)),  # 3 query heads on 2 KV heads
+        lambda a: a.update(k_prompt=torch.randn(2, 2, 3, 4), v_prompt=torch.randn(2, 2, 3, 4)),
+    ],
+    ids=[
+        "fp64-query",
+        "prompt-not-contiguous",
+        "own-keys-transposed",
+        "v-own-shorter",
+        "bias-short",
+        "group-int32",
+        "group-short",
+        "heads-not-divisible",
+        "head-dim-differs",
+    ],
+)
+def test_fits_refuses_what_the_kernel_would_misread(change):
+    args = _tensors()
+    assert native.fits(**args)
+    change(args)
+    assert not native.fits(**args)
