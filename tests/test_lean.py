@@ -2,6 +2,8 @@
 logits within 1e-5 on Llama, Qwen2 (q/k/v biases) and Qwen3 (per-head q/k norms), with GQA,
 left padding and duplicated prompts; and refusal where a part is not the plain one."""
 
+import shutil
+
 import pytest
 import torch
 from transformers import (
@@ -13,7 +15,7 @@ from transformers import (
     Qwen3ForCausalLM,
 )
 
-from rlvr.rollout import FastEngine, HFEngine, SamplingParams
+from rlvr.rollout import FastEngine, HFEngine, SamplingParams, native
 from rlvr.rollout.fast import _LiveLayer
 from rlvr.rollout.hf import left_pad
 from rlvr.rollout.lean import LeanDecoder
@@ -76,14 +78,34 @@ def _prefilled(model, prompts, G):
     return cache, PrefixLayout.build(cache.layers, mask, expand), mask.sum(-1)[expand]
 
 
-def test_step_logits_match_the_modules(model):
+@pytest.fixture(params=["torch", "native"])
+def path(request):
+    """The lean step's attention: torch ops, or `rlvr.rollout.native`'s fused RoPE + cache
+    write + attention kernel."""
+    if request.param == "native" and native.rope_kernel() is None:
+        if shutil.which("cc") or shutil.which("gcc"):  # a compiler is here: it must build
+            pytest.fail(f"the native kernel did not build: {native.status()}")
+        pytest.skip(native.status())
+    return request.param
+
+
+def test_step_logits_match_the_modules(model, path):
+    """Four steps, rows retired after the second; the reference is the modules with the
+    torch attention path."""
     prompts = [[5, 6, 7, 8, 9], [10, 11], [12, 13, 14]]
     lean = LeanDecoder.build(model, rows=6)
     assert lean is not None
     c_lean, lay_lean, pos = _prefilled(model, prompts, G=2)
     c_ref, lay_ref, _ = _prefilled(model, prompts, G=2)
+    lay_lean.native, lay_ref.native = path == "native", False
     tokens = torch.tensor([20, 21, 22, 23, 24, 25])
-    for t in range(3):  # three steps: the own-token cache grows in both
+    for t in range(4):  # the own-token cache grows in both
+        if t == 2:  # retire rows 1, 3 and 4, as the engine does
+            keep = torch.tensor([0, 2, 5])
+            for cache, lay in ((c_lean, lay_lean), (c_ref, lay_ref)):
+                cache.reorder_cache(keep)
+                lay.select(keep)
+            tokens, pos = tokens[keep], pos[keep]
         with prefix_decoding(model, lay_lean):
             got = lean.step(tokens, pos + t, c_lean)
         with prefix_decoding(model, lay_ref), torch.no_grad():
@@ -92,6 +114,7 @@ def test_step_logits_match_the_modules(model):
             ).logits[:, -1]
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
         tokens = want.argmax(-1)
+    assert [layer.live for layer in c_lean.layers] == [4] * len(c_lean.layers)
 
 
 def test_greedy_same_tokens_as_hf(model):

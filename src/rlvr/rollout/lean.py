@@ -19,8 +19,9 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from rlvr.rollout import native
 from rlvr.rollout.packed import pack_linear, packable, packing_available
-from rlvr.rollout.prefix_attention import PREFIX_MODEL_TYPES, prefix_attention
+from rlvr.rollout.prefix_attention import PREFIX_MODEL_TYPES, current_layout, prefix_attention
 
 _SILU = frozenset({"SiLU", "SiLUActivation"})  # torch's and transformers' SiLU modules
 
@@ -76,10 +77,34 @@ class _Layer:
         self.k_norm = _norm(getattr(a, "k_norm", None))
         self.module = a  # prefix_attention reads its layer_idx
 
+    def _native_attention(self, qkv, cos, sin, cache) -> torch.Tensor | None:
+        """RoPE, cache write and attention in one native call, or None where it can't run
+        (no kernel, Qwen3's q/k norms, a layout the kernel does not read)."""
+        lay = current_layout()
+        if self.q_norm is not None or lay is None or not lay.native or native.rope_kernel() is None:
+            return None
+        n, heads = qkv.shape[0], (self.Hq, self.Hkv, self.D)
+        layer = cache.layers[self.idx]
+        keys, values = layer.buffers(qkv.new_empty(n, self.Hkv, 1, self.D))
+        k_p, v_p = layer.prefix
+        args = (qkv, cos, sin, heads, keys, values, layer.live + 1, k_p, v_p)
+        args += (lay.bias.reshape(n, -1), lay.group)
+        if not native.fits_rope(*args):
+            return None
+        out = native.rope_cache_attention(*args, self.scaling)
+        layer.live += 1
+        return out
+
     def __call__(self, h, cos, sin, cache) -> torch.Tensor:
         n, (Hq, Hkv, D) = h.shape[0], (self.Hq, self.Hkv, self.D)
         x = _rms(h, self.n1)
-        q, k, v = self.qkv(x).split([Hq * D, Hkv * D, Hkv * D], dim=-1)
+        qkv = self.qkv(x)
+        attn = self._native_attention(qkv, cos.view(n, D), sin.view(n, D), cache)
+        if attn is not None and self.post_ops:
+            return self._mlp(self.o.binary(attn, h, "add"))  # h + o(attn)
+        if attn is not None:
+            return self._mlp(h + self.o(attn))
+        q, k, v = qkv.split([Hq * D, Hkv * D, Hkv * D], dim=-1)
         q, k, v = q.view(n, Hq, D), k.view(n, Hkv, D), v.view(n, Hkv, D)
         if self.q_norm is not None:  # Qwen3: RMSNorm over each head before RoPE
             q, k = _rms(q, self.q_norm), _rms(k, self.k_norm)
@@ -88,12 +113,16 @@ class _Layer:
         keys, values = cache.layers[self.idx].update(k[:, :, None], v[:, :, None])
         attn, _ = prefix_attention(self.module, q[:, :, None], keys, values, None, self.scaling)
         if self.post_ops:
-            h = self.o.binary(attn.reshape(n, Hq * D), h, "add")  # h + o(attn)
-            x = _rms(h, self.n2)
+            return self._mlp(self.o.binary(attn.reshape(n, Hq * D), h, "add"))  # h + o(attn)
+        return self._mlp(h + self.o(attn.reshape(n, Hq * D)))
+
+    def _mlp(self, h: torch.Tensor) -> torch.Tensor:
+        """h + down(act(gate(x)) * up(x)), x = norm(h)."""
+        x = _rms(h, self.n2)
+        if self.post_ops:
             mlp = self.up.binary(x, self.gate.unary(x, "swish"), "mul")  # up(x) * silu(gate(x))
             return self.down.binary(mlp, h, "add")
-        h = h + self.o(attn.reshape(n, Hq * D))
-        gate, up = self.gate_up(_rms(h, self.n2)).chunk(2, dim=-1)
+        gate, up = self.gate_up(x).chunk(2, dim=-1)
         return h + self.down(self.act(gate) * up)
 
 

@@ -84,11 +84,16 @@ def _load():
         lib = ctypes.CDLL(str(_compile(cc)))
     except (OSError, RuntimeError, subprocess.SubprocessError) as e:
         return None, f"off: {e}"
+    i64, ptr, f32, i32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float, ctypes.c_int
     fn = lib.rlvr_prefix_decode_attention
-    i64, ptr = ctypes.c_int64, ctypes.c_void_p
     fn.argtypes = [ptr, i64, i64, i64, i64, ptr, ptr, i64, ptr, ptr, ptr, ptr, i64, i64, i64]
-    fn.argtypes += [ctypes.c_float, ptr, ptr, ctypes.c_int]
+    fn.argtypes += [f32, ptr, ptr, i32]
     fn.restype = None
+    rope = lib.rlvr_rope_cache_attention
+    rope.argtypes = [ptr, ptr, ptr, i64, i64, i64, i64, ptr, ptr, i64, ptr, ptr, ptr, ptr, i64]
+    rope.argtypes += [i64, i64, f32, ptr, ptr, i32]
+    rope.restype = None
+    _state["rope"] = rope
     return fn, "on"
 
 
@@ -97,6 +102,85 @@ def kernel():
     if "fn" not in _state:
         _state["fn"], _state["status"] = _load()
     return _state["fn"]
+
+
+def rope_kernel():
+    """The compiled `rlvr_rope_cache_attention`, or None (see `status`)."""
+    return _state.get("rope") if kernel() is not None else None
+
+
+def rope_cache_attention(
+    qkv: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    heads: tuple[int, int, int],
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    t: int,
+    k_prompt: torch.Tensor,
+    v_prompt: torch.Tensor,
+    bias: torch.Tensor,
+    group: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """A decoding step's attention from the q/k/v matmul's output: RoPE on q and k, the new
+    key and value written to slot `t - 1` of the rows' own cache buffers, then the prefix
+    attention. qkv (n, (Hq + 2 Hkv) D); cos, sin (n, D); heads (Hq, Hkv, D); k/v_cache
+    (n, Hkv, T, D) contiguous, T >= t. Returns (n, Hq * D). Check `fits_rope` first."""
+    Hq, Hkv, D = heads
+    n = qkv.shape[0]
+    P = k_prompt.shape[2]
+    out = torch.empty(n, Hq * D, dtype=torch.float32)
+    scratch = torch.empty(n * Hq * (P + t + D), dtype=torch.float32)
+    _state["rope"](
+        qkv.data_ptr(),
+        cos.data_ptr(),
+        sin.data_ptr(),
+        n,
+        Hq,
+        Hkv,
+        D,
+        k_prompt.data_ptr(),
+        v_prompt.data_ptr(),
+        P,
+        bias.data_ptr(),
+        group.data_ptr(),
+        k_cache.data_ptr(),
+        v_cache.data_ptr(),
+        t,
+        k_cache.stride(0),
+        k_cache.stride(1),
+        scale,
+        out.data_ptr(),
+        scratch.data_ptr(),
+        torch.get_num_threads(),
+    )
+    return out
+
+
+def fits_rope(qkv, cos, sin, heads, k_cache, v_cache, t, k_prompt, v_prompt, bias, group):
+    """Whether `rope_cache_attention` may run on these (it trusts shapes and layouts)."""
+    Hq, Hkv, D = heads
+    n = qkv.shape[0]
+    if D % 2 or Hq % Hkv or k_cache.dim() != 4 or k_prompt.dim() != 4:
+        return False
+    U, _, P, _ = k_prompt.shape
+    tensors = (qkv, cos, sin, k_cache, v_cache, k_prompt, v_prompt, bias)
+    return (
+        all(x.dtype == torch.float32 and x.device.type == "cpu" for x in tensors)
+        and all(x.is_contiguous() for x in (*tensors, group))
+        and qkv.shape == (n, (Hq + 2 * Hkv) * D)
+        and cos.shape == sin.shape == (n, D)
+        and k_cache.shape == v_cache.shape
+        and k_cache.shape[0] == n
+        and k_cache.shape[1] == Hkv
+        and k_cache.shape[3] == D
+        and 1 <= t <= k_cache.shape[2]
+        and k_prompt.shape == v_prompt.shape == (U, Hkv, P, D)
+        and bias.shape == (n, P)
+        and group.shape == (n,)
+        and group.dtype == torch.int64
+    )
 
 
 def status() -> str:

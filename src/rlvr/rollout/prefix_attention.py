@@ -64,6 +64,14 @@ class PrefixLayer(StaticLayer):
         self.values[:, :, start : self.live] = value_states
         return self.keys[:, :, : self.live], self.values[:, :, : self.live]
 
+    def buffers(self, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The own-token buffers (n, Hkv, max_new_tokens, D), allocated on first use from
+        `like` (n, Hkv, 1, D), for a caller that writes slot `live` itself and then counts
+        it (`live += 1`): the lean decoder's native step."""
+        if not self.is_initialized:
+            self.lazy_initialization(like, like)
+        return self.keys, self.values
+
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         return self.live + query_length, 0  # the prefill's mask (later steps build none)
 
@@ -120,6 +128,11 @@ class PrefixLayout:
 
 
 _LAYOUT: contextvars.ContextVar[PrefixLayout | None] = contextvars.ContextVar(NAME, default=None)
+
+
+def current_layout() -> PrefixLayout | None:
+    """The layout `prefix_decoding` set, if any."""
+    return _LAYOUT.get()
 
 
 def _to_groups(x: torch.Tensor, lay: PrefixLayout, U: int) -> torch.Tensor:

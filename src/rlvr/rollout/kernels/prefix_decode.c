@@ -73,6 +73,28 @@ static void weighted_sum(const float *restrict w, const float *restrict v, int64
     }
 }
 
+/* One (row, query head): softmax over [prompt keys | own keys] of q's scores, times values. */
+static void attend(const float *restrict qi, const float *kpi, const float *vpi,
+                   const float *b, int64_t P, const float *koi, const float *voi, int64_t t,
+                   int64_t D, float scale, float *restrict s, float *restrict o) {
+    const int64_t L = P + t;
+    float m = scores(qi, kpi, b, P, D, scale, s);
+    float m_own = scores(qi, koi, 0, t, D, scale, s + P);
+    m = m_own > m ? m_own : m;
+    float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t j = 0; j < L; j++) {
+        s[j] = exp_nonpositive(s[j] - m);
+        sum += s[j];
+    }
+    const float inv = 1.0f / sum;
+#pragma omp simd
+    for (int64_t j = 0; j < L; j++) s[j] *= inv;
+    for (int64_t d = 0; d < D; d++) o[d] = 0.0f;
+    weighted_sum(s, vpi, P, D, o);
+    weighted_sum(s + P, voi, t, D, o);
+}
+
 /* q, out: (n, Hq, D). Prompt keys/values kp, vp: (U, Hkv, P, D) contiguous; bias: (n, P)
  * additive (0 or -inf); group: (n,) prompt of each row. Own keys/values ko, vo: row r, KV
  * head h, token j at [r * own_row + h * own_head + j * D]. scratch: n * Hq * (P + t). A query
@@ -83,29 +105,58 @@ void rlvr_prefix_decode_attention(const float *q, int64_t n, int64_t Hq, int64_t
                                   const float *vo, int64_t t, int64_t own_row,
                                   int64_t own_head, float scale, float *out, float *scratch,
                                   int threads) {
-    const int64_t per_kv = Hq / Hkv, L = P + t;
+    const int64_t per_kv = Hq / Hkv;
 #pragma omp parallel for schedule(static) num_threads(threads)
     for (int64_t i = 0; i < n * Hq; i++) {
         const int64_t row = i / Hq, kv = (i % Hq) / per_kv, u = group[row];
-        const float *qi = q + i * D;
-        const float *kpi = kp + (u * Hkv + kv) * P * D, *vpi = vp + (u * Hkv + kv) * P * D;
-        const float *koi = ko + row * own_row + kv * own_head;
-        const float *voi = vo + row * own_row + kv * own_head;
-        float *s = scratch + i * L, *o = out + i * D;
-        float m = scores(qi, kpi, bias + row * P, P, D, scale, s);
-        float m_own = scores(qi, koi, 0, t, D, scale, s + P);
-        m = m_own > m ? m_own : m;
-        float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-        for (int64_t j = 0; j < L; j++) {
-            s[j] = exp_nonpositive(s[j] - m);
-            sum += s[j];
-        }
-        const float inv = 1.0f / sum;
+        const int64_t own = row * own_row + kv * own_head, pre = (u * Hkv + kv) * P * D;
+        attend(q + i * D, kp + pre, vp + pre, bias + row * P, P, ko + own, vo + own, t, D,
+               scale, scratch + i * (P + t), out + i * D);
+    }
+}
+
+/* x (D) rotated by RoPE into y: y = x * cos + rotate_half(x) * sin, rotate_half(x) =
+ * [-x2, x1] (the Llama family's convention; cos and sin hold D entries, halves repeated). */
+static inline void rope(const float *restrict x, const float *restrict c,
+                        const float *restrict sn, int64_t D, float *restrict y) {
+    const int64_t h = D / 2;
 #pragma omp simd
-        for (int64_t j = 0; j < L; j++) s[j] *= inv;
-        for (int64_t d = 0; d < D; d++) o[d] = 0.0f;
-        weighted_sum(s, vpi, P, D, o);
-        weighted_sum(s + P, voi, t, D, o);
+    for (int64_t d = 0; d < h; d++) y[d] = x[d] * c[d] - x[d + h] * sn[d];
+#pragma omp simd
+    for (int64_t d = h; d < D; d++) y[d] = x[d] * c[d] + x[d - h] * sn[d];
+}
+
+/* The whole attention half of a decoding step after the q/k/v matmul. qkv: (n, (Hq + 2 Hkv)
+ * D), each row [q heads | k heads | v heads]; cos, sin: (n, D). First every row's new key
+ * (rotated) and value are written to its own cache at token t - 1; then each (row, query
+ * head) rotates its query and attends over the prompt and the row's t own tokens. out:
+ * (n, Hq, D); scratch: n * Hq * (P + t + D). */
+void rlvr_rope_cache_attention(const float *qkv, const float *cos, const float *sin,
+                               int64_t n, int64_t Hq, int64_t Hkv, int64_t D,
+                               const float *kp, const float *vp, int64_t P, const float *bias,
+                               const int64_t *group, float *ko, float *vo, int64_t t,
+                               int64_t own_row, int64_t own_head, float scale, float *out,
+                               float *scratch, int threads) {
+    const int64_t per_kv = Hq / Hkv, width = (Hq + 2 * Hkv) * D, L = P + t;
+#pragma omp parallel num_threads(threads)
+    {
+#pragma omp for schedule(static)
+        for (int64_t i = 0; i < n * Hkv; i++) {
+            const int64_t row = i / Hkv, kv = i % Hkv;
+            const float *k = qkv + row * width + (Hq + kv) * D, *v = k + Hkv * D;
+            float *kd = ko + row * own_row + kv * own_head + (t - 1) * D;
+            float *vd = vo + row * own_row + kv * own_head + (t - 1) * D;
+            rope(k, cos + row * D, sin + row * D, D, kd);
+            memcpy(vd, v, (size_t)D * sizeof(float));
+        }  /* implicit barrier: every new key is written before any row attends */
+#pragma omp for schedule(static)
+        for (int64_t i = 0; i < n * Hq; i++) {
+            const int64_t row = i / Hq, h = i % Hq, kv = h / per_kv, u = group[row];
+            const int64_t own = row * own_row + kv * own_head, pre = (u * Hkv + kv) * P * D;
+            float *s = scratch + i * (L + D), *qr = s + L;
+            rope(qkv + row * width + h * D, cos + row * D, sin + row * D, D, qr);
+            attend(qr, kp + pre, vp + pre, bias + row * P, P, ko + own, vo + own, t, D, scale,
+                   s, out + i * D);
+        }
     }
 }
