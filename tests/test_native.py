@@ -102,3 +102,24 @@ def test_fits_refuses_what_the_kernel_would_misread(change):
     assert native.fits(**args)
     change(args)
     assert not native.fits(**args)
+
+
+@pytest.mark.skipif(not HAVE_CC, reason="no C compiler on this machine")
+def test_rms_norm_matches_the_llama_norm_and_a_loop():
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    torch.manual_seed(0)
+    norm = LlamaRMSNorm(24, eps=1e-6)
+    with torch.no_grad():
+        norm.weight.add_(torch.randn(24))
+    x = torch.randn(5, 3, 24) * 4
+    with torch.no_grad():
+        got = native.rms_norm(x, norm.weight, 1e-6)
+        torch.testing.assert_close(got, norm(x), atol=1e-6, rtol=1e-6)
+        for row in x.reshape(-1, 24):  # the formula, one row at a time
+            want = norm.weight * row / torch.sqrt((row * row).sum() / 24 + 1e-6)
+            torch.testing.assert_close(got.reshape(-1, 24)[0], want, atol=1e-6, rtol=1e-6)
+            got = got.reshape(-1, 24)[1:]
+    assert native.rms_norm(x.double(), norm.weight, 1e-6) is None
+    assert native.rms_norm(x.transpose(0, 1), norm.weight, 1e-6) is None
+    assert native.rms_norm(x, norm.weight[:12], 1e-6) is None

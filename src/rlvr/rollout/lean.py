@@ -133,6 +133,9 @@ def _norm(norm: nn.Module | None) -> tuple[torch.Tensor, float] | None:
 def _rms(x: torch.Tensor, norm: tuple[torch.Tensor, float]) -> torch.Tensor:
     """The Llama-family RMSNorm (fp32 statistics, weight times the input-dtype result)."""
     weight, eps = norm
+    out = native.rms_norm(x, weight, eps)
+    if out is not None:
+        return out
     return weight * F.rms_norm(x.float(), (x.shape[-1],), eps=eps).to(x.dtype)
 
 
@@ -142,7 +145,7 @@ class LeanDecoder:
 
     def __init__(self, model: nn.Module, rows: int, compute_dtype=None):
         inner = model.model
-        self.embed, self.rotary, self.norm = inner.embed_tokens, inner.rotary_emb, inner.norm
+        self.embed, self.rotary, self.norm = inner.embed_tokens, inner.rotary_emb, _norm(inner.norm)
         self.layers = [_Layer(layer, rows, compute_dtype) for layer in inner.layers]
         self.head = pack_linear(model.lm_head.weight, model.lm_head.bias, rows, compute_dtype)
 
@@ -185,4 +188,4 @@ class LeanDecoder:
         cos, sin = cos.to(h.dtype), sin.to(h.dtype)
         for layer in self.layers:
             h = layer(h, cos, sin, cache)
-        return self.head(self.norm(h))
+        return self.head(_rms(h, self.norm))

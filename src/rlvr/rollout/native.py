@@ -94,6 +94,10 @@ def _load():
     rope.argtypes += [i64, i64, f32, ptr, ptr, i32]
     rope.restype = None
     _state["rope"] = rope
+    rms = lib.rlvr_rms_norm
+    rms.argtypes = [ptr, ptr, i64, i64, f32, ptr]
+    rms.restype = None
+    _state["rms"] = rms
     return fn, "on"
 
 
@@ -107,6 +111,26 @@ def kernel():
 def rope_kernel():
     """The compiled `rlvr_rope_cache_attention`, or None (see `status`)."""
     return _state.get("rope") if kernel() is not None else None
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor | None:
+    """`weight * x / sqrt(mean(x^2, -1) + eps)` over the last dim of an fp32 CPU tensor, or
+    None where the kernel is off or the tensors are not contiguous fp32 of matching width."""
+    rms = _state.get("rms") if kernel() is not None else None
+    d = x.shape[-1]
+    if (
+        rms is None
+        or x.dtype != torch.float32
+        or weight.dtype != torch.float32
+        or x.device.type != "cpu"
+        or weight.shape != (d,)
+        or not x.is_contiguous()
+        or not weight.is_contiguous()
+    ):
+        return None
+    out = torch.empty_like(x)
+    rms(x.data_ptr(), weight.data_ptr(), x.numel() // d, d, eps, out.data_ptr())
+    return out
 
 
 def rope_cache_attention(
