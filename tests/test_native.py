@@ -123,3 +123,41 @@ def test_rms_norm_matches_the_llama_norm_and_a_loop():
     assert native.rms_norm(x.double(), norm.weight, 1e-6) is None
     assert native.rms_norm(x.transpose(0, 1), norm.weight, 1e-6) is None
     assert native.rms_norm(x, norm.weight[:12], 1e-6) is None
+
+
+@pytest.mark.skipif(not HAVE_CC, reason="no C compiler on this machine")
+@pytest.mark.parametrize("temperature", [1.0, 0.6])
+def test_sampler_draws_the_softmax_and_reports_its_log_probs(temperature):
+    """40,000 draws per case: each token's frequency within 4.5 standard errors of its
+    softmax probability; suppressed ids never drawn; log-probs are the unsuppressed
+    log-softmax at the drawn token."""
+    torch.manual_seed(0)
+    base = torch.tensor([[2.0, 1.0, 0.0, -1.0, 0.5, 3.0], [0.0, 0.0, 0.0, 0.0, 0.0, -50.0]])
+    logits = base.repeat_interleave(20_000, dim=0).contiguous()
+    suppress = torch.tensor([5])
+    tokens, log_probs = native.sample(logits, temperature, suppress)
+    full = torch.log_softmax(base / temperature, dim=-1)
+    allowed = torch.softmax((base / temperature).index_fill(-1, suppress, float("-inf")), -1)
+    for row in range(2):
+        drawn = tokens[row * 20_000 : (row + 1) * 20_000]
+        freq = torch.bincount(drawn, minlength=6).double() / 20_000
+        p = allowed[row].double()
+        se = (p * (1 - p) / 20_000).sqrt()
+        assert ((freq - p).abs() <= 4.5 * se + 1e-12).all(), (row, freq, p)
+        assert freq[5] == 0
+    torch.testing.assert_close(
+        log_probs, full.repeat_interleave(20_000, 0).gather(1, tokens[:, None]).squeeze(1)
+    )
+
+
+@pytest.mark.skipif(not HAVE_CC, reason="no C compiler on this machine")
+def test_sampler_follows_the_global_seed_and_declines_what_it_does_not_do():
+    logits = torch.randn(8, 50)
+    torch.manual_seed(3)
+    a = native.sample(logits, 1.0, None)
+    torch.manual_seed(3)
+    b = native.sample(logits, 1.0, None)
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+    assert native.sample(logits.double(), 1.0, None) is None
+    assert native.sample(logits.t(), 1.0, None) is None
+    assert native.sample(logits, 1.0, torch.arange(50)) is None  # nothing left: torch raises

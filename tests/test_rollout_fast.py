@@ -110,10 +110,11 @@ def test_greedy_same_tokens_as_hf(model, tok, prompts, eos_ids, hf_greedy, fast_
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
-def test_sampling_log_probs_match_trainer(model, tok, prompts, eos_ids, temperature):
-    params = SamplingParams(
-        n=4, max_new_tokens=20, temperature=temperature, top_k=30, top_p=0.95, seed=3
-    )
+@pytest.mark.parametrize(
+    "filters", [dict(top_k=30, top_p=0.95), dict()], ids=["filtered", "plain-native-sampler"]
+)
+def test_sampling_log_probs_match_trainer(model, tok, prompts, eos_ids, temperature, filters):
+    params = SamplingParams(n=4, max_new_tokens=20, temperature=temperature, seed=3, **filters)
     fast = FastEngine(model, pad_id=tok.pad_token_id, eos_ids=[*eos_ids, tok.eos_token_id])
     r = fast.generate(prompts, params)
     assert r.truncated.any() and not r.truncated.all()

@@ -49,7 +49,7 @@ from rlvr.metrics import NullLogger, RunLogger
 from rlvr.models import autocast, load_tokenizer
 from rlvr.policy import Policy, load_policy
 from rlvr.prompts import PromptSource, load_prompts
-from rlvr.rollout import ENGINES, SamplingParams, derive_seed
+from rlvr.rollout import ENGINES, SamplingParams, derive_seed, native
 from rlvr.rundir import prepare_run_dir, truncate_jsonl
 from rlvr.scoring import Scorer
 from rlvr.signals import StopSignal
@@ -338,6 +338,9 @@ def _train(
             "reference": run.policy.reference_kind,
             "world_size": d.world_size,
             "parallel": cfg.train.parallel if d.enabled else "none",
+            "engine": cfg.rollout.engine,
+            # whether the fast engine's C kernels ran, or why not (rlvr.rollout.native)
+            "native_kernels": native.status() if cfg.rollout.engine == "fast" else "unused",
             "wall_time_s": time.time() - t_start,
         }
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))

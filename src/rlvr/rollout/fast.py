@@ -6,7 +6,9 @@ What it saves over `model.generate` (the `hf` engine):
   rows); for the Llama family on CPU its KV rows are then kept once and read by all G samples
   (`rlvr.rollout.prefix_attention`), elsewhere they are copied to the G samples;
 - for the Llama family on CPU, decoding steps run the layer math directly on fused packed
-  weights (`rlvr.rollout.lean`) instead of through the modules;
+  weights (`rlvr.rollout.lean`) instead of through the modules, with RoPE, the cache write,
+  the attention and RMSNorm as small C kernels built on first use (`rlvr.rollout.native`;
+  the torch code is the fallback and the reference they are tested against);
 - the KV cache is preallocated (`StaticCache`: written in place, never grown by `torch.cat`);
 - the 2D attention mask is built once (prompt padding, then ones for every generation slot:
   the causal mask already hides the slots not yet written);
@@ -30,6 +32,7 @@ from transformers import DynamicCache, PreTrainedModel, StaticCache
 from transformers.cache_utils import StaticLayer
 
 from rlvr.models import cache_kwarg
+from rlvr.rollout import native
 from rlvr.rollout.base import Rollout, SamplingParams, lengths_from_eos
 from rlvr.rollout.hf import left_pad
 from rlvr.rollout.lean import LeanDecoder
@@ -76,6 +79,11 @@ def sample_tokens(
     `min_new_tokens`) can't be chosen. The returned log-prob is always the unfiltered one,
     as the trainer computes it.
     """
+    plain = not params.greedy and generators is None and params.top_p >= 1.0
+    if plain and not 0 < params.top_k < logits.shape[-1]:  # one C pass (rlvr.rollout.native)
+        drawn = native.sample(logits, params.temperature, suppress)
+        if drawn is not None:
+            return drawn
     scaled = logits.float() / params.temperature
     choice = scaled if suppress is None else scaled.index_fill(-1, suppress, float("-inf"))
     if params.greedy:

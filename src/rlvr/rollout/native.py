@@ -98,6 +98,10 @@ def _load():
     rms.argtypes = [ptr, ptr, i64, i64, f32, ptr]
     rms.restype = None
     _state["rms"] = rms
+    sample = lib.rlvr_sample
+    sample.argtypes = [ptr, i64, i64, f32, ptr, ptr, i64, ptr, ptr, ptr, i32]
+    sample.restype = None
+    _state["sample"] = sample
     return fn, "on"
 
 
@@ -131,6 +135,45 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor 
     out = torch.empty_like(x)
     rms(x.data_ptr(), weight.data_ptr(), x.numel() // d, d, eps, out.data_ptr())
     return out
+
+
+def sample(
+    logits: torch.Tensor, temperature: float, suppress: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Tokens drawn from softmax(logits / temperature) of (n, V) fp32 CPU logits, `suppress`
+    ids excluded from the draw, and their log-probs under the unsuppressed softmax; one
+    `torch.rand` uniform per row (the global generator, so seeds and resume work as for
+    `torch.multinomial`, though the draws differ from its). None where the kernel is off or
+    the logits are not contiguous fp32 on the CPU."""
+    fn = _state.get("sample") if kernel() is not None else None
+    if fn is None or logits.dtype != torch.float32 or logits.device.type != "cpu":
+        return None
+    if logits.dim() != 2 or not logits.is_contiguous():
+        return None
+    n, V = logits.shape
+    if suppress is None:
+        suppress = torch.empty(0, dtype=torch.int64)
+    suppress = suppress.to(torch.int64).contiguous()
+    if suppress.numel() >= V:  # possibly nothing left to draw: torch's path raises for it
+        return None
+    u = torch.rand(n)
+    tokens = torch.empty(n, dtype=torch.int64)
+    log_probs = torch.empty(n, dtype=torch.float32)
+    scratch = torch.empty(n * V, dtype=torch.float32)
+    fn(
+        logits.data_ptr(),
+        n,
+        V,
+        1.0 / temperature,
+        u.data_ptr(),
+        suppress.data_ptr(),
+        suppress.numel(),
+        tokens.data_ptr(),
+        log_probs.data_ptr(),
+        scratch.data_ptr(),
+        torch.get_num_threads(),
+    )
+    return tokens, log_probs
 
 
 def rope_cache_attention(

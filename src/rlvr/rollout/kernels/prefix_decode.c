@@ -176,3 +176,44 @@ void rlvr_rms_norm(const float *x, const float *w, int64_t n, int64_t d, float e
         for (int64_t j = 0; j < d; j++) o[j] = w[j] * (xr[j] * inv);
     }
 }
+
+/* Categorical sampling from softmax(logits * inv_temp) of n rows over V, by inverse CDF with
+ * one uniform u[r] in [0, 1) per row; ids in `suppress` (EOS before min_new_tokens) are
+ * excluded from the draw. log_probs[r]: the drawn token's log-probability under the
+ * unsuppressed softmax, as the trainer computes it. Sums in double, so that the walk and the
+ * total agree far below float rounding. Rows in parallel; scratch: n * V floats. */
+void rlvr_sample(const float *logits, int64_t n, int64_t V, float inv_temp, const float *u,
+                 const int64_t *suppress, int64_t n_suppress, int64_t *tokens,
+                 float *log_probs, float *scratch, int threads) {
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t r = 0; r < n; r++) {
+        const float *l = logits + r * V;
+        float *e = scratch + r * V, m = -INFINITY;
+        for (int64_t j = 0; j < V; j++) {
+            const float s = l[j] * inv_temp;
+            m = s > m ? s : m;
+        }
+#pragma omp simd
+        for (int64_t j = 0; j < V; j++) e[j] = exp_nonpositive(l[j] * inv_temp - m);
+        double z = 0.0;
+#pragma omp simd reduction(+ : z)
+        for (int64_t j = 0; j < V; j++) z += e[j];
+        const float lse = m + (float)log(z);
+        for (int64_t k = 0; k < n_suppress; k++)
+            if (suppress[k] >= 0 && suppress[k] < V) e[suppress[k]] = 0.0f;
+        double z_choice = 0.0;
+#pragma omp simd reduction(+ : z_choice)
+        for (int64_t j = 0; j < V; j++) z_choice += e[j];
+        const double target = (double)u[r] * z_choice;
+        double cum = 0.0;
+        int64_t tok = 0;
+        for (int64_t j = 0; j < V; j++) {
+            if (e[j] == 0.0f) continue;
+            tok = j; /* the last allowed id, should rounding leave cum <= target */
+            cum += e[j];
+            if (cum > target) break;
+        }
+        tokens[r] = tok;
+        log_probs[r] = l[tok] * inv_temp - lse;
+    }
+}
