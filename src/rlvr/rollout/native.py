@@ -159,7 +159,8 @@ def sample(
     u = torch.rand(n)
     tokens = torch.empty(n, dtype=torch.int64)
     log_probs = torch.empty(n, dtype=torch.float32)
-    scratch = torch.empty(n * V, dtype=torch.float32)
+    threads = torch.get_num_threads()
+    scratch = torch.empty(threads * V, dtype=torch.float32)
     fn(
         logits.data_ptr(),
         n,
@@ -171,7 +172,7 @@ def sample(
         tokens.data_ptr(),
         log_probs.data_ptr(),
         scratch.data_ptr(),
-        torch.get_num_threads(),
+        threads,
     )
     return tokens, log_probs
 
@@ -198,7 +199,8 @@ def rope_cache_attention(
     n = qkv.shape[0]
     P = k_prompt.shape[2]
     out = torch.empty(n, Hq * D, dtype=torch.float32)
-    scratch = torch.empty(n * Hq * (P + t + D), dtype=torch.float32)
+    threads = torch.get_num_threads()
+    scratch = torch.empty(threads * (P + t + D), dtype=torch.float32)
     _state["rope"](
         qkv.data_ptr(),
         cos.data_ptr(),
@@ -220,7 +222,7 @@ def rope_cache_attention(
         scale,
         out.data_ptr(),
         scratch.data_ptr(),
-        torch.get_num_threads(),
+        threads,
     )
     return out
 
@@ -275,7 +277,8 @@ def prefix_decode_attention(
     t = k_own.shape[2]
     q = q.contiguous()
     out = torch.empty_like(q)
-    scratch = torch.empty(n * Hq * (P + t), dtype=torch.float32)
+    threads = torch.get_num_threads()
+    scratch = torch.empty(threads * (P + t), dtype=torch.float32)
     fn(
         q.data_ptr(),
         n,
@@ -295,7 +298,7 @@ def prefix_decode_attention(
         scale,
         out.data_ptr(),
         scratch.data_ptr(),
-        torch.get_num_threads(),
+        threads,
     )
     return out
 

@@ -11,6 +11,7 @@
  * would flush denormals process-wide and drop -inf handling), so the exponential below is a
  * branch-free polynomial the compiler can vectorise. */
 #include <math.h>
+#include <omp.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -97,7 +98,7 @@ static void attend(const float *restrict qi, const float *kpi, const float *vpi,
 
 /* q, out: (n, Hq, D). Prompt keys/values kp, vp: (U, Hkv, P, D) contiguous; bias: (n, P)
  * additive (0 or -inf); group: (n,) prompt of each row. Own keys/values ko, vo: row r, KV
- * head h, token j at [r * own_row + h * own_head + j * D]. scratch: n * Hq * (P + t). A query
+ * head h, token j at [r * own_row + h * own_head + j * D]. scratch: threads * (P + t). A query
  * head h reads KV head h / (Hq / Hkv). */
 void rlvr_prefix_decode_attention(const float *q, int64_t n, int64_t Hq, int64_t Hkv,
                                   int64_t D, const float *kp, const float *vp, int64_t P,
@@ -111,7 +112,7 @@ void rlvr_prefix_decode_attention(const float *q, int64_t n, int64_t Hq, int64_t
         const int64_t row = i / Hq, kv = (i % Hq) / per_kv, u = group[row];
         const int64_t own = row * own_row + kv * own_head, pre = (u * Hkv + kv) * P * D;
         attend(q + i * D, kp + pre, vp + pre, bias + row * P, P, ko + own, vo + own, t, D,
-               scale, scratch + i * (P + t), out + i * D);
+               scale, scratch + omp_get_thread_num() * (P + t), out + i * D);
     }
 }
 
@@ -130,7 +131,7 @@ static inline void rope(const float *restrict x, const float *restrict c,
  * D), each row [q heads | k heads | v heads]; cos, sin: (n, D). First every row's new key
  * (rotated) and value are written to its own cache at token t - 1; then each (row, query
  * head) rotates its query and attends over the prompt and the row's t own tokens. out:
- * (n, Hq, D); scratch: n * Hq * (P + t + D). */
+ * (n, Hq, D); scratch: threads * (P + t + D). */
 void rlvr_rope_cache_attention(const float *qkv, const float *cos, const float *sin,
                                int64_t n, int64_t Hq, int64_t Hkv, int64_t D,
                                const float *kp, const float *vp, int64_t P, const float *bias,
@@ -153,7 +154,7 @@ void rlvr_rope_cache_attention(const float *qkv, const float *cos, const float *
         for (int64_t i = 0; i < n * Hq; i++) {
             const int64_t row = i / Hq, h = i % Hq, kv = h / per_kv, u = group[row];
             const int64_t own = row * own_row + kv * own_head, pre = (u * Hkv + kv) * P * D;
-            float *s = scratch + i * (L + D), *qr = s + L;
+            float *s = scratch + omp_get_thread_num() * (L + D), *qr = s + L;
             rope(qkv + row * width + h * D, cos + row * D, sin + row * D, D, qr);
             attend(qr, kp + pre, vp + pre, bias + row * P, P, ko + own, vo + own, t, D, scale,
                    s, out + i * D);
@@ -181,14 +182,14 @@ void rlvr_rms_norm(const float *x, const float *w, int64_t n, int64_t d, float e
  * one uniform u[r] in [0, 1) per row; ids in `suppress` (EOS before min_new_tokens) are
  * excluded from the draw. log_probs[r]: the drawn token's log-probability under the
  * unsuppressed softmax, as the trainer computes it. Sums in double, so that the walk and the
- * total agree far below float rounding. Rows in parallel; scratch: n * V floats. */
+ * total agree far below float rounding. Rows in parallel; scratch: threads * V floats. */
 void rlvr_sample(const float *logits, int64_t n, int64_t V, float inv_temp, const float *u,
                  const int64_t *suppress, int64_t n_suppress, int64_t *tokens,
                  float *log_probs, float *scratch, int threads) {
 #pragma omp parallel for schedule(static) num_threads(threads)
     for (int64_t r = 0; r < n; r++) {
         const float *l = logits + r * V;
-        float *e = scratch + r * V, m = -INFINITY;
+        float *e = scratch + omp_get_thread_num() * V, m = -INFINITY;
         for (int64_t j = 0; j < V; j++) {
             const float s = l[j] * inv_temp;
             m = s > m ? s : m;
