@@ -17,6 +17,7 @@ from rlvr.batching import (
 )
 from rlvr.config import Config
 from rlvr.distributed import Dist, is_sharded
+from rlvr.fused import fused_ops
 from rlvr.models import autocast
 
 
@@ -81,7 +82,10 @@ def _log_probs(model, micro: list[Sample], cfg: Config, pad_id: int, device, **k
     share = _share(cfg, model)
     mb = (collate_shared if share else collate)(micro, pad_id, device)
     score = shared_token_log_probs if share else token_log_probs
-    with autocast(cfg.model.autocast, device):
+    # Native RMSNorm / SiLU-gate passes (rlvr.fused). Not under gradient checkpointing: its
+    # recomputation runs in the backward, after this block, with the modules' own forwards.
+    fused = contextlib.nullcontext() if cfg.optim.gradient_checkpointing else fused_ops(model)
+    with autocast(cfg.model.autocast, device), fused:
         return mb, score(model, mb, temperature=cfg.rollout.temperature, **kw)
 
 

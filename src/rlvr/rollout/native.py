@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 _SOURCE = Path(__file__).with_name("kernels") / "prefix_decode.c"
-_FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11"]
+_FLAGS = ["-O3", "-march=native", "-fno-trapping-math", "-fopenmp", "-shared", "-fPIC", "-std=c11"]
 _state: dict = {}
 
 
@@ -102,7 +102,22 @@ def _load():
     sample.argtypes = [ptr, i64, i64, f32, ptr, ptr, i64, ptr, ptr, ptr, i32]
     sample.restype = None
     _state["sample"] = sample
+    training = {  # rlvr.fused: RMSNorm and the SiLU gate with their backward
+        "rms_norm_fwd": [ptr, ptr, i64, i64, f32, ptr, ptr, i32],
+        "rms_norm_bwd": [ptr, ptr, ptr, ptr, i64, i64, ptr, ptr, ptr, i32],
+        "silu_mul_fwd": [ptr, ptr, i64, ptr, i32],
+        "silu_mul_bwd": [ptr, ptr, ptr, i64, ptr, ptr, i32],
+    }
+    for name, argtypes in training.items():
+        f = getattr(lib, f"rlvr_{name}")
+        f.argtypes, f.restype = argtypes, None
+        _state[name] = f
     return fn, "on"
+
+
+def function(name: str):
+    """A compiled kernel by name (see `_load`), or None where the kernels are off."""
+    return _state.get(name) if kernel() is not None else None
 
 
 def kernel():

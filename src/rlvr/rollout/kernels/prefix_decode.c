@@ -26,10 +26,11 @@ static inline float exp_nonpositive(float x) {
     float y = ((((1.9875691500e-4f * x + 1.3981999507e-3f) * x + 8.3334519073e-3f) * x +
                 4.1665795894e-2f) * x + 1.6666665459e-1f) * x + 5.0000001201e-1f;
     y = y * z + x + 1.0f;
-    int32_t bits = ((int32_t)fx + 127) << 23;
-    float pow2;
-    memcpy(&pow2, &bits, sizeof pow2);
-    return y * pow2 * zero;
+    union {
+        int32_t i;
+        float f;
+    } pow2 = {.i = ((int32_t)fx + 127) << 23}; /* 2^fx: the exponent bits, type-punned */
+    return y * pow2.f * zero;
 }
 
 /* s[j] = (q . k_j) * scale + (bias ? bias[j] : 0) for the `len` keys at k (row stride D);
@@ -217,4 +218,93 @@ void rlvr_sample(const float *logits, int64_t n, int64_t V, float inv_temp, cons
         tokens[r] = tok;
         log_probs[r] = l[tok] * inv_temp - lse;
     }
+}
+
+/* ---- Training: RMSNorm and SiLU-gate with their backward (rlvr.fused) ---- */
+
+/* y = w * x * r per row, r = 1 / sqrt(mean(x^2) + eps) saved for the backward. */
+void rlvr_rms_norm_fwd(const float *x, const float *w, int64_t n, int64_t d, float eps,
+                       float *y, float *r, int threads) {
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t i = 0; i < n; i++) {
+        const float *xi = x + i * d;
+        float *yi = y + i * d, ss = 0.0f;
+#pragma omp simd reduction(+ : ss)
+        for (int64_t j = 0; j < d; j++) ss += xi[j] * xi[j];
+        const float ri = 1.0f / sqrtf(ss / (float)d + eps);
+        r[i] = ri;
+#pragma omp simd
+        for (int64_t j = 0; j < d; j++) yi[j] = w[j] * (xi[j] * ri);
+    }
+}
+
+/* dx = r * (g - x * r^2 * mean(g * x)), g = w * dy; dw = sum over rows of dy * x * r, summed
+ * from per-thread partials (dw_part: threads * d, zeroed here). */
+void rlvr_rms_norm_bwd(const float *dy, const float *x, const float *w, const float *r,
+                       int64_t n, int64_t d, float *dx, float *dw, float *dw_part,
+                       int threads) {
+    memset(dw_part, 0, (size_t)threads * (size_t)d * sizeof(float));
+#pragma omp parallel num_threads(threads)
+    {
+        float *acc = dw_part + omp_get_thread_num() * d;
+#pragma omp for schedule(static)
+        for (int64_t i = 0; i < n; i++) {
+            const float *dyi = dy + i * d, *xi = x + i * d, ri = r[i];
+            float *dxi = dx + i * d, dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+            for (int64_t j = 0; j < d; j++) dot += w[j] * dyi[j] * xi[j];
+            const float c = ri * ri * dot / (float)d;
+#pragma omp simd
+            for (int64_t j = 0; j < d; j++) {
+                dxi[j] = ri * (w[j] * dyi[j] - xi[j] * c);
+                acc[j] += dyi[j] * xi[j] * ri;
+            }
+        }
+    }
+    for (int64_t j = 0; j < d; j++) {
+        float s = 0.0f;
+        for (int t = 0; t < threads; t++) s += dw_part[t * d + j];
+        dw[j] = s;
+    }
+}
+
+/* sigmoid(x) from exp of a non-positive argument only (exp_nonpositive's domain). */
+static inline float sigmoid(float x) {
+    const float e = exp_nonpositive(-fabsf(x)), inv = 1.0f / (1.0f + e);
+    return x >= 0.0f ? inv : e * inv;
+}
+
+#define BLOCK 2048 /* elements per parallel work item */
+
+static void silu_mul_block(const float *restrict g, const float *restrict u, int64_t len,
+                           float *restrict y) {
+#pragma omp simd
+    for (int64_t i = 0; i < len; i++) y[i] = g[i] * sigmoid(g[i]) * u[i];
+}
+
+static void silu_mul_grad_block(const float *restrict dy, const float *restrict g,
+                                const float *restrict u, int64_t len, float *restrict dg,
+                                float *restrict du) {
+#pragma omp simd
+    for (int64_t i = 0; i < len; i++) {
+        const float s = sigmoid(g[i]);
+        dg[i] = dy[i] * u[i] * s * (1.0f + g[i] * (1.0f - s));
+        du[i] = dy[i] * g[i] * s;
+    }
+}
+
+/* y = silu(g) * u over n elements. */
+void rlvr_silu_mul_fwd(const float *g, const float *u, int64_t n, float *y, int threads) {
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t b = 0; b < n; b += BLOCK)
+        silu_mul_block(g + b, u + b, (b + BLOCK < n ? b + BLOCK : n) - b, y + b);
+}
+
+/* dg = dy * u * silu'(g), silu'(g) = s (1 + g (1 - s)); du = dy * silu(g). */
+void rlvr_silu_mul_bwd(const float *dy, const float *g, const float *u, int64_t n, float *dg,
+                       float *du, int threads) {
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t b = 0; b < n; b += BLOCK)
+        silu_mul_grad_block(dy + b, g + b, u + b, (b + BLOCK < n ? b + BLOCK : n) - b, dg + b,
+                            du + b);
 }

@@ -1,0 +1,180 @@
+"""RMSNorm and the SiLU-gated MLP product as single native passes, forward and backward.
+
+In the training forward of a small model on CPU, the Llama family's RMSNorm (six eager ops,
+twice as many in its backward) and `silu(gate) * up` (three, and their backward) stream the
+activations through memory again and again: measured on issue 5's model, ~10% of a training
+step. `fused_ops(model)` swaps, for the duration of a `with` block, each plain RMSNorm's and
+SiLU MLP's forward for autograd functions whose forward and backward are one pass each of
+`rlvr.rollout.native`'s C kernels. Same math, float reassociation only (tested against the
+modules' outputs and gradients within 1e-5).
+
+Only what the kernels read is swapped: fp32 CPU inputs and plain `nn.Parameter` weights (not
+FSDP2's DTensors, not under bf16 autocast, where a bf16 input arrives); anything else calls the
+module's own forward. With the native kernels off (`rlvr.rollout.native.status()`), nothing is
+swapped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+from torch import nn
+
+from rlvr.rollout import native
+
+_SILU = frozenset({"SiLU", "SiLUActivation"})
+
+
+def _fits(*tensors: torch.Tensor) -> bool:
+    return all(
+        t.dtype == torch.float32 and t.device.type == "cpu" and t.is_contiguous() for t in tensors
+    )
+
+
+class _RMSNorm(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        d = x.shape[-1]
+        n = x.numel() // d
+        y, r = torch.empty_like(x), torch.empty(n, dtype=torch.float32)
+        threads = torch.get_num_threads()
+        native.function("rms_norm_fwd")(
+            x.data_ptr(), weight.data_ptr(), n, d, eps, y.data_ptr(), r.data_ptr(), threads
+        )
+        ctx.save_for_backward(x, weight, r)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy: torch.Tensor):
+        x, weight, r = ctx.saved_tensors
+        dy = dy.contiguous()
+        d = x.shape[-1]
+        n = x.numel() // d
+        threads = torch.get_num_threads()
+        dx, dw = torch.empty_like(x), torch.empty_like(weight)
+        part = torch.empty(threads * d, dtype=torch.float32)
+        native.function("rms_norm_bwd")(
+            dy.data_ptr(),
+            x.data_ptr(),
+            weight.data_ptr(),
+            r.data_ptr(),
+            n,
+            d,
+            dx.data_ptr(),
+            dw.data_ptr(),
+            part.data_ptr(),
+            threads,
+        )
+        return dx, dw, None
+
+
+class _SiluMul(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+        y = torch.empty_like(gate)
+        native.function("silu_mul_fwd")(
+            gate.data_ptr(), up.data_ptr(), gate.numel(), y.data_ptr(), torch.get_num_threads()
+        )
+        ctx.save_for_backward(gate, up)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy: torch.Tensor):
+        gate, up = ctx.saved_tensors
+        dy = dy.contiguous()
+        dg, du = torch.empty_like(gate), torch.empty_like(up)
+        native.function("silu_mul_bwd")(
+            dy.data_ptr(),
+            gate.data_ptr(),
+            up.data_ptr(),
+            gate.numel(),
+            dg.data_ptr(),
+            du.data_ptr(),
+            torch.get_num_threads(),
+        )
+        return dg, du
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor | None:
+    """`weight * x / sqrt(mean(x^2, -1) + eps)` as one native pass (with its backward), or
+    None where the tensors or the kernels do not allow it."""
+    if native.function("rms_norm_fwd") is None or not _fits(x, weight):
+        return None
+    if weight.shape != (x.shape[-1],):
+        return None
+    return _RMSNorm.apply(x, weight, eps)
+
+
+def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor | None:
+    """`silu(gate) * up` as one native pass (with its backward), or None."""
+    if native.function("silu_mul_fwd") is None or not _fits(gate, up):
+        return None
+    if gate.shape != up.shape:
+        return None
+    return _SiluMul.apply(gate, up)
+
+
+def _plain(p) -> bool:
+    return type(p) is nn.Parameter and p.dtype == torch.float32 and p.device.type == "cpu"
+
+
+def _norm_forward(module: nn.Module):
+    own = type(module).forward
+    eps = float(getattr(module, "variance_epsilon", getattr(module, "eps", 1e-6)))
+
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        y = rms_norm(x, module.weight, eps)
+        return own(module, x) if y is None else y
+
+    return forward
+
+
+def _mlp_forward(module: nn.Module):
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        gate, up = module.gate_proj(x), module.up_proj(x)
+        y = silu_mul(gate, up)
+        if y is None:  # the module's own math (Llama family: down(act(gate) * up))
+            return module.down_proj(module.act_fn(gate) * up)
+        return module.down_proj(y)
+
+    return forward
+
+
+def _is_plain_norm(m: nn.Module) -> bool:
+    weight = getattr(m, "weight", None)
+    has_eps = hasattr(m, "variance_epsilon") or hasattr(m, "eps")
+    return type(m).__name__.endswith("RMSNorm") and has_eps and _plain(weight)
+
+
+def _is_silu_mlp(m: nn.Module) -> bool:
+    return (
+        all(hasattr(m, a) for a in ("gate_proj", "up_proj", "down_proj", "act_fn"))
+        and type(m.act_fn).__name__ in _SILU
+    )
+
+
+@contextlib.contextmanager
+def fused_ops(model: nn.Module) -> Iterator[int]:
+    """Within the block, the plain RMSNorms and SiLU MLPs of `model` run the native passes
+    (see the module doc); yields how many modules were swapped."""
+    if native.function("rms_norm_fwd") is None:
+        yield 0
+        return
+    patched: list[nn.Module] = []
+    try:
+        for m in model.modules():
+            if "forward" in m.__dict__:  # already swapped (packed weights, a hook): leave it
+                continue
+            if _is_plain_norm(m):
+                m.forward = _norm_forward(m)
+            elif _is_silu_mlp(m):
+                m.forward = _mlp_forward(m)
+            else:
+                continue
+            patched.append(m)
+        yield len(patched)
+    finally:
+        for m in patched:
+            del m.forward
