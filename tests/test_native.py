@@ -161,3 +161,39 @@ def test_sampler_follows_the_global_seed_and_declines_what_it_does_not_do():
     assert native.sample(logits.double(), 1.0, None) is None
     assert native.sample(logits.t(), 1.0, None) is None
     assert native.sample(logits, 1.0, torch.arange(50)) is None  # nothing left: torch raises
+
+
+@pytest.mark.skipif(not HAVE_CC, reason="no C compiler on this machine")
+def test_an_unwritable_home_falls_back_to_a_private_temporary_directory(tmp_path):
+    home = tmp_path / "home-is-a-file"
+    home.write_text("")  # ~/.cache cannot be created under it
+    env = {k: v for k, v in os.environ.items() if k != "RLVR_CACHE_DIR"}
+    env |= {"HOME": str(home), "TMPDIR": str(tmp_path / "tmp")}
+    (tmp_path / "tmp").mkdir()
+    code = "from rlvr.rollout import native; print(native.status())"
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == "on"
+    private = tmp_path / "tmp" / f"rlvr-{os.getuid()}"
+    assert oct(private.stat().st_mode & 0o777) == oct(0o700)
+    assert list((private / "kernels").glob("prefix_decode-*.so"))
+
+
+@pytest.mark.skipif(not HAVE_CC, reason="no C compiler on this machine")
+def test_a_shared_temporary_directory_open_to_others_is_not_used(tmp_path):
+    home = tmp_path / "home-is-a-file"
+    home.write_text("")
+    planted = tmp_path / "tmp" / f"rlvr-{os.getuid()}"
+    planted.mkdir(parents=True)
+    planted.chmod(0o777)  # anyone could have put a library here
+    env = {k: v for k, v in os.environ.items() if k != "RLVR_CACHE_DIR"}
+    env |= {"HOME": str(home), "TMPDIR": str(tmp_path / "tmp")}
+    code = "from rlvr.rollout import native; print(native.status())"
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.startswith("off: no writable cache directory"), proc.stdout
+    assert not list(planted.rglob("*.so"))

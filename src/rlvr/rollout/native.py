@@ -15,6 +15,7 @@ None and callers keep their torch code, which is also what the kernels are teste
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 import os
@@ -42,9 +43,21 @@ def _cpu_key() -> str:
         return platform.processor() or platform.machine()
 
 
-def _cache_dir() -> Path:
-    root = os.environ.get("RLVR_CACHE_DIR") or Path.home() / ".cache" / "rlvr"
-    return Path(root) / "kernels"
+def _cache_dirs() -> list[Path]:
+    """Where a built library may live: `$RLVR_CACHE_DIR` if set, else `~/.cache/rlvr`, then
+    a per-user temporary directory for machines whose home is read-only (containers, CI)."""
+    if os.environ.get("RLVR_CACHE_DIR"):
+        return [Path(os.environ["RLVR_CACHE_DIR"]) / "kernels"]
+    dirs = [Path.home() / ".cache" / "rlvr" / "kernels"]
+    tmp = Path(tempfile.gettempdir()) / f"rlvr-{os.getuid()}"
+    with contextlib.suppress(OSError):
+        tmp.mkdir(mode=0o700, exist_ok=True)
+        st = tmp.stat()
+        # a shared /tmp: only a directory that is ours and closed to others (a library
+        # planted there by someone else would run as us)
+        if st.st_uid == os.getuid() and not st.st_mode & 0o022:
+            dirs.append(tmp / "kernels")
+    return dirs
 
 
 def _compile(cc: str) -> Path:
@@ -54,9 +67,20 @@ def _compile(cc: str) -> Path:
     key = hashlib.sha256(
         source + version.stdout.encode() + " ".join(_FLAGS).encode() + _cpu_key().encode()
     ).hexdigest()[:16]
-    out = _cache_dir() / f"prefix_decode-{key}.so"
-    if out.exists():
-        return out
+    name = f"prefix_decode-{key}.so"
+    for d in _cache_dirs():
+        if (d / name).exists():
+            return d / name
+    errors = []
+    for d in _cache_dirs():
+        try:
+            return _build(cc, d / name)
+        except OSError as e:  # not writable: try the next place
+            errors.append(f"{d}: {e}")
+    raise OSError("no writable cache directory for the native kernels: " + "; ".join(errors))
+
+
+def _build(cc: str, out: Path) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
         built = Path(tmp) / out.name
