@@ -30,6 +30,25 @@ import torch
 _SOURCE = Path(__file__).with_name("kernels") / "prefix_decode.c"
 _FLAGS = ["-O3", "-march=native", "-fno-trapping-math", "-fopenmp", "-shared", "-fPIC", "-std=c11"]
 _state: dict = {}
+_I64, _PTR, _F32, _I32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float, ctypes.c_int
+# Every exported kernel (`rlvr_<name>` in kernels/prefix_decode.c) and its C argument types.
+_SIGNATURES = {
+    "prefix_decode_attention": [
+        *(_PTR, _I64, _I64, _I64, _I64, _PTR, _PTR, _I64, _PTR, _PTR),
+        *(_PTR, _PTR, _I64, _I64, _I64, _F32, _PTR, _PTR, _I32),
+    ],
+    "rope_cache_attention": [
+        *(_PTR, _PTR, _PTR, _I64, _I64, _I64, _I64, _PTR, _PTR, _I64, _PTR),
+        *(_PTR, _PTR, _PTR, _I64, _I64, _I64, _F32, _PTR, _PTR, _I32),
+    ],
+    "rms_norm": [_PTR, _PTR, _I64, _I64, _F32, _PTR],
+    "sample": [_PTR, _I64, _I64, _F32, _PTR, _PTR, _I64, _PTR, _PTR, _PTR, _I32],
+    # rlvr.fused: RMSNorm and the SiLU gate with their backward, for training
+    "rms_norm_fwd": [_PTR, _PTR, _I64, _I64, _F32, _PTR, _PTR, _I32],
+    "rms_norm_bwd": [_PTR, _PTR, _PTR, _PTR, _I64, _I64, _PTR, _PTR, _PTR, _I32],
+    "silu_mul_fwd": [_PTR, _PTR, _I64, _PTR, _I32],
+    "silu_mul_bwd": [_PTR, _PTR, _PTR, _I64, _PTR, _PTR, _I32],
+}
 
 
 def _cpu_key() -> str:
@@ -98,68 +117,44 @@ def _build(cc: str, out: Path) -> Path:
 
 def _load():
     if os.environ.get("RLVR_NATIVE", "1") == "0":
-        return None, "off: RLVR_NATIVE=0"
+        return False, "off: RLVR_NATIVE=0"
     if platform.system() != "Linux":  # OpenMP flags and /proc: what is built and tested here
-        return None, f"off: not built on {platform.system()}"
+        return False, f"off: not built on {platform.system()}"
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if cc is None:
-        return None, "off: no C compiler (cc, gcc or $CC) found"
+        return False, "off: no C compiler (cc, gcc or $CC) found"
     try:
         lib = ctypes.CDLL(str(_compile(cc)))
     except (OSError, RuntimeError, subprocess.SubprocessError) as e:
-        return None, f"off: {e}"
-    i64, ptr, f32, i32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float, ctypes.c_int
-    fn = lib.rlvr_prefix_decode_attention
-    fn.argtypes = [ptr, i64, i64, i64, i64, ptr, ptr, i64, ptr, ptr, ptr, ptr, i64, i64, i64]
-    fn.argtypes += [f32, ptr, ptr, i32]
-    fn.restype = None
-    rope = lib.rlvr_rope_cache_attention
-    rope.argtypes = [ptr, ptr, ptr, i64, i64, i64, i64, ptr, ptr, i64, ptr, ptr, ptr, ptr, i64]
-    rope.argtypes += [i64, i64, f32, ptr, ptr, i32]
-    rope.restype = None
-    _state["rope"] = rope
-    rms = lib.rlvr_rms_norm
-    rms.argtypes = [ptr, ptr, i64, i64, f32, ptr]
-    rms.restype = None
-    _state["rms"] = rms
-    sample = lib.rlvr_sample
-    sample.argtypes = [ptr, i64, i64, f32, ptr, ptr, i64, ptr, ptr, ptr, i32]
-    sample.restype = None
-    _state["sample"] = sample
-    training = {  # rlvr.fused: RMSNorm and the SiLU gate with their backward
-        "rms_norm_fwd": [ptr, ptr, i64, i64, f32, ptr, ptr, i32],
-        "rms_norm_bwd": [ptr, ptr, ptr, ptr, i64, i64, ptr, ptr, ptr, i32],
-        "silu_mul_fwd": [ptr, ptr, i64, ptr, i32],
-        "silu_mul_bwd": [ptr, ptr, ptr, i64, ptr, ptr, i32],
-    }
-    for name, argtypes in training.items():
+        return False, f"off: {e}"
+    for name, argtypes in _SIGNATURES.items():
         f = getattr(lib, f"rlvr_{name}")
         f.argtypes, f.restype = argtypes, None
         _state[name] = f
-    return fn, "on"
-
-
-def function(name: str):
-    """A compiled kernel by name (see `_load`), or None where the kernels are off."""
-    return _state.get(name) if kernel() is not None else None
+    return True, "on"
 
 
 def kernel():
     """The compiled `rlvr_prefix_decode_attention`, or None (see `status`)."""
-    if "fn" not in _state:
-        _state["fn"], _state["status"] = _load()
-    return _state["fn"]
+    return function("prefix_decode_attention")
+
+
+def function(name: str):
+    """A compiled kernel by name (`_SIGNATURES`), or None where the kernels are off."""
+    if "built" not in _state:
+        _state["built"], _state["status"] = _load()
+    return _state.get(name) if _state["built"] else None
 
 
 def rope_kernel():
     """The compiled `rlvr_rope_cache_attention`, or None (see `status`)."""
-    return _state.get("rope") if kernel() is not None else None
+    return function("rope_cache_attention")
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor | None:
     """`weight * x / sqrt(mean(x^2, -1) + eps)` over the last dim of an fp32 CPU tensor, or
     None where the kernel is off or the tensors are not contiguous fp32 of matching width."""
-    rms = _state.get("rms") if kernel() is not None else None
+    rms = function("rms_norm")
     d = x.shape[-1]
     if (
         rms is None
@@ -184,7 +179,7 @@ def sample(
     `torch.rand` uniform per row (the global generator, so seeds and resume work as for
     `torch.multinomial`, though the draws differ from its). None where the kernel is off or
     the logits are not contiguous fp32 on the CPU."""
-    fn = _state.get("sample") if kernel() is not None else None
+    fn = function("sample")
     if fn is None or logits.dtype != torch.float32 or logits.device.type != "cpu":
         return None
     if logits.dim() != 2 or not logits.is_contiguous():
@@ -240,7 +235,7 @@ def rope_cache_attention(
     out = torch.empty(n, Hq * D, dtype=torch.float32)
     threads = torch.get_num_threads()
     scratch = torch.empty(threads * (P + t + D), dtype=torch.float32)
-    _state["rope"](
+    function("rope_cache_attention")(
         qkv.data_ptr(),
         cos.data_ptr(),
         sin.data_ptr(),
