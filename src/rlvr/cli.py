@@ -12,6 +12,7 @@ from pathlib import Path
 from rlvr.ablate import cmd_ablate
 from rlvr.checkpoint import CheckpointError
 from rlvr.config import ConfigError, help_text, load_config, parse_overrides
+from rlvr.distributed import torchrun_rank
 from rlvr.health import TrainingHealthError
 from rlvr.plots import cmd_plot
 
@@ -89,10 +90,17 @@ def cmd_train(argv: list[str]) -> int:
             )
         overrides.setdefault("train", {})["output_dir"] = str(run_dir)
         cfg = load_config(run_dir / "config.yaml", overrides)
-        train(cfg, resume_dir=run_dir, show_progress=not args.no_progress)
+        train(
+            cfg,
+            resume_dir=run_dir,
+            show_progress=not args.no_progress,
+            destroy_process_group=not torchrun_rank(),  # main() ends a rank with os._exit
+        )
         return 0
     cfg = load_config(args.config, overrides, preset=args.preset)
-    run_dir = train(cfg, show_progress=not args.no_progress)
+    run_dir = train(
+        cfg, show_progress=not args.no_progress, destroy_process_group=not torchrun_rank()
+    )
     summary = run_dir / "summary.json"
     if summary.exists():
         s = json.loads(summary.read_text())
@@ -239,6 +247,17 @@ COMMANDS = {
 
 
 def main(argv: list[str] | None = None) -> int:
+    rc = _main(argv)
+    if torchrun_rank():
+        # A rank ends here without interpreter teardown: destroying gloo's process group can
+        # deadlock on the GIL (distributed.shutdown), and leaving it to teardown aborts.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(rc)
+    return rc
+
+
+def _main(argv: list[str] | None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
         if argv and argv[0] not in ("-h", "--help"):

@@ -94,11 +94,20 @@ def init_distributed(device: torch.device) -> tuple[Dist, torch.device]:
     return Dist(rank=rank, world_size=world, local_rank=local), device
 
 
-def shutdown(d: Dist) -> None:
-    """Leave the process group before exit: gloo's threads abort the process otherwise."""
+def shutdown(d: Dist, destroy: bool = True) -> None:
+    """Wait for every rank, then leave the process group (gloo's threads abort the process
+    at interpreter exit otherwise). `destroy=False` for a process about to `os._exit`
+    (`rlvr train` under torchrun): gloo's destructor joins its worker thread while holding
+    the GIL, and that thread can be waiting for the GIL: seen to hang a rank for good."""
     if d.enabled and dist.is_initialized():
         dist.barrier()
-        dist.destroy_process_group()
+        if destroy:
+            dist.destroy_process_group()
+
+
+def torchrun_rank() -> bool:
+    """Whether this process is one of several ranks started by torchrun."""
+    return int(os.environ.get("WORLD_SIZE", "1")) > 1
 
 
 def wrap(model: torch.nn.Module, d: Dist, device: torch.device, kind: str) -> torch.nn.Module:

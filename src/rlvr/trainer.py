@@ -267,15 +267,19 @@ def train(
     resume_dir: Path | None = None,
     show_progress: bool = True,
     console: Console | None = None,
+    destroy_process_group: bool = True,
 ) -> Path:
-    """Run `cfg` (or continue the run in `resume_dir`); returns the run directory."""
+    """Run `cfg` (or continue the run in `resume_dir`); returns the run directory.
+    `destroy_process_group=False` leaves torch.distributed's group alive at the end, for a
+    caller that ends the process with `os._exit` (see `distributed.shutdown`)."""
     console = console or Console(stderr=True, soft_wrap=True)
     t_start = time.time()
     run, resumed = setup(cfg, resume_dir, console)
-    try:
-        return _train(run, resumed, console, show_progress, t_start)
-    finally:
-        shutdown(run.d)
+    # No barrier after a failure: the other ranks may never reach it; torchrun stops them
+    # once this rank exits with the error.
+    run_dir = _train(run, resumed, console, show_progress, t_start)
+    shutdown(run.d, destroy=destroy_process_group)
+    return run_dir
 
 
 def _train(
