@@ -85,7 +85,7 @@ class _Layer:
             return None
         n, heads = qkv.shape[0], (self.Hq, self.Hkv, self.D)
         layer = cache.layers[self.idx]
-        keys, values = layer.buffers(qkv.new_empty(n, self.Hkv, 1, self.D))
+        keys, values = layer.buffers(lambda: qkv.new_empty(n, self.Hkv, 1, self.D))
         k_p, v_p = layer.prefix
         args = (qkv, cos, sin, heads, keys, values, layer.live + 1, k_p, v_p)
         args += (lay.bias.reshape(n, -1), lay.group)

@@ -41,9 +41,8 @@ _SIGNATURES = {
         *(_PTR, _PTR, _PTR, _I64, _I64, _I64, _I64, _PTR, _PTR, _I64, _PTR),
         *(_PTR, _PTR, _PTR, _I64, _I64, _I64, _F32, _PTR, _PTR, _I32),
     ],
-    "rms_norm": [_PTR, _PTR, _I64, _I64, _F32, _PTR],
     "sample": [_PTR, _I64, _I64, _F32, _PTR, _PTR, _I64, _PTR, _PTR, _PTR, _I32],
-    # rlvr.fused: RMSNorm and the SiLU gate with their backward, for training
+    # RMSNorm (also the lean decoder's) and, for rlvr.fused, the SiLU gate, with backward
     "rms_norm_fwd": [_PTR, _PTR, _I64, _I64, _F32, _PTR, _PTR, _I32],
     "rms_norm_bwd": [_PTR, _PTR, _PTR, _PTR, _I64, _I64, _PTR, _PTR, _PTR, _I32],
     "silu_mul_fwd": [_PTR, _PTR, _I64, _PTR, _I32],
@@ -154,7 +153,7 @@ def rope_kernel():
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor | None:
     """`weight * x / sqrt(mean(x^2, -1) + eps)` over the last dim of an fp32 CPU tensor, or
     None where the kernel is off or the tensors are not contiguous fp32 of matching width."""
-    rms = function("rms_norm")
+    rms = function("rms_norm_fwd")
     d = x.shape[-1]
     if (
         rms is None
@@ -166,8 +165,10 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor 
         or not weight.is_contiguous()
     ):
         return None
-    out = torch.empty_like(x)
-    rms(x.data_ptr(), weight.data_ptr(), x.numel() // d, d, eps, out.data_ptr())
+    n = x.numel() // d
+    out, inv_rms = torch.empty_like(x), torch.empty(n, dtype=torch.float32)
+    # one thread: a decoding step's few rows are not worth a parallel region
+    rms(x.data_ptr(), weight.data_ptr(), n, d, eps, out.data_ptr(), inv_rms.data_ptr(), 1)
     return out
 
 
@@ -261,17 +262,36 @@ def rope_cache_attention(
     return out
 
 
+def _fp32_cpu(*tensors: torch.Tensor) -> bool:
+    return all(x.dtype == torch.float32 and x.device.type == "cpu" for x in tensors)
+
+
+def _prompt_fits(k_prompt, v_prompt, bias, group, n: int, Hkv: int, D: int) -> bool:
+    """The prompt side both attention kernels read: k/v_prompt (U, Hkv, P, D) and bias (n, P)
+    contiguous fp32 on the CPU, group (n,) contiguous int64."""
+    if k_prompt.dim() != 4:
+        return False
+    U, _, P, _ = k_prompt.shape
+    return (
+        k_prompt.shape == v_prompt.shape == (U, Hkv, P, D)
+        and bias.shape == (n, P)
+        and group.shape == (n,)
+        and group.dtype == torch.int64
+        and _fp32_cpu(k_prompt, v_prompt, bias)
+        and all(x.is_contiguous() for x in (k_prompt, v_prompt, bias, group))
+    )
+
+
 def fits_rope(qkv, cos, sin, heads, k_cache, v_cache, t, k_prompt, v_prompt, bias, group):
     """Whether `rope_cache_attention` may run on these (it trusts shapes and layouts)."""
     Hq, Hkv, D = heads
     n = qkv.shape[0]
-    if D % 2 or Hq % Hkv or k_cache.dim() != 4 or k_prompt.dim() != 4:
+    if D % 2 or Hq % Hkv or k_cache.dim() != 4:
         return False
-    U, _, P, _ = k_prompt.shape
-    tensors = (qkv, cos, sin, k_cache, v_cache, k_prompt, v_prompt, bias)
+    tensors = (qkv, cos, sin, k_cache, v_cache)
     return (
-        all(x.dtype == torch.float32 and x.device.type == "cpu" for x in tensors)
-        and all(x.is_contiguous() for x in (*tensors, group))
+        _fp32_cpu(*tensors)
+        and all(x.is_contiguous() for x in tensors)
         and qkv.shape == (n, (Hq + 2 * Hkv) * D)
         and cos.shape == sin.shape == (n, D)
         and k_cache.shape == v_cache.shape
@@ -279,10 +299,7 @@ def fits_rope(qkv, cos, sin, heads, k_cache, v_cache, t, k_prompt, v_prompt, bia
         and k_cache.shape[1] == Hkv
         and k_cache.shape[3] == D
         and 1 <= t <= k_cache.shape[2]
-        and k_prompt.shape == v_prompt.shape == (U, Hkv, P, D)
-        and bias.shape == (n, P)
-        and group.shape == (n,)
-        and group.dtype == torch.int64
+        and _prompt_fits(k_prompt, v_prompt, bias, group, n, Hkv, D)
     )
 
 
@@ -344,28 +361,12 @@ def fits(q, k_prompt, v_prompt, bias, group, k_own, v_own) -> bool:
     if q.dim() != 3 or k_prompt.dim() != 4 or k_own.dim() != 4:
         return False
     n, Hq, D = q.shape
-    U, Hkv, P, _ = k_prompt.shape
-    t = k_own.shape[2]
-    shapes_ok = (
-        Hq % Hkv == 0
-        and k_prompt.shape == v_prompt.shape == (U, Hkv, P, D)
-        and k_own.shape == v_own.shape == (n, Hkv, t, D)
-        and bias.shape == (n, P)
-        and group.shape == (n,)
-    )
-    own_ok = all(x.stride(3) == 1 and x.stride(2) == D for x in (k_own, v_own))
+    Hkv, t = k_prompt.shape[1], k_own.shape[2]
     return (
-        shapes_ok
-        and own_ok
+        Hq % Hkv == 0
+        and k_own.shape == v_own.shape == (n, Hkv, t, D)
+        and all(x.stride(3) == 1 and x.stride(2) == D for x in (k_own, v_own))
         and k_own.stride() == v_own.stride()
-        and all(
-            x.dtype == torch.float32 and x.device.type == "cpu" for x in (q, k_prompt, v_prompt)
-        )
-        and k_own.dtype == v_own.dtype == torch.float32
-        and bias.dtype == torch.float32
-        and bias.is_contiguous()
-        and group.dtype == torch.int64
-        and group.is_contiguous()
-        and k_prompt.is_contiguous()
-        and v_prompt.is_contiguous()
+        and _fp32_cpu(q, k_own, v_own)
+        and _prompt_fits(k_prompt, v_prompt, bias, group, n, Hkv, D)
     )

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -64,12 +64,13 @@ class PrefixLayer(StaticLayer):
         self.values[:, :, start : self.live] = value_states
         return self.keys[:, :, : self.live], self.values[:, :, : self.live]
 
-    def buffers(self, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def buffers(self, like: Callable[[], torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """The own-token buffers (n, Hkv, max_new_tokens, D), allocated on first use from
-        `like` (n, Hkv, 1, D), for a caller that writes slot `live` itself and then counts
-        it (`live += 1`): the lean decoder's native step."""
+        `like()` (n, Hkv, 1, D; called only then), for a caller that writes slot `live` itself
+        and then counts it (`live += 1`): the lean decoder's native step."""
         if not self.is_initialized:
-            self.lazy_initialization(like, like)
+            example = like()
+            self.lazy_initialization(example, example)
         return self.keys, self.values
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:

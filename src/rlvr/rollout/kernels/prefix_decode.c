@@ -163,22 +163,6 @@ void rlvr_rope_cache_attention(const float *qkv, const float *cos, const float *
     }
 }
 
-/* RMSNorm of n rows of width d: out = w * x / sqrt(mean(x^2) + eps), fp32 statistics (the
- * Llama family's norm; ~20x faster than its 6 torch ops at decode shapes). One thread: a
- * decoding step's rows are too few to share. */
-void rlvr_rms_norm(const float *x, const float *w, int64_t n, int64_t d, float eps,
-                   float *out) {
-    for (int64_t r = 0; r < n; r++) {
-        const float *xr = x + r * d;
-        float *o = out + r * d, ss = 0.0f;
-#pragma omp simd reduction(+ : ss)
-        for (int64_t j = 0; j < d; j++) ss += xr[j] * xr[j];
-        const float inv = 1.0f / sqrtf(ss / (float)d + eps);
-#pragma omp simd
-        for (int64_t j = 0; j < d; j++) o[j] = w[j] * (xr[j] * inv);
-    }
-}
-
 /* Categorical sampling from softmax(logits * inv_temp) of n rows over V, by inverse CDF with
  * one uniform u[r] in [0, 1) per row; ids in `suppress` (EOS before min_new_tokens) are
  * excluded from the draw. log_probs[r]: the drawn token's log-probability under the
@@ -222,7 +206,9 @@ void rlvr_sample(const float *logits, int64_t n, int64_t V, float inv_temp, cons
 
 /* ---- Training: RMSNorm and SiLU-gate with their backward (rlvr.fused) ---- */
 
-/* y = w * x * r per row, r = 1 / sqrt(mean(x^2) + eps) saved for the backward. */
+/* RMSNorm of n rows of width d, fp32 statistics (the Llama family's norm): y = w * x * r per
+ * row, r = 1 / sqrt(mean(x^2) + eps) saved for the backward. The lean decoder calls it with
+ * one thread, training with all. */
 void rlvr_rms_norm_fwd(const float *x, const float *w, int64_t n, int64_t d, float eps,
                        float *y, float *r, int threads) {
 #pragma omp parallel for schedule(static) num_threads(threads)
