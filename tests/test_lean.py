@@ -48,6 +48,11 @@ FAMILIES = {
     "qwen2": lambda: Qwen2ForCausalLM(Qwen2Config(**SHAPE)),
     "qwen3": lambda: Qwen3ForCausalLM(Qwen3Config(**SHAPE, head_dim=16)),
     "qwen2-mixed-bias": _qwen2_v_without_bias,
+    # head sizes the native attention kernel has unrolled variants for (others: generic)
+    "llama-D32": lambda: LlamaForCausalLM(LlamaConfig(**{**SHAPE, "hidden_size": 128})),
+    "qwen2-D128": lambda: Qwen2ForCausalLM(
+        Qwen2Config(**{**SHAPE, "hidden_size": 256, "num_attention_heads": 2})
+    ),
 }
 
 

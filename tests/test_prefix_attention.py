@@ -88,8 +88,15 @@ def test_matches_sdpa_over_the_expanded_cache(expand, path):
 
 @pytest.mark.parametrize(
     "shape",
-    [dict(), dict(P=1, t=1, D=7), dict(P=9, t=13, Hkv=1, r=4, D=5), dict(Hkv=3, r=1, D=64)],
-    ids=["default", "one-each-odd-D", "mqa", "mha-D64"],
+    [
+        dict(),
+        dict(P=1, t=1, D=7),
+        dict(P=9, t=13, Hkv=1, r=4, D=5),
+        dict(Hkv=3, r=1, D=64),
+        dict(P=6, t=3, D=32),
+        dict(P=2, t=7, Hkv=1, r=2, D=128),
+    ],
+    ids=["default", "one-each-odd-D", "mqa", "mha-D64", "D32", "mqa-D128"],
 )
 def test_matches_a_loop_after_retiring_rows(path, shape):
     q, k, v, k_p, v_p, mask, rows, layout = _case([0, 0, 1, 1, 2, 2], path=path, **shape)

@@ -33,9 +33,14 @@ static inline float exp_nonpositive(float x) {
     return y * pow2.f * zero;
 }
 
+/* The helpers below are always inlined into `attend`, whose variants for the common head
+ * sizes (attend_32/64/128) see D as a constant: the dot products and the output row are then
+ * fully unrolled and the output accumulates in registers (measured ~2x over a runtime D). */
+#define INLINE static inline __attribute__((always_inline))
+
 /* s[j] = (q . k_j) * scale + (bias ? bias[j] : 0) for the `len` keys at k (row stride D);
  * returns max_j s[j]. Four keys per pass, each dot product vectorised over D. */
-static float scores(const float *restrict q, const float *restrict k, const float *bias,
+INLINE float scores(const float *restrict q, const float *restrict k, const float *bias,
                     int64_t len, int64_t D, float scale, float *restrict s) {
     int64_t j = 0;
     for (; j + 4 <= len; j += 4) {
@@ -65,20 +70,21 @@ static float scores(const float *restrict q, const float *restrict k, const floa
     return m;
 }
 
-/* out += sum_j w[j] * v_j over `len` values at v (row stride D). */
-static void weighted_sum(const float *restrict w, const float *restrict v, int64_t len,
-                         int64_t D, float *restrict out) {
+/* o += sum_j w[j] * v_j over `len` values at v (row stride D). */
+INLINE void weighted_sum(const float *restrict w, const float *restrict v, int64_t len,
+                         int64_t D, float *restrict o) {
     for (int64_t j = 0; j < len; j++) {
         const float wj = w[j], *vj = v + j * D;
 #pragma omp simd
-        for (int64_t d = 0; d < D; d++) out[d] += wj * vj[d];
+        for (int64_t d = 0; d < D; d++) o[d] += wj * vj[d];
     }
 }
 
 /* One (row, query head): softmax over [prompt keys | own keys] of q's scores, times values. */
-static void attend(const float *restrict qi, const float *kpi, const float *vpi,
-                   const float *b, int64_t P, const float *koi, const float *voi, int64_t t,
-                   int64_t D, float scale, float *restrict s, float *restrict o) {
+INLINE void attend_body(const float *restrict qi, const float *kpi, const float *vpi,
+                        const float *b, int64_t P, const float *koi, const float *voi,
+                        int64_t t, int64_t D, float scale, float *restrict s,
+                        float *restrict o) {
     const int64_t L = P + t;
     float m = scores(qi, kpi, b, P, D, scale, s);
     float m_own = scores(qi, koi, 0, t, D, scale, s + P);
@@ -95,6 +101,30 @@ static void attend(const float *restrict qi, const float *kpi, const float *vpi,
     for (int64_t d = 0; d < D; d++) o[d] = 0.0f;
     weighted_sum(s, vpi, P, D, o);
     weighted_sum(s + P, voi, t, D, o);
+}
+
+#define ATTEND_ARGS                                                                       \
+    const float *restrict qi, const float *kpi, const float *vpi, const float *b, int64_t P, \
+        const float *koi, const float *voi, int64_t t, int64_t D, float scale,              \
+        float *restrict s, float *restrict o
+#define ATTEND_FIXED(N)                                                                   \
+    static void attend_##N(ATTEND_ARGS) {                                                 \
+        float acc[N]; /* the output row, in registers */                                  \
+        (void)D;                                                                          \
+        attend_body(qi, kpi, vpi, b, P, koi, voi, t, N, scale, s, acc);                   \
+        memcpy(o, acc, sizeof acc);                                                       \
+    }
+ATTEND_FIXED(32)
+ATTEND_FIXED(64)
+ATTEND_FIXED(128)
+
+static void attend(ATTEND_ARGS) {
+    switch (D) {
+        case 32: attend_32(qi, kpi, vpi, b, P, koi, voi, t, D, scale, s, o); return;
+        case 64: attend_64(qi, kpi, vpi, b, P, koi, voi, t, D, scale, s, o); return;
+        case 128: attend_128(qi, kpi, vpi, b, P, koi, voi, t, D, scale, s, o); return;
+        default: attend_body(qi, kpi, vpi, b, P, koi, voi, t, D, scale, s, o);
+    }
 }
 
 /* q, out: (n, Hq, D). Prompt keys/values kp, vp: (U, Hkv, P, D) contiguous; bias: (n, P)
@@ -293,4 +323,30 @@ void rlvr_silu_mul_bwd(const float *dy, const float *g, const float *u, int64_t 
     for (int64_t b = 0; b < n; b += BLOCK)
         silu_mul_grad_block(dy + b, g + b, u + b, (b + BLOCK < n ? b + BLOCK : n) - b, dg + b,
                             du + b);
+}
+
+/* ---- Training: RoPE with its backward (rlvr.fused) ---- */
+
+/* y = x * cos + rotate_half(x) * sin for N token rows of H heads: x, y (N, H, D), cos and sin
+ * (N, D) shared by a row's heads. */
+void rlvr_rope_fwd(const float *x, const float *c, const float *s, int64_t N, int64_t H,
+                   int64_t D, float *y, int threads) {
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t i = 0; i < N * H; i++)
+        rope(x + i * D, c + (i / H) * D, s + (i / H) * D, D, y + i * D);
+}
+
+/* The transpose: dx = dy * cos + rotate_half^T(dy * sin), rotate_half^T(z) = [z2, -z1]. */
+void rlvr_rope_bwd(const float *dy, const float *c, const float *s, int64_t N, int64_t H,
+                   int64_t D, float *dx, int threads) {
+    const int64_t h = D / 2;
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t i = 0; i < N * H; i++) {
+        const float *g = dy + i * D, *ci = c + (i / H) * D, *si = s + (i / H) * D;
+        float *o = dx + i * D;
+#pragma omp simd
+        for (int64_t d = 0; d < h; d++) o[d] = g[d] * ci[d] + g[d + h] * si[d + h];
+#pragma omp simd
+        for (int64_t d = h; d < D; d++) o[d] = g[d] * ci[d] - g[d - h] * si[d - h];
+    }
 }
