@@ -10,6 +10,7 @@ import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
+from transformers.models.qwen2 import modeling_qwen2
 
 from rlvr import fused
 from rlvr.rollout import native
@@ -57,6 +58,43 @@ def test_silu_mul_forward_and_backward_match_torch():
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
 
 
+def _rope_inputs(B=3, H=5, T=7, D=64, seed=0):
+    """q as the attention forward makes it: a (B, H, T, D) view of a (B, T, H, D) buffer."""
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, T, H, D, generator=g).transpose(1, 2).requires_grad_()
+    angles = torch.randn(B, T, D // 2, generator=g) * 3
+    angles = torch.cat([angles, angles], -1)  # the halves repeat, as rotary embeddings make them
+    return q, angles.cos(), angles.sin()
+
+
+@pytest.mark.parametrize("D", [64, 6])
+def test_rope_forward_and_backward_match_the_llama_family_function(D):
+    q, cos, sin = _rope_inputs(D=D)
+    dy = torch.randn(q.shape)
+    want, _ = modeling_qwen2.apply_rotary_pos_emb(q, q, cos, sin)
+    got = fused.rope(q, cos, sin)
+    assert got.stride() == want.stride()  # the layout downstream ops would have seen
+    torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
+    (g_got,) = torch.autograd.grad(got, q, dy)
+    (g_want,) = torch.autograd.grad(want, q, dy)
+    torch.testing.assert_close(g_got, g_want, atol=1e-6, rtol=1e-5)
+    # the formula, one head of one token: [x1 c - x2 s, x2 c + x1 s] with c, s per half
+    x, c, s = q[1, 2, 3].detach(), cos[1, 3, : D // 2], sin[1, 3, : D // 2]
+    x1, x2 = x[: D // 2], x[D // 2 :]
+    expect = torch.cat([x1 * c - x2 * s, x2 * c + x1 * s])
+    torch.testing.assert_close(got[1, 2, 3], expect, atol=1e-6, rtol=1e-5)
+
+
+def test_rope_declines_what_the_kernel_does_not_read():
+    q, cos, sin = _rope_inputs()
+    assert fused.rope(q.detach().contiguous(), cos, sin) is None  # not the attention layout
+    assert fused.rope(q, cos[:1], sin[:1]) is None  # broadcast over the batch
+    assert fused.rope(q.double(), cos.double(), sin.double()) is None
+    assert fused.rope(q, cos.requires_grad_(), sin) is None
+    q7, cos7, sin7 = _rope_inputs(D=8)
+    assert fused.rope(q7[..., :7], cos7[..., :7], sin7[..., :7]) is None  # odd D
+
+
 def test_declines_what_the_kernels_do_not_read():
     w = torch.ones(8)
     assert fused.rms_norm(torch.randn(2, 8).double(), w.double(), 1e-6) is None
@@ -90,9 +128,15 @@ def test_fused_ops_give_the_modules_logits_and_gradients_and_restore_them():
         return logits.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
 
     want_logits, want_grads = run()
+    original_rope = modeling_qwen2.apply_rotary_pos_emb
     with fused.fused_ops(model) as swapped:
         assert swapped == 2 * 2 + 1 + 2  # 2 norms per layer, the final norm, 2 MLPs
+        assert modeling_qwen2.apply_rotary_pos_emb.rlvr_original is original_rope
+        with fused.fused_ops(model):  # nested: not wrapped twice, and the outer one stays
+            assert modeling_qwen2.apply_rotary_pos_emb.rlvr_original is original_rope
+        assert modeling_qwen2.apply_rotary_pos_emb.rlvr_original is original_rope
         got_logits, got_grads = run()
+    assert modeling_qwen2.apply_rotary_pos_emb is original_rope
     torch.testing.assert_close(got_logits, want_logits, atol=1e-5, rtol=1e-5)
     for name, grad in want_grads.items():
         torch.testing.assert_close(got_grads[name], grad, atol=1e-5, rtol=1e-4, msg=name)

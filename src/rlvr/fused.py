@@ -1,4 +1,4 @@
-"""RMSNorm and the SiLU-gated MLP product as single native passes, forward and backward.
+"""RMSNorm, the SiLU-gated MLP product and RoPE as single native passes, forward and backward.
 
 In the training forward of a small model on CPU, the Llama family's RMSNorm (six eager ops,
 twice as many in its backward) and `silu(gate) * up` (three, and their backward) stream the
@@ -12,17 +12,25 @@ Only what the kernels read is swapped: fp32 CPU inputs and plain `nn.Parameter` 
 FSDP2's DTensors, not under bf16 autocast, where a bf16 input arrives); anything else calls the
 module's own forward. With the native kernels off (`rlvr.rollout.native.status()`), nothing is
 swapped.
+
+RoPE (`q * cos + rotate_half(q) * sin`, four to six eager ops per tensor and as many again in
+the backward) is a module-level function that the Llama family's attention forwards call by
+name, `apply_rotary_pos_emb` in their modeling module; for the block, that name points to a
+version that runs `rope_fwd` / `rope_bwd` on fp32 CPU tensors of the layout the attention
+forward makes (and the original on anything else), and is put back after.
 """
 
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Iterator
 
 import torch
 from torch import nn
 
 from rlvr.rollout import native
+from rlvr.rollout.prefix_attention import PREFIX_MODEL_TYPES
 
 _SILU = frozenset({"SiLU", "SiLUActivation"})
 
@@ -97,6 +105,93 @@ class _SiluMul(torch.autograd.Function):
         return dg, du
 
 
+class _Rope(torch.autograd.Function):
+    """x: (B, H, T, D), a transposed view of a contiguous (B, T, H, D) buffer (the layout the
+    attention forward's `.view(...).transpose(1, 2)` makes); cos, sin: (B, T, D)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        B, H, T, D = x.shape
+        rows = x.transpose(1, 2)  # (B, T, H, D), contiguous
+        y = torch.empty_like(rows)
+        native.function("rope_fwd")(
+            rows.data_ptr(), cos.data_ptr(), sin.data_ptr(), B * T, H, D, y.data_ptr(),
+            torch.get_num_threads(),
+        )  # fmt: skip
+        ctx.save_for_backward(cos, sin)
+        return y.transpose(1, 2)  # the layout the eager ops would have returned
+
+    @staticmethod
+    def backward(ctx, dy: torch.Tensor):
+        cos, sin = ctx.saved_tensors
+        B, H, T, D = dy.shape
+        rows = dy.transpose(1, 2).contiguous()
+        dx = torch.empty_like(rows)
+        native.function("rope_bwd")(
+            rows.data_ptr(), cos.data_ptr(), sin.data_ptr(), B * T, H, D, dx.data_ptr(),
+            torch.get_num_threads(),
+        )  # fmt: skip
+        return dx.transpose(1, 2), None, None
+
+
+def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor | None:
+    """`x * cos + rotate_half(x) * sin` (cos, sin broadcast over the heads of a (B, H, T, D)
+    x) as one native pass with its backward, or None where the tensors do not fit: x must be
+    the transposed view of a contiguous (B, T, H, D) fp32 CPU buffer, cos and sin contiguous
+    (B, T, D) fp32 without grad (they come from positions, not from parameters)."""
+    if native.function("rope_fwd") is None or x.dim() != 4 or x.shape[-1] % 2:
+        return None
+    B, _, T, D = x.shape
+    return (
+        _Rope.apply(x, cos, sin)
+        if (
+            cos.shape == sin.shape == (B, T, D)
+            and _fits(cos, sin)
+            and not (cos.requires_grad or sin.requires_grad)
+            and x.dtype == torch.float32
+            and x.device.type == "cpu"
+            and x.transpose(1, 2).is_contiguous()
+        )
+        else None
+    )
+
+
+def _rope_function(original):
+    def apply_rotary_pos_emb(q, k, cos, sin, *args, **kwargs):
+        if not args and not kwargs:  # the default unsqueeze_dim=1: heads on dim 1
+            q_embed, k_embed = rope(q, cos, sin), rope(k, cos, sin)
+            if q_embed is not None and k_embed is not None:
+                return q_embed, k_embed
+        return original(q, k, cos, sin, *args, **kwargs)
+
+    apply_rotary_pos_emb.rlvr_original = original
+    return apply_rotary_pos_emb
+
+
+def _patch_rope(model: nn.Module) -> list:
+    """Point `apply_rotary_pos_emb` of the model's Llama-family modeling modules to the native
+    version; returns the modules patched (see `_unpatch_rope`)."""
+    patched = []
+    for m in model.modules():
+        config = getattr(m, "config", None)
+        if getattr(config, "model_type", None) not in PREFIX_MODEL_TYPES:
+            continue
+        if not hasattr(m, "q_proj"):  # an attention module: its modeling module has RoPE
+            continue
+        module = sys.modules.get(type(m).__module__)
+        fn = getattr(module, "apply_rotary_pos_emb", None)
+        if fn is None or hasattr(fn, "rlvr_original"):  # absent, or already ours
+            continue
+        module.apply_rotary_pos_emb = _rope_function(fn)
+        patched.append(module)
+    return patched
+
+
+def _unpatch_rope(modules: list) -> None:
+    for module in modules:
+        module.apply_rotary_pos_emb = module.apply_rotary_pos_emb.rlvr_original
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor | None:
     """`weight * x / sqrt(mean(x^2, -1) + eps)` as one native pass (with its backward), or
     None where the tensors or the kernels do not allow it."""
@@ -157,12 +252,14 @@ def _is_silu_mlp(m: nn.Module) -> bool:
 
 @contextlib.contextmanager
 def fused_ops(model: nn.Module) -> Iterator[int]:
-    """Within the block, the plain RMSNorms and SiLU MLPs of `model` run the native passes
-    (see the module doc); yields how many modules were swapped."""
+    """Within the block, the plain RMSNorms and SiLU MLPs of `model`, and the RoPE of its
+    Llama-family attention, run the native passes (see the module doc); yields how many
+    modules were swapped."""
     if native.function("rms_norm_fwd") is None:
         yield 0
         return
     patched: list[nn.Module] = []
+    rope_modules = _patch_rope(model)
     try:
         for m in model.modules():
             if "forward" in m.__dict__:  # already swapped (packed weights, a hook): leave it
@@ -178,3 +275,4 @@ def fused_ops(model: nn.Module) -> Iterator[int]:
     finally:
         for m in patched:
             del m.forward
+        _unpatch_rope(rope_modules)

@@ -47,6 +47,8 @@ _SIGNATURES = {
     "rms_norm_bwd": [_PTR, _PTR, _PTR, _PTR, _I64, _I64, _PTR, _PTR, _PTR, _I32],
     "silu_mul_fwd": [_PTR, _PTR, _I64, _PTR, _I32],
     "silu_mul_bwd": [_PTR, _PTR, _PTR, _I64, _PTR, _PTR, _I32],
+    "rope_fwd": [_PTR, _PTR, _PTR, _I64, _I64, _I64, _PTR, _I32],
+    "rope_bwd": [_PTR, _PTR, _PTR, _I64, _I64, _I64, _PTR, _I32],
 }
 
 
