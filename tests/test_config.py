@@ -55,7 +55,7 @@ def test_yaml_holds_only_changes_and_overrides_win(tmp_path):
 
 
 def test_tiny_defaults_apply_only_to_the_builtin_model(tmp_path):
-    assert load_config().optim.lr == 2e-4
+    assert load_config().optim.lr == 4e-4
     model_dir = tmp_path / "m"
     model_dir.mkdir()
     cfg = load_config(None, {"model": {"name_or_path": str(model_dir)}})
