@@ -105,11 +105,14 @@ def cmd_train(argv: list[str]) -> int:
     if summary.exists():
         s = json.loads(summary.read_text())
         print(f"run directory: {run_dir}")
-        print(
-            f"held-out accuracy: {s['eval_before']['accuracy']:.3f} -> "
-            f"{s['eval_after']['accuracy']:.3f} ({s['steps']} steps, "
-            f"{s['wall_time_s']:.0f} s)"
-        )
+        before, after = s["eval_before"].get("accuracy"), s["eval_after"].get("accuracy")
+        if before is None or after is None:  # train.eval_size=0: no held-out evaluation
+            print(f"{s['steps']} steps, {s['wall_time_s']:.0f} s (no held-out evaluation)")
+        else:
+            print(
+                f"held-out accuracy: {before:.3f} -> {after:.3f} ({s['steps']} steps, "
+                f"{s['wall_time_s']:.0f} s)"
+            )
     return 0
 
 

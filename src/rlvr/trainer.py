@@ -261,6 +261,12 @@ def _quiet(*_args) -> None:
     pass
 
 
+def _accuracy_line(when: str, ev: dict) -> str:
+    if "accuracy" not in ev:  # train.eval_size=0
+        return f"no held-out evaluation {when} training (train.eval_size=0)"
+    return f"held-out accuracy {when} training: {ev['accuracy']:.3f}"
+
+
 def train(
     cfg: Config,
     *,
@@ -308,7 +314,7 @@ def _train(
     with logger as log, StopSignal() as stop:
         if eval_before is None:
             eval_before = run.evaluate()
-            log.message(f"held-out accuracy before training: {eval_before.get('accuracy', 0):.3f}")
+            log.message(_accuracy_line("before", eval_before))
         while step < cfg.train.max_steps and not d.max(float(stop.requested)):
             step += 1
             metrics, examples = run_step(step, run)
@@ -329,7 +335,7 @@ def _train(
             )
             return run_dir
         eval_after = run.evaluate()
-        log.message(f"held-out accuracy after training: {eval_after.get('accuracy', 0):.3f}")
+        log.message(_accuracy_line("after", eval_after))
     if d.is_main:
         summary = {
             "eval_before": eval_before,
