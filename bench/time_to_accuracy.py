@@ -30,6 +30,10 @@ evaluations: only training is timed. Each run is a subprocess with `--max-minute
 training time; a run that does not reach the target reports the budget as a lower bound.
 With `--repeats N` the runs alternate (rlvr, TRL, rlvr, ...) and the medians are compared.
 
+The learning rate is a setting a TRL user would tune for TRL: `--trl-lrs 2e-4,3e-4,5e-4` runs
+TRL once per value (rlvr keeps its default) and also compares rlvr with TRL's best of them
+(`speedup_vs_trl_best_lr`), so a gap cannot come from an lr that suits only rlvr.
+
 The last line printed is one JSON object: `speedup_time_to_accuracy` (TRL time / rlvr time;
 a lower bound when TRL did not reach the target, flagged by `trl_reached`).
 """
@@ -74,6 +78,8 @@ def rlvr_config(args):
         for section, values in TINY_DEFAULTS.items():
             overrides[section] = {**values, **overrides.get(section, {})}
         overrides["train"]["max_steps"] = args.max_steps
+    if args.lr is not None:  # a TRL run at another learning rate (--trl-lrs)
+        overrides["optim"] = {**overrides.get("optim", {}), "lr": args.lr}
     return load_config(None, overrides)
 
 
@@ -117,9 +123,10 @@ def child_rlvr(args) -> dict:
             raise _Stop
         metrics, examples = run_step(*a, **k)
         state["step"] += 1
-        state["samples"] += int(metrics.get("groups/gen_batches", 1)) * (
-            cfg.rollout.prompts_per_step * cfg.rollout.group_size
-        )
+        groups = metrics.get("groups/generated")  # refill batches may be smaller than a step's
+        if groups is None:
+            groups = metrics.get("groups/gen_batches", 1) * cfg.rollout.prompts_per_step
+        state["samples"] += int(groups) * cfg.rollout.group_size
         state["gen_batches"] += int(metrics.get("groups/gen_batches", 1))
         return metrics, examples
 
@@ -285,6 +292,10 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--repeats", type=int, default=1, help="alternating runs per trainer")
     p.add_argument("--only", choices=["rlvr", "trl"], default=None, help="run one trainer")
+    p.add_argument(
+        "--trl-lrs", default=None, help="comma list: TRL runs at each lr (default rlvr's lr)"
+    )
+    p.add_argument("--lr", type=float, default=None, help=argparse.SUPPRESS)
     p.add_argument("--child", choices=["trl", "rlvr"], help=argparse.SUPPRESS)
     p.add_argument("--model-path", help=argparse.SUPPRESS)
     p.add_argument("--work-dir", help=argparse.SUPPRESS)
@@ -316,16 +327,20 @@ def main() -> None:
         f"{args.eval_every} steps, budget {args.max_minutes:g} min of training per run"
     )
     results: dict[str, list[dict]] = {}
-    kinds = [args.only] if args.only else ["rlvr", "trl"]
+    trl_lrs = [None] if args.trl_lrs is None else [float(x) for x in args.trl_lrs.split(",")]
+    runs = [("rlvr", None)] + [("trl", lr) for lr in trl_lrs]
+    runs = [(k, lr) for k, lr in runs if args.only in (None, k)]
     for rep in range(args.repeats):  # alternating rlvr, TRL, rlvr, TRL, ...
-        for kind in kinds:
-            tag = f"{kind}-{rep}"
+        for kind, lr in runs:
+            name = kind if lr is None else f"{kind}@{lr:g}"
+            tag = f"{name}-{rep}"
             out = work / f"{tag}.json"
             cmd = [
                 sys.executable,
                 str(Path(__file__).resolve()),
                 "--child",
                 kind,
+                *(["--lr", str(lr)] if lr is not None else []),
                 "--model-path",
                 model_path,
                 "--work-dir",
@@ -349,14 +364,14 @@ def main() -> None:
                 os.environ, OMP_NUM_THREADS=str(args.threads), TOKENIZERS_PARALLELISM="false"
             )
             env["TRANSFORMERS_VERBOSITY"] = "error"
-            print(f"\n== {kind} (run {rep})")
+            print(f"\n== {name} (run {rep})")
             sys.stdout.flush()
             proc = subprocess.run(cmd, env=env, stdout=None, stderr=subprocess.PIPE, text=True)
             if proc.returncode != 0 or not out.exists():
                 sys.stderr.write(proc.stderr[-8000:])
                 raise SystemExit(f"{kind} run failed (exit {proc.returncode})")
             res = json.loads(out.read_text())
-            results.setdefault(kind, []).append(res)
+            results.setdefault(name, []).append(res)
             status = (
                 f"reached {args.target:.0%} at step {res['reached']['step']} after "
                 f"{res['train_s']:.1f} s of training"
@@ -365,7 +380,7 @@ def main() -> None:
                 f"({res['steps']} steps)"
             )
             print(
-                f"  {kind}: {status}; {res['samples']} samples generated, peak RSS "
+                f"  {name}: {status}; {res['samples']} samples generated, peak RSS "
                 f"{res['peak_rss_mib']:.0f} MiB, run {res['wall_s']:.0f} s"
             )
     # Medians over repeats; a run that missed the target counts with its budget (a lower bound).
@@ -377,11 +392,24 @@ def main() -> None:
         summary[f"{kind}_samples"] = [r["samples"] for r in rs]
         summary[f"{kind}_reached"] = all(r["reached"] is not None for r in rs)
         summary[f"{kind}_best_accuracy"] = max(c["accuracy"] for r in rs for c in r["curve"])
-    if len(results) == 2 and summary["rlvr_reached"]:
-        summary["speedup_time_to_accuracy"] = round(
-            summary["trl_seconds"] / summary["rlvr_seconds"], 3
-        )
-        summary["speedup_is_lower_bound"] = not summary["trl_reached"]
+    rlvr_lr = results["rlvr"][0]["config"]["lr"] if "rlvr" in results else None
+    trl_names = [k for k in results if k.startswith("trl")]
+    same_lr = [k for k in trl_names if k == "trl" or float(k.split("@")[1]) == rlvr_lr]
+    if "rlvr" in results and summary["rlvr_reached"] and trl_names:
+        summary["rlvr_lr"] = rlvr_lr
+        if same_lr:  # TRL at rlvr's learning rate
+            k = same_lr[0]
+            summary["speedup_time_to_accuracy"] = round(
+                summary[f"{k}_seconds"] / summary["rlvr_seconds"], 3
+            )
+            summary["speedup_is_lower_bound"] = not summary[f"{k}_reached"]
+        if len(trl_names) > 1:  # TRL at its best learning rate of those tried
+            best = min(trl_names, key=lambda k: summary[f"{k}_seconds"])
+            summary["trl_best_lr"] = best.split("@")[1] if "@" in best else rlvr_lr
+            summary["speedup_vs_trl_best_lr"] = round(
+                summary[f"{best}_seconds"] / summary["rlvr_seconds"], 3
+            )
+            summary["speedup_vs_trl_best_lr_is_lower_bound"] = not summary[f"{best}_reached"]
     tmp.cleanup()
     print(json.dumps(summary))
 

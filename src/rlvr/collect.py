@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from rlvr.algos import DynamicSamplingBuffer, keep_groups
+from rlvr.algos import DynamicSamplingBuffer, keep_groups, refill_size
 from rlvr.batching import Sample
 from rlvr.config import Config
 from rlvr.distributed import Dist
@@ -159,9 +159,10 @@ def collect(
     )
     tally, examples = Tally(), []
     t_gen = t_score = 0.0
-    lo, hi = d.shard(target)
+    size = target  # prompts in this generation batch: a whole one first, then refills
     while not buffer.ready:
-        batch = sampler.take(target)  # the same on every rank
+        batch = sampler.take(size)  # the same on every rank
+        lo, hi = d.shard(size)
         mine = [prompts[i] for i in batch[lo:hi]]
         b, seed = buffer.num_gen_batches, cfg.train.seed
         params = SamplingParams(
@@ -200,15 +201,18 @@ def collect(
         if cfg.algo.dynamic_sampling:
             keep = keep_groups(correct, G)
         else:
-            keep = torch.ones(target, dtype=torch.bool)
-        payloads = [None] * lo + _groups(rows, rollout, scores, G) + [None] * (target - hi)
+            keep = torch.ones(size, dtype=torch.bool)
+        payloads = [None] * lo + _groups(rows, rollout, scores, G) + [None] * (size - hi)
         buffer.add(payloads, keep)
+        if cfg.algo.refill == "adaptive":
+            size = refill_size(target, len(buffer), buffer.num_groups_seen)
     result = buffer.pop()
     metrics = tally.metrics(d)
     metrics.update(
         {
             "groups/kept": len(result.groups),
             "groups/gen_batches": result.num_gen_batches,
+            "groups/generated": result.num_groups_seen,
             "groups/incomplete": float(not result.complete),
             "time/generation": t_gen,
             "time/scoring": t_score,

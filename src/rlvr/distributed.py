@@ -33,9 +33,9 @@ class Dist:
         return self.world_size > 1
 
     def shard(self, n: int) -> tuple[int, int]:
-        """This rank's contiguous [lo, hi) share of n items (n divisible by world_size)."""
-        k = n // self.world_size
-        return self.rank * k, (self.rank + 1) * k
+        """This rank's contiguous [lo, hi) share of n items; equal shares when n is divisible
+        by world_size, else the shares differ by at most one (a small refill batch)."""
+        return self.rank * n // self.world_size, (self.rank + 1) * n // self.world_size
 
     def sum(self, values: list[float]) -> list[float]:
         """Element-wise sum over ranks (float64 on the CPU side of the reduction)."""

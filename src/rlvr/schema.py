@@ -123,6 +123,8 @@ class AlgoConfig:
     kl_kind: KL estimator: k1, k2, k3.
     dynamic_sampling: keep only groups with 0 < #correct < G, refilling from more generation batches.
     max_gen_batches: bound on generation batches per step under dynamic sampling.
+    refill: dynamic sampling's refill batches: adaptive (about 1.25 x missing / keep-rate prompts,
+        at most prompts_per_step) or full (prompts_per_step each, the surplus discarded: verl).
     overlong_filter: give truncated responses a zero loss mask.
     soft_overlong: add DAPO's soft overlong punishment to the reward.
     overlong_cache: L_cache of the soft overlong punishment, in tokens.
@@ -142,6 +144,7 @@ class AlgoConfig:
     kl_kind: Literal["k1", "k2", "k3"] = "k3"
     dynamic_sampling: bool = False
     max_gen_batches: int = 4
+    refill: Literal["adaptive", "full"] = "adaptive"
     overlong_filter: bool = False
     soft_overlong: bool = False
     overlong_cache: int = 8

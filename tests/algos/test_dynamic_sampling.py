@@ -9,7 +9,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rlvr.algos import DynamicSamplingBuffer, keep_groups
+from rlvr.algos import DynamicSamplingBuffer, keep_groups, refill_size
 
 from .helpers import PROPS, loop_keep_groups
 
@@ -100,3 +100,29 @@ def test_buffer_errors():
     buf = DynamicSamplingBuffer(2, 2)
     with pytest.raises(ValueError, match="2 groups but 3 keep flags"):
         buf.add(["a", "b"], [True, False, True])
+
+
+def test_refill_size_cases():
+    # 12 of 16 kept from 16 seen: 4 missing at keep rate 3/4 -> ceil(1.25 * 4 * 16 / 12) = 7
+    assert refill_size(16, kept=12, seen=16) == 7
+    assert refill_size(16, kept=15, seen=16) == 2  # ceil(1.25 * 1 * 16 / 15) = ceil(1.33)
+    assert refill_size(16, kept=5, seen=32) == 16  # ceil(1.25 * 11 * 32 / 5) = 88: capped
+    assert refill_size(16, kept=0, seen=16) == 16  # no keep rate yet: a whole batch
+    assert refill_size(16, kept=16, seen=20) == 0  # nothing missing
+    assert refill_size(8, kept=6, seen=8, margin=1.0) == 3  # 2 missing at rate 3/4: ceil(2.67)
+
+
+@PROPS
+@given(
+    target=st.integers(1, 64), seen=st.integers(1, 200), kept=st.integers(0, 200), data=st.data()
+)
+def test_refill_size_properties(target, seen, kept, data):
+    kept = min(kept, seen, target)
+    n = refill_size(target, kept, seen)
+    missing = target - kept
+    assert 0 <= n <= target
+    assert (n == 0) == (missing == 0)
+    if 0 < kept < target:  # the expected kept groups cover what is missing (or a whole batch)
+        assert n == target or n * kept / seen >= missing
+        more = data.draw(st.integers(1, target - kept))  # fewer kept: never a smaller refill
+        assert refill_size(target, kept - min(more, kept - 1), seen) >= n

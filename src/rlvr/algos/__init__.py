@@ -21,7 +21,7 @@ from .advantages import (
 from .aggregate import AGGREGATIONS, AggMode, aggregate, sample_mean, token_mean, token_sum_norm
 from .kl import KL_ESTIMATORS, KLKind, kl_estimate, kl_k1, kl_k2, kl_k3
 from .losses import LossOutput, Ratio, policy_loss
-from .sampling import DynamicSamplingBuffer, DynamicSamplingResult, keep_groups
+from .sampling import DynamicSamplingBuffer, DynamicSamplingResult, keep_groups, refill_size
 from .shaping import overlong_filter_mask, soft_overlong_penalty
 
 __all__ = [
@@ -47,6 +47,7 @@ __all__ = [
     "kl_k3",
     "overlong_filter_mask",
     "policy_loss",
+    "refill_size",
     "rloo_advantages",
     "sample_mean",
     "soft_overlong_penalty",

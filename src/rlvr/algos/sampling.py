@@ -9,6 +9,7 @@ all-wrong group a non-zero reward std.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
@@ -34,6 +35,28 @@ def keep_groups(correct: Tensor, group_size: int) -> Tensor:
         )
     n_correct = (correct != 0).view(-1, group_size).sum(dim=1)
     return (n_correct > 0) & (n_correct < group_size)
+
+
+REFILL_MARGIN = 1.25
+
+
+def refill_size(target: int, kept: int, seen: int, margin: float = REFILL_MARGIN) -> int:
+    """Prompts to draw for the next generation batch of a step that holds `kept` of its
+    `target` groups after `seen` generated: the missing groups divided by the step's keep
+    rate so far, times `margin`, rounded up; a whole batch (`target`) when nothing was kept
+    yet, and never more.
+
+    verl's DAPO recipe refills with whole batches and discards the surplus: with 12 of 16
+    groups kept, a refill of 16 prompts generates ~12 groups to use 4. Here it draws
+    ceil(1.25 * 4 * 16 / 12) = 7. Same distribution of kept groups (the first informative ones
+    in sampler order); a shortfall costs one more, smaller, refill.
+    """
+    if kept <= 0 or seen <= 0:
+        return target
+    missing = target - kept
+    if missing <= 0:
+        return 0
+    return max(1, min(target, math.ceil(margin * missing * seen / kept)))
 
 
 @dataclass(frozen=True)
@@ -100,6 +123,10 @@ class DynamicSamplingBuffer(Generic[GroupT]):
     @property
     def num_gen_batches(self) -> int:
         return self._num_gen_batches
+
+    @property
+    def num_groups_seen(self) -> int:
+        return self._num_groups_seen
 
     @property
     def ready(self) -> bool:

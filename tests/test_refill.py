@@ -1,0 +1,40 @@
+"""Dynamic sampling's refills on the built-in model and task: adaptive refills (the default)
+draw only about what is missing, full ones a whole batch each (verl's recipe); both fill every
+step with the same number of groups."""
+
+import json
+
+from rlvr.cli import main
+
+
+def _run(tmp_path, refill: str) -> list[dict]:
+    run = tmp_path / refill
+    rc = main(
+        [
+            "train",
+            "--max-steps",
+            "4",
+            "--output-dir",
+            str(run),
+            "--train.eval_size=0",
+            "--no-progress",
+            f"--algo.refill={refill}",
+        ]
+    )
+    assert rc == 0
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_adaptive_refills_generate_less_for_the_same_batches(tmp_path):
+    adaptive, full = _run(tmp_path, "adaptive"), _run(tmp_path, "full")
+    for rows in (adaptive, full):
+        assert [r["groups/kept"] for r in rows] == [16] * 4
+        assert all(r["groups/incomplete"] == 0 for r in rows)
+    assert any(r["groups/gen_batches"] > 1 for r in adaptive), "no refill: nothing tested"
+    for r in full:  # whole batches: 16 prompts each
+        assert r["groups/generated"] == 16 * r["groups/gen_batches"]
+    for r in adaptive:  # a whole first batch, then smaller refills
+        assert 16 < r["groups/generated"] < 16 * r["groups/gen_batches"] or (
+            r["groups/gen_batches"] == 1 and r["groups/generated"] == 16
+        )
+    assert sum(r["groups/generated"] for r in adaptive) < sum(r["groups/generated"] for r in full)
