@@ -102,6 +102,7 @@ def test_two_steps_on_a_local_qwen2(tiny_qwen2_dir, tmp_path, capsys):
     assert summary["steps"] == 2
     assert summary["engine"] == "fast"
     assert summary["native_kernels"] == "on" or summary["native_kernels"].startswith("off: ")
+    assert summary["malloc_tuning"] == "on" or summary["malloc_tuning"].startswith("off: ")
 
     before, after = _weights(tiny_model_dir), _weights(run / ckpt)
     changed = [k for k in before if not torch.equal(before[k], after[k])]

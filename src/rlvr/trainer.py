@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 from rich.console import Console
 
+from rlvr.allocator import keep_freed_memory
 from rlvr.checkpoint import (
     latest_good_checkpoint,
     load_trainer_state,
@@ -280,6 +281,7 @@ def train(
     caller that ends the process with `os._exit` (see `distributed.shutdown`)."""
     console = console or Console(stderr=True, soft_wrap=True)
     t_start = time.time()
+    keep_freed_memory()  # glibc keeps freed buffers for the next step (rlvr.allocator)
     run, resumed = setup(cfg, resume_dir, console)
     # No barrier after a failure: the other ranks may never reach it; torchrun stops them
     # once this rank exits with the error.
@@ -351,6 +353,7 @@ def _train(
             "engine": cfg.rollout.engine,
             # whether the fast engine's C kernels ran, or why not (rlvr.rollout.native)
             "native_kernels": native.status() if cfg.rollout.engine == "fast" else "unused",
+            "malloc_tuning": keep_freed_memory(),  # rlvr.allocator: "on" or why not
             "wall_time_s": time.time() - t_start,
         }
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))

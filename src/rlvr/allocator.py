@@ -1,0 +1,49 @@
+"""Keep freed memory in the process for reuse (glibc malloc), for CPU training.
+
+A training step allocates and frees the same large activation and gradient buffers every
+step. glibc serves each allocation over its mmap threshold with a fresh `mmap` and returns it
+on free, and trims the heap top back to the system, so the next step touches new pages again:
+page faults on every large tensor, which are costly (more so in sandboxed kernels such as
+gVisor). PyTorch's CPU performance guide recommends jemalloc or tcmalloc for this; those are
+not on PyPI, so `keep_freed_memory` sets glibc's own knobs instead (`mallopt`): allocations up
+to 32 MiB come from the heap, freed memory is kept up to 1 GiB above the heap top, and the heap
+grows 256 MiB at a time (address space only; pages count once touched). Measured on issue 5's
+model (`bench/vs_trl.py` settings, beta 0.04): the update 3-6% faster, the step 2-5%.
+
+It changes process-wide allocator settings, so it runs when training starts, not at import;
+set `RLVR_MALLOC=0` to leave the allocator alone. Any `MALLOC_*` environment variable means
+the user tuned glibc already: left alone too. Not glibc (musl, macOS): nothing to do.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+
+M_TRIM_THRESHOLD, M_TOP_PAD, M_MMAP_THRESHOLD = -1, -2, -3  # glibc's malloc.h
+SETTINGS = ((M_MMAP_THRESHOLD, 32 << 20), (M_TRIM_THRESHOLD, 1 << 30), (M_TOP_PAD, 256 << 20))
+_status: list[str] = []
+
+
+def keep_freed_memory() -> str:
+    """Apply the settings once per process; returns (and remembers) "on" or "off: <why>"."""
+    if not _status:
+        _status.append(_apply())
+    return _status[0]
+
+
+def _apply() -> str:
+    if os.environ.get("RLVR_MALLOC", "1") == "0":
+        return "off: RLVR_MALLOC=0"
+    tuned = sorted(k for k in os.environ if k.startswith("MALLOC_"))
+    if tuned:
+        return f"off: the environment sets {', '.join(tuned)}"
+    try:
+        mallopt = ctypes.CDLL("libc.so.6").mallopt
+    except (OSError, AttributeError):
+        return "off: not glibc"
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    for param, value in SETTINGS:
+        if mallopt(param, value) != 1:  # mallopt returns 1 on success
+            return f"off: mallopt({param}, {value}) failed"
+    return "on"
