@@ -71,6 +71,13 @@ def test_lengths_from_eos_matches_loop():
         assert n == (len(row) if first is None else first + 1)  # EOS counted
 
 
+def test_lengths_from_eos_of_empty_batches():
+    lengths, truncated = lengths_from_eos(torch.zeros(0, 9, dtype=torch.long), [3])
+    assert lengths.shape == truncated.shape == (0,)
+    lengths, truncated = lengths_from_eos(torch.zeros(2, 0, dtype=torch.long), [3])
+    assert lengths.tolist() == [0, 0] and truncated.tolist() == [True, True]  # cut at 0 tokens
+
+
 def test_left_pad():
     ids, mask = left_pad([[1, 2, 3], [4]], pad_id=0, device="cpu")
     assert ids.tolist() == [[1, 2, 3], [0, 0, 4]]

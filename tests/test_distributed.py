@@ -5,6 +5,7 @@ dynamic sampling on, for token_mean and sample_mean, under DDP and under FSDP2. 
 response) gives a random model mixed groups, so dynamic sampling really filters."""
 
 import contextlib
+import itertools
 import json
 import os
 import signal
@@ -16,6 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
+
+from rlvr.distributed import Dist
 
 HERE = Path(__file__).parent
 ACCURACY = f"{HERE / 'e2e_rewards.py'}:has_digit"
@@ -102,6 +105,18 @@ def _descendants(pid: int) -> list[int]:
     return out
 
 
+@pytest.mark.parametrize("n", [0, 1, 3, 4, 7, 16])
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_shards_cover_a_batch_in_order(n, world):
+    """Every rank's contiguous share, in rank order, is the whole batch; shares differ by at
+    most one (an adaptive refill need not divide by the number of ranks)."""
+    shares = [Dist(rank=r, world_size=world).shard(n) for r in range(world)]
+    assert shares[0][0] == 0 and shares[-1][1] == n
+    assert all(a[1] == b[0] for a, b in itertools.pairwise(shares))
+    sizes = [hi - lo for lo, hi in shares]
+    assert max(sizes) - min(sizes) <= 1
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("parallel", ["ddp", "fsdp2"])
 @pytest.mark.parametrize("agg", ["token_mean", "sample_mean"])
@@ -114,6 +129,7 @@ def test_two_ranks_match_one(tiny_model_dir, tmp_path, agg, parallel):
     assert any(r["groups/all_correct_frac"] + r["groups/all_wrong_frac"] > 0 for r in m1), (
         "dynamic sampling never filtered: the test would not exercise it"
     )
+    assert [r["groups/generated"] for r in m1] == [r["groups/generated"] for r in m2]
     for a, b in zip(m1, m2):
         for key in ("reward/mean", "accuracy", "loss", "entropy", "response/length_mean"):
             assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-6), key

@@ -38,3 +38,27 @@ def test_adaptive_refills_generate_less_for_the_same_batches(tmp_path):
             r["groups/gen_batches"] == 1 and r["groups/generated"] == 16
         )
     assert sum(r["groups/generated"] for r in adaptive) < sum(r["groups/generated"] for r in full)
+
+
+def test_a_rank_with_an_empty_share_generates_and_scores_nothing(tmp_path):
+    """A refill of fewer prompts than ranks leaves some rank an empty share: its engine,
+    decoding, scorer and tally must take an empty batch (the built-in model and task)."""
+    from rich.console import Console
+
+    from rlvr.collect import Tally
+    from rlvr.config import load_config
+    from rlvr.evaluation import decode_completions
+    from rlvr.rollout import SamplingParams
+    from rlvr.trainer import setup
+
+    cfg = load_config(None, {"train": {"output_dir": str(tmp_path / "run"), "eval_size": 0}})
+    run, _ = setup(cfg, None, Console(quiet=True))
+    params = SamplingParams(n=cfg.rollout.group_size, max_new_tokens=8, temperature=1.0, seed=0)
+    rollout = run.engine.generate([], params)
+    assert rollout.completion_ids.shape[0] == 0
+    completions = decode_completions(run.tokenizer, rollout)
+    scores = run.scorer([], completions, rollout)
+    assert scores.total.numel() == 0 and scores.correct.numel() == 0
+    tally = Tally()
+    tally.add(rollout, scores, completions, cfg.rollout.group_size)
+    assert tally.sums["n"] == 0

@@ -93,8 +93,12 @@ def lengths_from_eos(
     A row's length is the index of its first EOS + 1, or T when it has none (truncated).
     Anything after the first EOS is padding, whatever token it holds.
     """
+    B, T = completion_ids.shape
+    if B == 0 or T == 0:  # no rows (a rank's empty share of a small refill), or no tokens
+        return completion_ids.new_zeros(B), torch.full(
+            (B,), T == 0, dtype=torch.bool, device=completion_ids.device
+        )
     is_eos = torch.isin(completion_ids, torch.tensor(eos_ids, device=completion_ids.device))
-    T = completion_ids.shape[1]
     steps = torch.arange(T, device=completion_ids.device).expand_as(completion_ids)
     first = torch.where(is_eos, steps, torch.full_like(steps, T)).min(dim=1).values
     truncated = first == T
