@@ -232,36 +232,34 @@ def rope_cache_attention(
     key and value written to slot `t - 1` of the rows' own cache buffers, then the prefix
     attention. qkv (n, (Hq + 2 Hkv) D); cos, sin (n, D); heads (Hq, Hkv, D); k/v_cache
     (n, Hkv, T, D) contiguous, T >= t. Returns (n, Hq * D). Check `fits_rope` first."""
+    Hq, _, D = heads
+    out = torch.empty(qkv.shape[0], Hq * D, dtype=torch.float32)
+    rest, _scratch = _attention_args(
+        heads, k_prompt, v_prompt, bias, group, k_cache, v_cache, t, scale, out, extra_scratch=D
+    )
+    function("rope_cache_attention")(qkv.data_ptr(), cos.data_ptr(), sin.data_ptr(), *rest)
+    return out
+
+
+def _attention_args(
+    heads, k_prompt, v_prompt, bias, group, k_own, v_own, t, scale, out, extra_scratch=0
+) -> tuple[tuple, torch.Tensor]:
+    """The argument tail both attention kernels share, after their own inputs: sizes, the
+    prompt side, the rows' own keys/values (t of them; row and head strides), the scale, the
+    output, per-thread scratch of P + t + `extra_scratch` floats, the thread count. Also
+    returns the scratch tensor: the caller holds it until the kernel returns (the tail has
+    only its address)."""
     Hq, Hkv, D = heads
-    n = qkv.shape[0]
-    P = k_prompt.shape[2]
-    out = torch.empty(n, Hq * D, dtype=torch.float32)
+    n, P = bias.shape
     threads = torch.get_num_threads()
-    scratch = torch.empty(threads * (P + t + D), dtype=torch.float32)
-    function("rope_cache_attention")(
-        qkv.data_ptr(),
-        cos.data_ptr(),
-        sin.data_ptr(),
-        n,
-        Hq,
-        Hkv,
-        D,
-        k_prompt.data_ptr(),
-        v_prompt.data_ptr(),
-        P,
-        bias.data_ptr(),
-        group.data_ptr(),
-        k_cache.data_ptr(),
-        v_cache.data_ptr(),
-        t,
-        k_cache.stride(0),
-        k_cache.stride(1),
-        scale,
-        out.data_ptr(),
-        scratch.data_ptr(),
+    scratch = torch.empty(threads * (P + t + extra_scratch), dtype=torch.float32)
+    args = (
+        *(n, Hq, Hkv, D, k_prompt.data_ptr(), v_prompt.data_ptr(), P),
+        *(bias.data_ptr(), group.data_ptr(), k_own.data_ptr(), v_own.data_ptr(), t),
+        *(k_own.stride(0), k_own.stride(1), scale, out.data_ptr(), scratch.data_ptr()),
         threads,
     )
-    return out
+    return args, scratch
 
 
 def _fp32_cpu(*tensors: torch.Tensor) -> bool:
@@ -324,35 +322,15 @@ def prefix_decode_attention(
     """The kernel on torch tensors. q (n, Hq, D); k/v_prompt (U, Hkv, P, D) contiguous; bias
     (n, P) contiguous fp32; group (n,) int64; k/v_own (n, Hkv, t, D) with unit stride over
     D and stride D over t (a slice of a preallocated buffer is fine). Returns (n, Hq, D)."""
-    fn = kernel()
-    n, Hq, D = q.shape
-    _, Hkv, P, _ = k_prompt.shape
-    t = k_own.shape[2]
+    _, Hq, D = q.shape
+    heads = (Hq, k_prompt.shape[1], D)
     q = q.contiguous()
     out = torch.empty_like(q)
-    threads = torch.get_num_threads()
-    scratch = torch.empty(threads * (P + t), dtype=torch.float32)
-    fn(
-        q.data_ptr(),
-        n,
-        Hq,
-        Hkv,
-        D,
-        k_prompt.data_ptr(),
-        v_prompt.data_ptr(),
-        P,
-        bias.data_ptr(),
-        group.data_ptr(),
-        k_own.data_ptr(),
-        v_own.data_ptr(),
-        t,
-        k_own.stride(0),
-        k_own.stride(1),
-        scale,
-        out.data_ptr(),
-        scratch.data_ptr(),
-        threads,
+    t = k_own.shape[2]
+    rest, _scratch = _attention_args(
+        heads, k_prompt, v_prompt, bias, group, k_own, v_own, t, scale, out
     )
+    kernel()(q.data_ptr(), *rest)
     return out
 
 
