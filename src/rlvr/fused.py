@@ -111,27 +111,26 @@ class _Rope(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        B, H, T, D = x.shape
-        rows = x.transpose(1, 2)  # (B, T, H, D), contiguous
-        y = torch.empty_like(rows)
-        native.function("rope_fwd")(
-            rows.data_ptr(), cos.data_ptr(), sin.data_ptr(), B * T, H, D, y.data_ptr(),
-            torch.get_num_threads(),
-        )  # fmt: skip
         ctx.save_for_backward(cos, sin)
-        return y.transpose(1, 2)  # the layout the eager ops would have returned
+        return _rope_pass("rope_fwd", x, cos, sin)
 
     @staticmethod
     def backward(ctx, dy: torch.Tensor):
         cos, sin = ctx.saved_tensors
-        B, H, T, D = dy.shape
-        rows = dy.transpose(1, 2).contiguous()
-        dx = torch.empty_like(rows)
-        native.function("rope_bwd")(
-            rows.data_ptr(), cos.data_ptr(), sin.data_ptr(), B * T, H, D, dx.data_ptr(),
-            torch.get_num_threads(),
-        )  # fmt: skip
-        return dx.transpose(1, 2), None, None
+        return _rope_pass("rope_bwd", dy, cos, sin), None, None
+
+
+def _rope_pass(kernel: str, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+    """One native pass over (B, H, T, D) `x` read as (B, T, H, D) rows; the result in the
+    layout the eager ops would have returned (a transposed view of a contiguous buffer)."""
+    B, H, T, D = x.shape
+    rows = x.transpose(1, 2).contiguous()  # no copy for the attention forward's layout
+    out = torch.empty_like(rows)
+    native.function(kernel)(
+        rows.data_ptr(), cos.data_ptr(), sin.data_ptr(), B * T, H, D, out.data_ptr(),
+        torch.get_num_threads(),
+    )  # fmt: skip
+    return out.transpose(1, 2)
 
 
 def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor | None:
