@@ -8,7 +8,8 @@ gVisor). PyTorch's CPU performance guide recommends jemalloc or tcmalloc for thi
 not on PyPI, so `keep_freed_memory` sets glibc's own knobs instead (`mallopt`): allocations up
 to 32 MiB come from the heap, freed memory is kept up to 1 GiB above the heap top, and the heap
 grows 256 MiB at a time (address space only; pages count once touched). Measured on issue 5's
-model (`bench/vs_trl.py` settings, beta 0.04): the update 3-6% faster, the step 2-5%.
+model (`bench/vs_trl.py` settings, beta 0.04, 4 alternating pairs): faster in every pair, the
+update by 2.5-6%, the step by 1-7%.
 
 It changes process-wide allocator settings, so it runs when training starts, not at import;
 set `RLVR_MALLOC=0` to leave the allocator alone. Any `MALLOC_*` environment variable means

@@ -296,8 +296,9 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
 # The offline default (`rlvr train` with no arguments): sizes tuned so the built-in tiny model
 # learns its task on a laptop CPU in minutes. Applied under every preset when the model is the
 # built-in one and the user did not set them. lr 4e-4 (2e-4 before session 4): measured over
-# seeds 1-3 of the dapo run, 90% held-out accuracy at step 20 every time (2e-4: steps 30-35)
-# and 0.973-0.988 at step 60 (2e-4: 0.98-0.984); 5e-4 ended lower (0.965-0.973).
+# seeds 1-3 of the dapo run with whole-batch refills, 90% held-out accuracy at step 20 every
+# time (2e-4: steps 30-35) and 0.973-0.988 at step 60 (2e-4: 0.98-0.984); 5e-4 ended lower
+# (0.965-0.973). With adaptive refills (the default since): steps 20-25, 0.973-0.988.
 TINY_DEFAULTS: dict[str, dict[str, Any]] = {
     "optim": {"lr": 4e-4, "warmup_steps": 5},
     "train": {"max_steps": 60, "threads": 2},
