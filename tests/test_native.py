@@ -40,7 +40,7 @@ print(json.dumps({"status": native.status(), "tokens": out.completion_ids.tolist
 def test_builds_once_into_the_cache_and_matches_the_torch_path(tmp_path):
     on = _status(tmp_path)
     assert on["status"] == "on"
-    built = list((tmp_path / "cache" / "kernels").glob("prefix_decode-*.so"))
+    built = list((tmp_path / "cache" / "kernels").glob("rlvr_kernels-*.so"))
     assert len(built) == 1
     mtime = built[0].stat().st_mtime_ns
     assert _status(tmp_path)["status"] == "on"  # second process: loaded, not rebuilt
@@ -178,7 +178,7 @@ def test_an_unwritable_home_falls_back_to_a_private_temporary_directory(tmp_path
     assert proc.stdout.strip() == "on"
     private = tmp_path / "tmp" / f"rlvr-{os.getuid()}"
     assert oct(private.stat().st_mode & 0o777) == oct(0o700)
-    assert list((private / "kernels").glob("prefix_decode-*.so"))
+    assert list((private / "kernels").glob("rlvr_kernels-*.so"))
 
 
 @pytest.mark.skipif(not HAVE_CC, reason="no C compiler on this machine")

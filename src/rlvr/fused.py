@@ -18,6 +18,10 @@ the backward) is a module-level function that the Llama family's attention forwa
 name, `apply_rotary_pos_emb` in their modeling module; for the block, that name points to a
 version that runs `rope_fwd` / `rope_bwd` on fp32 CPU tensors of the layout the attention
 forward makes (and the original on anything else), and is put back after.
+
+The attention itself, where the model uses SDPA, runs `rlvr.attention`'s native pass for the
+block too (the same switch of the model's attention implementation that the fast engine's
+decoding makes).
 """
 
 from __future__ import annotations
@@ -29,6 +33,8 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
+from rlvr.attention import native_attention
+from rlvr.models import unwrap_model
 from rlvr.rollout import native
 from rlvr.rollout.prefix_attention import PREFIX_MODEL_TYPES
 
@@ -252,26 +258,33 @@ def _is_silu_mlp(m: nn.Module) -> bool:
 @contextlib.contextmanager
 def fused_ops(model: nn.Module) -> Iterator[int]:
     """Within the block, the plain RMSNorms and SiLU MLPs of `model`, and the RoPE of its
-    Llama-family attention, run the native passes (see the module doc); yields how many
-    modules were swapped."""
+    Llama-family attention, run the native passes (see the module doc), and so does its
+    attention where it uses SDPA (`rlvr.attention`); yields how many modules were swapped."""
     if native.function("rms_norm_fwd") is None:
         yield 0
         return
     patched: list[nn.Module] = []
     rope_modules = _patch_rope(model)
     try:
-        for m in model.modules():
-            if "forward" in m.__dict__:  # already swapped (packed weights, a hook): leave it
-                continue
-            if _is_plain_norm(m):
-                m.forward = _norm_forward(m)
-            elif _is_silu_mlp(m):
-                m.forward = _mlp_forward(m)
-            else:
-                continue
-            patched.append(m)
-        yield len(patched)
+        with native_attention(unwrap_model(model)):
+            yield _swap_modules(model, patched)
     finally:
         for m in patched:
             del m.forward
         _unpatch_rope(rope_modules)
+
+
+def _swap_modules(model: nn.Module, patched: list[nn.Module]) -> int:
+    """Points the plain norms' and MLPs' forwards to the native versions, recording each
+    module in `patched` (undone by deleting the instance attribute); returns how many."""
+    for m in model.modules():
+        if "forward" in m.__dict__:  # already swapped (packed weights, a hook): leave it
+            continue
+        if _is_plain_norm(m):
+            m.forward = _norm_forward(m)
+        elif _is_silu_mlp(m):
+            m.forward = _mlp_forward(m)
+        else:
+            continue
+        patched.append(m)
+    return len(patched)

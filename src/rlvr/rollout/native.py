@@ -1,10 +1,13 @@
-"""Small C kernels for CPU decoding, compiled on first use with the system C compiler.
+"""Small C kernels for CPU decoding and training, compiled on first use with the system C
+compiler.
 
 A decoding step of a small model on CPU is dominated by per-op overhead, not arithmetic: the
 shared-prefix attention (`rlvr.rollout.prefix_attention`) is ~20 torch ops per layer per
 step. `kernels/prefix_decode.c` does it in one pass (measured ~3x faster on issue 5's model,
-2 threads). It is plain C with OpenMP, built the first time it is needed into a cache
-directory (`$RLVR_CACHE_DIR`, else `~/.cache/rlvr`) keyed by the source, the compiler and the
+2 threads); `kernels/attention.c` is the training forwards' masked attention
+(`rlvr.attention`), and the rest are RMSNorm, SiLU-gate, RoPE and sampling passes. They are
+plain C with OpenMP, built the first time one is needed into one library in a cache
+directory (`$RLVR_CACHE_DIR`, else `~/.cache/rlvr`) keyed by the sources, the compiler and the
 CPU, and loaded with `ctypes`: no build step at install, no torch headers (a torch C++
 extension takes ~1 minute to compile; this takes under a second).
 
@@ -27,11 +30,16 @@ from pathlib import Path
 
 import torch
 
-_SOURCE = Path(__file__).with_name("kernels") / "prefix_decode.c"
-_FLAGS = ["-O3", "-march=native", "-fno-trapping-math", "-fopenmp", "-shared", "-fPIC", "-std=c11"]
+_KERNELS = Path(__file__).with_name("kernels")
+_SOURCES = [_KERNELS / "prefix_decode.c", _KERNELS / "attention.c"]  # built into one library
+_HEADERS = [_KERNELS / "common.h"]
+# -ffp-contract=fast: a * b + c as one fused multiply-add (ISO C mode would forbid it; measured
+# ~15% off the training attention). Not -ffast-math: see kernels/prefix_decode.c.
+_FLAGS = ["-O3", "-march=native", "-fno-trapping-math", "-ffp-contract=fast", "-fopenmp"]
+_FLAGS += ["-shared", "-fPIC", "-std=c11"]
 _state: dict = {}
 _I64, _PTR, _F32, _I32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float, ctypes.c_int
-# Every exported kernel (`rlvr_<name>` in kernels/prefix_decode.c) and its C argument types.
+# Every exported kernel (`rlvr_<name>` in kernels/*.c) and its C argument types.
 _SIGNATURES = {
     "prefix_decode_attention": [
         *(_PTR, _I64, _I64, _I64, _I64, _PTR, _PTR, _I64, _PTR, _PTR),
@@ -49,7 +57,14 @@ _SIGNATURES = {
     "silu_mul_bwd": [_PTR, _PTR, _PTR, _I64, _PTR, _PTR, _I32],
     "rope_fwd": [_PTR, _PTR, _PTR, _I64, _I64, _I64, _PTR, _I32],
     "rope_bwd": [_PTR, _PTR, _PTR, _I64, _I64, _I64, _PTR, _I32],
+    # training attention (rlvr.attention); they return 0, or -1 when out of memory
+    "attention_fwd": [_PTR, _PTR, _PTR, _PTR, _PTR, _PTR, _I32, _F32, _PTR, _PTR, _I32],
+    "attention_bwd": [
+        *(_PTR, _PTR, _PTR, _PTR, _PTR, _PTR, _I32, _F32),
+        *(_PTR, _PTR, _PTR, _PTR, _PTR, _PTR, _I32),
+    ],
 }
+_RETURNS = {"attention_fwd": _I32, "attention_bwd": _I32}  # the rest return nothing
 
 
 def _cpu_key() -> str:
@@ -82,12 +97,12 @@ def _cache_dirs() -> list[Path]:
 
 def _compile(cc: str) -> Path:
     """Build (or find built) the shared library; atomic: a crash never leaves a partial .so."""
-    source = _SOURCE.read_bytes()
+    source = b"".join(f.read_bytes() for f in _SOURCES + _HEADERS)
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30)
     key = hashlib.sha256(
         source + version.stdout.encode() + " ".join(_FLAGS).encode() + _cpu_key().encode()
     ).hexdigest()[:16]
-    name = f"prefix_decode-{key}.so"
+    name = f"rlvr_kernels-{key}.so"
     for d in _cache_dirs():
         if (d / name).exists():
             return d / name
@@ -105,13 +120,14 @@ def _build(cc: str, out: Path) -> Path:
     with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
         built = Path(tmp) / out.name
         proc = subprocess.run(
-            [cc, *_FLAGS, str(_SOURCE), "-o", str(built), "-lm"],
+            [cc, *_FLAGS, *map(str, _SOURCES), "-o", str(built), "-lm"],
             capture_output=True,
             text=True,
             timeout=120,
         )
         if proc.returncode != 0:
-            raise RuntimeError(f"{cc} failed on {_SOURCE.name}: {proc.stderr.strip()[-2000:]}")
+            names = ", ".join(f.name for f in _SOURCES)
+            raise RuntimeError(f"{cc} failed on {names}: {proc.stderr.strip()[-2000:]}")
         os.replace(built, out)
     return out
 
@@ -130,7 +146,7 @@ def _load():
         return False, f"off: {e}"
     for name, argtypes in _SIGNATURES.items():
         f = getattr(lib, f"rlvr_{name}")
-        f.argtypes, f.restype = argtypes, None
+        f.argtypes, f.restype = argtypes, _RETURNS.get(name)
         _state[name] = f
     return True, "on"
 

@@ -8,30 +8,14 @@
  *   out = sum_j softmax(s)_j v_j
  *
  * Built at first use by rlvr.rollout.native with the system C compiler; no -ffast-math (it
- * would flush denormals process-wide and drop -inf handling), so the exponential below is a
- * branch-free polynomial the compiler can vectorise. */
+ * would flush denormals process-wide and drop -inf handling), so the exponential (common.h) is
+ * a branch-free polynomial the compiler can vectorise. */
 #include <math.h>
 #include <omp.h>
 #include <stdint.h>
 #include <string.h>
 
-/* exp(x) for x <= 0 (scores minus their max), Cephes' expf polynomial: ~1 ulp, 0 below
- * -87.3 (which covers -inf from masked prompt padding). */
-static inline float exp_nonpositive(float x) {
-    float zero = x < -87.33654f ? 0.0f : 1.0f;
-    x = x < -87.33654f ? -87.33654f : x;
-    float fx = floorf(x * 1.44269504088896341f + 0.5f);
-    x = x - fx * 0.693359375f - fx * -2.12194440e-4f;
-    float z = x * x;
-    float y = ((((1.9875691500e-4f * x + 1.3981999507e-3f) * x + 8.3334519073e-3f) * x +
-                4.1665795894e-2f) * x + 1.6666665459e-1f) * x + 5.0000001201e-1f;
-    y = y * z + x + 1.0f;
-    union {
-        int32_t i;
-        float f;
-    } pow2 = {.i = ((int32_t)fx + 127) << 23}; /* 2^fx: the exponent bits, type-punned */
-    return y * pow2.f * zero;
-}
+#include "common.h"
 
 /* The helpers below are always inlined into `attend`, whose variants for the common head
  * sizes (attend_32/64/128) see D as a constant: the dot products and the output row are then
