@@ -165,3 +165,23 @@ def test_nothing_is_swapped_with_the_kernels_off(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "0"
+
+
+def test_a_frozen_model_multiplies_with_weights_packed_once_and_keeps_autocast_and_grads():
+    ref = _model().eval().requires_grad_(False)
+    ids = torch.randint(0, 40, (2, 7))
+    with torch.no_grad():
+        want = ref(input_ids=ids).logits
+    assert fused.pack_frozen_linears(ref) == 7 * 2 + 1
+    assert fused.pack_frozen_linears(ref) == 0  # already packed: not wrapped twice
+    with torch.no_grad():
+        torch.testing.assert_close(ref(input_ids=ids).logits, want, atol=1e-5, rtol=1e-5)
+        with torch.autocast("cpu", dtype=torch.bfloat16):  # autocast: the module's own bf16
+            got = ref(input_ids=ids).logits
+        assert got.dtype == torch.bfloat16  # the bf16 matmuls ran, not the fp32 packed ones
+        torch.testing.assert_close(got.float(), want, atol=3e-2, rtol=3e-2)
+    x = torch.randn(3, 32, requires_grad=True)  # a gradient wanted: the module's own forward
+    (dx,) = torch.autograd.grad(ref.lm_head(x).sum(), x)
+    torch.testing.assert_close(dx, ref.lm_head.weight.sum(0).expand(3, -1))
+    trainable = _model()
+    assert fused.pack_frozen_linears(trainable) == 0  # weights that will change: never

@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from rlvr.config import Config, ConfigError
+from rlvr.fused import pack_frozen_linears
 from rlvr.models import load_model
 
 
@@ -94,6 +95,7 @@ def load_policy(cfg: Config, checkpoint: Path | None, device: torch.device) -> P
     if cfg.algo.kl_coef > 0:  # the reference is the starting policy, frozen
         ref = load_model(m.name_or_path, dtype=m.dtype, device=device).eval()
         ref.requires_grad_(False)
+        pack_frozen_linears(ref)  # CPU fp32: its matmuls on weights packed once for the run
     return Policy(model.eval(), ref)
 
 
