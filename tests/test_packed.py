@@ -92,3 +92,51 @@ def test_subclasses_and_non_cpu_weights_are_left_alone():
     net = nn.Sequential(MyLinear(4, 4), nn.Linear(4, 4))
     with packed_linears(net) as n:
         assert n == 1 and "forward" not in vars(net[0]) and "forward" in vars(net[1])
+
+
+def _loop_linear(x, w, b):
+    """One output element at a time: y[m][n] = sum_k x[m][k] w[n][k] + b[n] (float64)."""
+    x2, w2 = x.reshape(-1, x.shape[-1]).double(), w.double()
+    y = torch.zeros(x2.shape[0], w.shape[0], dtype=torch.float64)
+    for m in range(x2.shape[0]):
+        for n in range(w.shape[0]):
+            y[m, n] = (x2[m] * w2[n]).sum() + (0.0 if b is None else float(b[n]))
+    return y.reshape(*x.shape[:-1], w.shape[0])
+
+
+@pytest.mark.parametrize(
+    "rows, K, N, bias", [(32, 64, 96, True), (13, 40, 70, False), (1, 17, 5, True)]
+)
+def test_native_decode_linear_and_its_epilogues_match_a_loop(rows, K, N, bias):
+    """The decoding-step kernel on panel-packed weights: full and partial row blocks and
+    panels, with and without bias, each fused epilogue of the lean decoder."""
+    from rlvr.rollout import native
+    from rlvr.rollout.packed import pack_linear
+
+    if native.function("linear") is None:
+        pytest.skip(native.status())
+    g = torch.Generator().manual_seed(rows)
+    w, x = torch.randn(N, K, generator=g), torch.randn(rows, K, generator=g)
+    b = torch.randn(N, generator=g) if bias else None
+    other = torch.randn(rows, N, generator=g)
+    packed = pack_linear(w, b, rows_hint=32)
+    assert packed.panels is not None  # the native kernel, not oneDNN
+    y = _loop_linear(x, w, b).float()
+    torch.testing.assert_close(packed(x), y, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(
+        packed.unary(x, "swish"), nn.functional.silu(y), atol=1e-5, rtol=1e-5
+    )
+    torch.testing.assert_close(packed.binary(x, other, "add"), y + other, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(packed.binary(x, other, "mul"), y * other, atol=1e-5, rtol=1e-5)
+    # what the kernel does not read (a strided input) takes F.linear, epilogue included
+    xt = torch.randn(rows, 2 * K, generator=g)[:, ::2]
+    torch.testing.assert_close(
+        packed.unary(xt, "swish"),
+        nn.functional.silu(xt @ w.T + (0 if b is None else b)),
+        atol=1e-5,
+        rtol=1e-5,
+    )
+    assert native.linear(xt, packed.panels, N, b) is None
+    assert native.linear(x[:, :-1].contiguous(), packed.panels, N, b) is None  # another K
+    assert native.linear(x, packed.panels, N, b, "add", other[:, :-1]) is None
+    assert pack_linear(w, b, rows_hint=1024).panels is None  # large calls: oneDNN

@@ -241,7 +241,7 @@ def pack_frozen_linears(model: nn.Module) -> int:
                 and not m.weight.requires_grad
                 and "forward" not in m.__dict__
             ):
-                m.forward = _frozen_forward(m, pack_linear(m.weight, m.bias, rows_hint=256))
+                m.forward = _frozen_forward(m, pack_linear(m.weight, m.bias, rows_hint=2048))
                 count += 1
     return count
 

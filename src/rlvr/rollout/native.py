@@ -63,8 +63,13 @@ _SIGNATURES = {
         *(_PTR, _PTR, _PTR, _PTR, _PTR, _PTR, _I32, _F32),
         *(_PTR, _PTR, _PTR, _PTR, _PTR, _PTR, _I32),
     ],
+    # decoding-step linears on weights packed in panels (rlvr.rollout.packed)
+    "pack_panels": [_PTR, _I64, _I64, _PTR, _I32],
+    "linear": [_PTR, _I64, _I64, _PTR, _I64, _PTR, _I32, _PTR, _PTR, _I32],
+    "panel_width": [],
 }
-_RETURNS = {"attention_fwd": _I32, "attention_bwd": _I32}  # the rest return nothing
+_RETURNS = {"attention_fwd": _I32, "attention_bwd": _I32, "panel_width": _I32}  # else none
+EPILOGUES = {"none": 0, "add": 1, "swish": 2, "mul": 3}  # oneDNN's post-op names
 
 
 def _cpu_key() -> str:
@@ -366,3 +371,53 @@ def fits(q, k_prompt, v_prompt, bias, group, k_own, v_own) -> bool:
         and _fp32_cpu(q, k_own, v_own)
         and _prompt_fits(k_prompt, v_prompt, bias, group, n, Hkv, D)
     )
+
+
+def pack_panels(weight: torch.Tensor) -> torch.Tensor | None:
+    """An (N, K) fp32 CPU weight packed for `linear`, or None where the kernels are off or the
+    weight is not a contiguous fp32 CPU matrix."""
+    fn = function("pack_panels")
+    if fn is None or weight.dim() != 2 or not _fp32_cpu(weight) or not weight.is_contiguous():
+        return None
+    N, K = weight.shape
+    np_ = function("panel_width")()  # output columns per panel: 2 vectors' worth
+    out = torch.empty(-(-N // np_) * K * np_, dtype=torch.float32)
+    fn(weight.data_ptr(), N, K, out.data_ptr(), torch.get_num_threads())
+    return out
+
+
+def linear(
+    x: torch.Tensor,
+    panels: torch.Tensor,
+    n_out: int,
+    bias: torch.Tensor | None,
+    epilogue: str = "none",
+    other: torch.Tensor | None = None,
+) -> torch.Tensor | None:
+    """`x @ W^T + bias` on `pack_panels(W)`, then `epilogue` ("add" / "mul" `other`, "swish"),
+    for contiguous fp32 CPU x (..., K); None where they do not fit (the caller's own path)."""
+    K = x.shape[-1] if x.dim() else 0
+    if not _fp32_cpu(x) or not x.is_contiguous() or K == 0:
+        return None
+    np_ = function("panel_width")()
+    if panels.numel() != -(-n_out // np_) * K * np_:
+        return None
+    if bias is not None and (
+        bias.shape != (n_out,) or not _fp32_cpu(bias) or not bias.is_contiguous()
+    ):
+        return None
+    out_shape = (*x.shape[:-1], n_out)
+    if (epilogue in ("add", "mul")) != (other is not None):
+        return None
+    if other is not None and (
+        other.shape != out_shape or not _fp32_cpu(other) or not other.is_contiguous()
+    ):
+        return None
+    y = torch.empty(out_shape, dtype=torch.float32)
+    M = x.numel() // K
+    function("linear")(
+        x.data_ptr(), M, K, panels.data_ptr(), n_out,
+        0 if bias is None else bias.data_ptr(), EPILOGUES[epilogue],
+        0 if other is None else other.data_ptr(), y.data_ptr(), torch.get_num_threads(),
+    )  # fmt: skip
+    return y
