@@ -5,7 +5,8 @@ A decoding step of a small model on CPU is dominated by per-op overhead, not ari
 shared-prefix attention (`rlvr.rollout.prefix_attention`) is ~20 torch ops per layer per
 step. `kernels/prefix_decode.c` does it in one pass (measured ~3x faster on issue 5's model,
 2 threads); `kernels/attention.c` is the training forwards' masked attention
-(`rlvr.attention`), and the rest are RMSNorm, SiLU-gate, RoPE and sampling passes. They are
+(`rlvr.attention`), `kernels/linear.c` the decoding step's matmuls (`rlvr.rollout.packed`),
+and the rest are RMSNorm, SiLU-gate, RoPE and sampling passes. They are
 plain C with OpenMP, built the first time one is needed into one library in a cache
 directory (`$RLVR_CACHE_DIR`, else `~/.cache/rlvr`) keyed by the sources, the compiler and the
 CPU, and loaded with `ctypes`: no build step at install, no torch headers (a torch C++
@@ -31,7 +32,7 @@ from pathlib import Path
 import torch
 
 _KERNELS = Path(__file__).with_name("kernels")
-_SOURCES = [_KERNELS / "prefix_decode.c", _KERNELS / "attention.c"]  # built into one library
+_SOURCES = [_KERNELS / f for f in ("prefix_decode.c", "attention.c", "linear.c")]  # one library
 _HEADERS = [_KERNELS / "common.h"]
 # -ffp-contract=fast: a * b + c as one fused multiply-add (ISO C mode would forbid it; measured
 # ~15% off the training attention). Not -ffast-math: see kernels/prefix_decode.c.

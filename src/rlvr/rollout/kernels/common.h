@@ -23,4 +23,19 @@ static inline float exp_nonpositive(float x) {
     return y * pow2.f * zero;
 }
 
+/* GCC vector extensions: VL floats a register, NACC accumulators a micro-kernel keeps in
+ * registers (AVX-512 where built for it, else 8-wide: AVX2 or two SSE halves). */
+#if defined(__AVX512F__)
+#define VL 16   /* floats per vector register */
+#define NACC 16 /* vector accumulators a micro-kernel keeps in registers */
+#else
+#define VL 8
+#define NACC 8
+#endif
+typedef float vf __attribute__((vector_size(VL * sizeof(float))));
+typedef float vfu __attribute__((vector_size(VL * sizeof(float)), aligned(sizeof(float))));
+#define LD(p) (*(const vfu *)(p))
+#define ST(p, x) (*(vfu *)(p) = (x))
+#define UNROLL _Pragma("GCC unroll 16")
+
 #endif
