@@ -169,14 +169,17 @@ AttentionMaskInterface.register(NAME, ALL_MASK_ATTENTION_FUNCTIONS["sdpa"])
 
 @contextlib.contextmanager
 def native_attention(model: torch.nn.Module) -> Iterator[bool]:
-    """Within the block a Llama-family `model` that uses SDPA attends with `rlvr_attention`;
-    yields whether it was switched (not for other families or attention implementations,
-    nor with the native kernels off)."""
+    """Within the block a Llama-family `model` on the CPU that uses SDPA attends with
+    `rlvr_attention`; yields whether it was switched (not for other families, attention
+    implementations or devices, nor with the native kernels off)."""
     config = getattr(model, "config", None)
+    param = next(model.parameters(), None)
     switch = (
         native.function("attention_fwd") is not None
         and getattr(config, "model_type", None) in PREFIX_MODEL_TYPES
         and getattr(config, "_attn_implementation", None) == "sdpa"
+        and param is not None
+        and param.device.type == "cpu"
     )
     if not switch:
         yield False
