@@ -28,9 +28,8 @@
 
 #include "common.h"
 
-#define R 8                       /* query rows per block */
-#define KV 1                      /* key vectors per step of the score micro-kernel */
-#define KSTEP (KV * VL)           /* keys per step; key-indexed buffers are padded to it */
+#define R 8       /* query rows per block: R accumulators in the score micro-kernel */
+#define KSTEP VL  /* keys per step of the score micro-kernel; key buffers are padded to it */
 
 static int64_t padded(int64_t n) { return (n + KSTEP - 1) / KSTEP * KSTEP; }
 
@@ -39,18 +38,13 @@ static int64_t padded(int64_t n) { return (n + KSTEP - 1) / KSTEP * KSTEP; }
 static void scores(const float *restrict a, int64_t lda, const float *restrict bt, int64_t ldb,
                    int64_t D, int64_t jend, float *restrict s) {
     for (int64_t j = 0; j < jend; j += KSTEP) {
-        vf acc[R][KV];
-        UNROLL for (int i = 0; i < R; i++) UNROLL for (int c = 0; c < KV; c++) acc[i][c] = (vf){0};
+        vf acc[R];
+        UNROLL for (int i = 0; i < R; i++) acc[i] = (vf){0};
         for (int64_t d = 0; d < D; d++) {
-            vf b[KV];
-            UNROLL for (int c = 0; c < KV; c++) b[c] = LD(bt + d * ldb + j + c * VL);
-            UNROLL for (int i = 0; i < R; i++) {
-                const float x = a[i * lda + d];
-                UNROLL for (int c = 0; c < KV; c++) acc[i][c] += x * b[c];
-            }
+            const vf b = LD(bt + d * ldb + j);
+            UNROLL for (int i = 0; i < R; i++) acc[i] += a[i * lda + d] * b;
         }
-        UNROLL for (int i = 0; i < R; i++) UNROLL for (int c = 0; c < KV; c++)
-            ST(s + i * ldb + j + c * VL, acc[i][c]);
+        UNROLL for (int i = 0; i < R; i++) ST(s + i * ldb + j, acc[i]);
     }
 }
 
@@ -162,9 +156,9 @@ static void transpose_keys(const Shape *s, const float *x, int64_t ldx, float *x
 }
 
 /* Query rows i0 .. i0 + R of one head (rows at stride ld from x): sets each row's key end
- * (0 past Lq) and returns the block's largest. Where the block is whole, *a points at the
- * rows themselves (*lda = ld); the last, partial block is copied to tmp (R x D, zero rows
- * past Lq; *lda = D). */
+ * (0 past Lq; not when kend is NULL) and returns the block's largest. Where the block is
+ * whole, *a points at the rows themselves (*lda = ld); the last, partial block is copied to
+ * tmp (R x D, zero rows past Lq; *lda = D). */
 static int64_t load_block(const Shape *s, const float *x, int64_t ld, int64_t b, int64_t h,
                           int64_t i0, float *tmp, int64_t *kend, const float **a,
                           int64_t *lda) {
@@ -172,8 +166,10 @@ static int64_t load_block(const Shape *s, const float *x, int64_t ld, int64_t b,
     const int whole = i0 + R <= s->Lq;
     for (int i = 0; i < R; i++) {
         const int64_t row = i0 + i;
-        kend[i] = row < s->Lq ? key_end(s, mask_row(s, b, h, row), row) : 0;
-        kmax = kend[i] > kmax ? kend[i] : kmax;
+        if (kend) {
+            kend[i] = row < s->Lq ? key_end(s, mask_row(s, b, h, row), row) : 0;
+            kmax = kend[i] > kmax ? kend[i] : kmax;
+        }
         if (whole) continue;
         if (row < s->Lq) memcpy(tmp + i * s->D, x + row * ld, (size_t)s->D * sizeof(float));
         else memset(tmp + i * s->D, 0, (size_t)s->D * sizeof(float));
@@ -314,7 +310,7 @@ int rlvr_attention_bwd(const float *q, const float *k, const float *v, const uin
         float *vt = kt + D * Lkp, *dka = vt + D * Lkp, *dva = dka + Lkp * D;
         float *pc = dva + Lkp * D, *dsc = pc + QC * Lkp, *qtmp = dsc + QC * Lkp;
         float *dtmp = qtmp + R * D, *otmp = dtmp + R * D, delta[R];
-        int64_t kend[QC], kend_d[R], lda, ldd;
+        int64_t kend[QC], lda, ldd;
         const float *a, *da;
         if (!kt) {
 #pragma omp atomic write
@@ -346,7 +342,7 @@ int rlvr_attention_bwd(const float *q, const float *k, const float *v, const uin
                             memset(dq_h, 0, (size_t)(rows * D) * sizeof(float));
                             continue;
                         }
-                        load_block(&s, dout_h, ld, b, h, i0, dtmp, kend_d, &da, &ldd);
+                        load_block(&s, dout_h, ld, b, h, i0, dtmp, NULL, &da, &ldd);
                         for (int i = 0; i < R; i++) {
                             float d = 0.0f;
                             if (i0 + i < s.Lq) {
