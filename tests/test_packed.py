@@ -136,7 +136,9 @@ def test_native_decode_linear_and_its_epilogues_match_a_loop(rows, K, N, bias):
         atol=1e-5,
         rtol=1e-5,
     )
-    assert native.linear(xt, packed.panels, N, b) is None
-    assert native.linear(x[:, :-1].contiguous(), packed.panels, N, b) is None  # another K
-    assert native.linear(x, packed.panels, N, b, "add", other[:, :-1]) is None
+    assert packed.panels(xt) is None
+    assert packed.panels(x[:, :-1].contiguous()) is None  # another K
+    assert packed.panels(x, "add", other[:, :-1].contiguous()) is None  # another shape
+    assert packed.panels(x, "add") is None  # an epilogue without its operand
+    assert native.pack_panels(w, torch.zeros(N + 1)) is None  # a bias of another width
     assert pack_linear(w, b, rows_hint=1024).panels is None  # large calls: oneDNN

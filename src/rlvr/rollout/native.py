@@ -374,51 +374,56 @@ def fits(q, k_prompt, v_prompt, bias, group, k_own, v_own) -> bool:
     )
 
 
-def pack_panels(weight: torch.Tensor) -> torch.Tensor | None:
-    """An (N, K) fp32 CPU weight packed for `linear`, or None where the kernels are off or the
-    weight is not a contiguous fp32 CPU matrix."""
-    fn = function("pack_panels")
-    if fn is None or weight.dim() != 2 or not _fp32_cpu(weight) or not weight.is_contiguous():
-        return None
-    N, K = weight.shape
-    np_ = function("panel_width")()  # output columns per panel: 2 vectors' worth
-    out = torch.empty(-(-N // np_) * K * np_, dtype=torch.float32)
-    fn(weight.data_ptr(), N, K, out.data_ptr(), torch.get_num_threads())
-    return out
+class Panels:
+    """An (N, K) weight and its bias packed for the decoding-step kernel (`kernels/linear.c`),
+    checked once here; a call checks only its input, as it runs every matmul of every step."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
+        self.N, self.K = weight.shape
+        np_ = function("panel_width")()  # output columns per panel: 2 vectors' worth
+        self.panels = torch.empty(-(-self.N // np_) * self.K * np_, dtype=torch.float32)
+        function("pack_panels")(
+            weight.data_ptr(), self.N, self.K, self.panels.data_ptr(), torch.get_num_threads()
+        )
+        self.bias = bias
+        self._bias_ptr = 0 if bias is None else bias.data_ptr()
+        self._fn = function("linear")
+
+    def __call__(self, x: torch.Tensor, epilogue: str = "none", other=None) -> torch.Tensor | None:
+        """`x @ W^T + bias`, then `epilogue` ("add" / "mul" `other`, "swish"), for contiguous
+        fp32 CPU x (..., K) (and `other` shaped like the output); None where they do not fit."""
+        if (
+            x.dtype != torch.float32
+            or x.device.type != "cpu"
+            or not x.is_contiguous()
+            or x.dim() == 0
+            or x.shape[-1] != self.K
+            or (epilogue in ("add", "mul")) != (other is not None)
+        ):
+            return None
+        out_shape = (*x.shape[:-1], self.N)
+        if other is not None and (
+            other.shape != out_shape or not _fp32_cpu(other) or not other.is_contiguous()
+        ):
+            return None
+        y = torch.empty(out_shape, dtype=torch.float32)
+        self._fn(
+            x.data_ptr(), x.numel() // self.K, self.K, self.panels.data_ptr(), self.N,
+            self._bias_ptr, EPILOGUES[epilogue], 0 if other is None else other.data_ptr(),
+            y.data_ptr(), torch.get_num_threads(),
+        )  # fmt: skip
+        return y
 
 
-def linear(
-    x: torch.Tensor,
-    panels: torch.Tensor,
-    n_out: int,
-    bias: torch.Tensor | None,
-    epilogue: str = "none",
-    other: torch.Tensor | None = None,
-) -> torch.Tensor | None:
-    """`x @ W^T + bias` on `pack_panels(W)`, then `epilogue` ("add" / "mul" `other`, "swish"),
-    for contiguous fp32 CPU x (..., K); None where they do not fit (the caller's own path)."""
-    K = x.shape[-1] if x.dim() else 0
-    if not _fp32_cpu(x) or not x.is_contiguous() or K == 0:
+def pack_panels(weight: torch.Tensor, bias: torch.Tensor | None = None) -> Panels | None:
+    """An (N, K) fp32 CPU weight (and (N,) bias) packed for the decoding-step kernel, or None
+    where the kernels are off or they are not contiguous fp32 CPU tensors of those shapes."""
+    if function("linear") is None or weight.dim() != 2 or not _fp32_cpu(weight):
         return None
-    np_ = function("panel_width")()
-    if panels.numel() != -(-n_out // np_) * K * np_:
+    if not weight.is_contiguous():
         return None
     if bias is not None and (
-        bias.shape != (n_out,) or not _fp32_cpu(bias) or not bias.is_contiguous()
+        bias.shape != (weight.shape[0],) or not _fp32_cpu(bias) or not bias.is_contiguous()
     ):
         return None
-    out_shape = (*x.shape[:-1], n_out)
-    if (epilogue in ("add", "mul")) != (other is not None):
-        return None
-    if other is not None and (
-        other.shape != out_shape or not _fp32_cpu(other) or not other.is_contiguous()
-    ):
-        return None
-    y = torch.empty(out_shape, dtype=torch.float32)
-    M = x.numel() // K
-    function("linear")(
-        x.data_ptr(), M, K, panels.data_ptr(), n_out,
-        0 if bias is None else bias.data_ptr(), EPILOGUES[epilogue],
-        0 if other is None else other.data_ptr(), y.data_ptr(), torch.get_num_threads(),
-    )  # fmt: skip
-    return y
+    return Panels(weight, bias)

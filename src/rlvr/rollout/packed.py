@@ -73,13 +73,12 @@ class PackedLinear:
 
     def __init__(self, weight, bias, rows_hint: int = 32, compute_dtype=None):
         self.weight, self.bias_full = weight.detach(), bias
-        self.out_features = weight.shape[0]
         self.panels = None
         if compute_dtype is None and rows_hint <= NATIVE_MAX_ROWS:
-            self.panels = native.pack_panels(self.weight.contiguous())
+            b = None if bias is None else bias.detach().contiguous()
+            self.panels = native.pack_panels(self.weight.contiguous(), b)
         if self.panels is not None:
-            self.bias = None if bias is None else bias.detach().contiguous()
-            self.packed = None
+            self.bias, self.packed = self.panels.bias, None
             return
         w_c = self.weight if compute_dtype is None else self.weight.to(compute_dtype)
         self.bias = None if bias is None else bias.detach().to(w_c.dtype)
@@ -109,7 +108,7 @@ class PackedLinear:
         return torch.ops.mkldnn._linear_pointwise.binary(x, other, self.packed, self.bias, attr)
 
     def _native(self, x, epilogue: str, other=None) -> torch.Tensor:
-        y = native.linear(x, self.panels, self.out_features, self.bias, epilogue, other)
+        y = self.panels(x, epilogue, other)
         if y is not None:
             return y
         y = nn.functional.linear(x, self.weight, self.bias_full)  # what the kernel won't read
