@@ -66,10 +66,10 @@ class PackedLinear:
     in the packed dtype (the lean decoder uses them in fp32 only).
 
     For decoding-sized calls (`rows_hint` <= `NATIVE_MAX_ROWS`) in fp32 the weight is packed
-    into panels for `rlvr.rollout.native.linear`, a register-blocked kernel with the same
-    epilogues: measured on issue 5's decode shapes (32 rows, 2 threads) 17-37% faster than
-    oneDNN's, whose ~15 us of per-call overhead dominates small matmuls, and it packs in a
-    third of the time. Elsewhere (larger calls, bf16, the kernels off) oneDNN."""
+    into panels for `rlvr.rollout.native.Panels`, a register-blocked kernel with the same
+    epilogues: measured on issue 5's decode shapes (32 rows, 2 threads) 9-38% less time per
+    matmul than oneDNN's, whose ~15 us of per-call setup dominates small matmuls, and it packs
+    in a third of the time. Elsewhere (larger calls, bf16, the kernels off) oneDNN."""
 
     def __init__(self, weight, bias, rows_hint: int = 32, compute_dtype=None):
         self.weight, self.bias_full = weight.detach(), bias
