@@ -151,6 +151,14 @@ def test_declines_what_the_kernel_does_not_read():
     assert call(q.transpose(2, 3).contiguous().transpose(2, 3), k, v) is None  # D strided
 
 
+def test_keys_past_the_scratch_budget_go_to_sdpa(monkeypatch):
+    q, k, v = _inputs(1, 2, 2, 4, 40, 64)
+    assert A.attention(q, k, v, None, causal=True, scale=1.0) is not None
+    monkeypatch.setattr(A, "SCRATCH_BUDGET", A._scratch_bytes(32, 64))
+    assert A.attention(q, k, v, None, causal=True, scale=1.0) is None  # 40 keys: over it
+    assert A.attention(q, k[:, :, :16], v[:, :, :16], None, causal=True, scale=1.0) is not None
+
+
 def _config(cls, **kw):
     return cls(
         vocab_size=50,

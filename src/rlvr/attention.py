@@ -32,6 +32,16 @@ from rlvr.rollout.prefix_attention import PREFIX_MODEL_TYPES
 
 NAME = "rlvr_attention"
 HEAD_SIZES = (32, 64, 128)  # the kernel's compile-time row widths
+# Per-thread scratch of the backward (keys and values transposed, their gradient sums, a chunk
+# of probabilities) grows with the keys: past this much over all threads, SDPA instead.
+SCRATCH_BUDGET = 1 << 30
+
+
+def _scratch_bytes(Lk: int, D: int) -> int:
+    """All threads' scratch for the backward (kernels/attention.c: 4 D Lkp + 2 QC Lkp floats
+    each, Lkp = Lk padded to 16, QC = 64 query rows), the larger of the two passes."""
+    Lkp = -(-Lk // 16) * 16
+    return torch.get_num_threads() * (4 * D * Lkp + 2 * 64 * Lkp + 3 * 8 * D) * 4
 
 
 def _strides(x: torch.Tensor) -> tuple[int, int, int]:
@@ -96,13 +106,15 @@ class _Attention(torch.autograd.Function):
 
 def fits(q, k, v, mask) -> bool:
     """Whether the kernel reads these: fp32 CPU q (B, Hq, Lq, D), k and v (B, Hkv, Lk, D),
-    D in HEAD_SIZES, Hq a multiple of Hkv, unit stride over D; mask None or a bool
-    (B | 1, Hq | 1, Lq, Lk) tensor with unit stride over keys."""
+    D in HEAD_SIZES, Hq a multiple of Hkv, unit stride over D, keys few enough for the scratch
+    budget; mask None or a bool (B | 1, Hq | 1, Lq, Lk) tensor with unit stride over keys."""
     if q.dim() != 4 or k.dim() != 4 or k.shape != v.shape:
         return False
     B, Hq, Lq, D = q.shape
     Hkv, Lk = k.shape[1], k.shape[2]
     if D not in HEAD_SIZES or k.shape[0] != B or k.shape[3] != D or Hq % Hkv or Lk == 0:
+        return False
+    if _scratch_bytes(Lk, D) > SCRATCH_BUDGET:  # very long keys on many threads
         return False
     tensors = (q, k, v)
     if not all(x.dtype == torch.float32 and x.device.type == "cpu" for x in tensors):
