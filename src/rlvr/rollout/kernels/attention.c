@@ -204,16 +204,7 @@ static float softmax_row(const Shape *s, float *restrict p, const uint8_t *restr
         for (int64_t j = 0; j < kend; j++) p[j] = 0.0f;
         return INFINITY;
     }
-    float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-    for (int64_t j = 0; j < kend; j++) {
-        p[j] = exp_nonpositive(p[j] - mx);
-        sum += p[j];
-    }
-    const float inv = 1.0f / sum;
-#pragma omp simd
-    for (int64_t j = 0; j < kend; j++) p[j] *= inv;
-    return mx + logf(sum);
+    return mx + logf(softmax_from_max(p, kend, mx));
 }
 
 /* The backward's row i: p (the scores) becomes P = exp(scale s - lse) (zero where masked and

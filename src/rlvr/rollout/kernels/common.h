@@ -23,6 +23,26 @@ static inline float exp_nonpositive(float x) {
     return y * pow2.f * zero;
 }
 
+/* sigmoid(x) from exp of a non-positive argument only (exp_nonpositive's domain). */
+static inline float sigmoid(float x) {
+    const float e = exp_nonpositive(-fabsf(x)), inv = 1.0f / (1.0f + e);
+    return x >= 0.0f ? inv : e * inv;
+}
+
+/* s[0 .. n) <- softmax, given m = max_j s[j] (finite); returns sum_j exp(s[j] - m). */
+static inline float softmax_from_max(float *restrict s, int64_t n, float m) {
+    float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t j = 0; j < n; j++) {
+        s[j] = exp_nonpositive(s[j] - m);
+        sum += s[j];
+    }
+    const float inv = 1.0f / sum;
+#pragma omp simd
+    for (int64_t j = 0; j < n; j++) s[j] *= inv;
+    return sum;
+}
+
 /* GCC vector extensions: VL floats a register, NACC accumulators a micro-kernel keeps in
  * registers (AVX-512 where built for it, else 8-wide: AVX2 or two SSE halves). */
 #if defined(__AVX512F__)

@@ -36,10 +36,7 @@ void rlvr_pack_panels(const float *w, int64_t N, int64_t K, float *wp, int threa
 
 static inline vf silu_v(vf x) {
     vf out;
-    for (int c = 0; c < VL; c++) { /* exp_nonpositive of -|x|, as the fused SiLU */
-        const float e = exp_nonpositive(-fabsf(x[c])), inv = 1.0f / (1.0f + e);
-        out[c] = x[c] * (x[c] >= 0.0f ? inv : e * inv);
-    }
+    for (int c = 0; c < VL; c++) out[c] = x[c] * sigmoid(x[c]); /* as the fused SiLU */
     return out;
 }
 

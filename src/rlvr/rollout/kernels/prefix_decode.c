@@ -74,15 +74,7 @@ INLINE void attend_body(const float *restrict qi, const float *kpi, const float 
     float m = scores(qi, kpi, b, P, D, scale, s);
     float m_own = scores(qi, koi, 0, t, D, scale, s + P);
     m = m_own > m ? m_own : m;
-    float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-    for (int64_t j = 0; j < L; j++) {
-        s[j] = exp_nonpositive(s[j] - m);
-        sum += s[j];
-    }
-    const float inv = 1.0f / sum;
-#pragma omp simd
-    for (int64_t j = 0; j < L; j++) s[j] *= inv;
+    softmax_from_max(s, L, m);
     for (int64_t d = 0; d < D; d++) o[d] = 0.0f;
     weighted_sum(s, vpi, P, D, o);
     weighted_sum(s + P, voi, t, D, o);
@@ -267,12 +259,6 @@ void rlvr_rms_norm_bwd(const float *dy, const float *x, const float *w, const fl
         for (int t = 0; t < threads; t++) s += dw_part[t * d + j];
         dw[j] = s;
     }
-}
-
-/* sigmoid(x) from exp of a non-positive argument only (exp_nonpositive's domain). */
-static inline float sigmoid(float x) {
-    const float e = exp_nonpositive(-fabsf(x)), inv = 1.0f / (1.0f + e);
-    return x >= 0.0f ? inv : e * inv;
 }
 
 #define BLOCK 2048 /* elements per parallel work item */
