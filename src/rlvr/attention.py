@@ -38,10 +38,8 @@ SCRATCH_BUDGET = 1 << 30
 
 
 def _scratch_bytes(Lk: int, D: int) -> int:
-    """All threads' scratch for the backward (kernels/attention.c: 4 D Lkp + 2 QC Lkp floats
-    each, Lkp = Lk padded to 16, QC = 64 query rows), the larger of the two passes."""
-    Lkp = -(-Lk // 16) * 16
-    return torch.get_num_threads() * (4 * D * Lkp + 2 * 64 * Lkp + 3 * 8 * D) * 4
+    """All threads' scratch for Lk keys of width D, as the kernel sizes it."""
+    return torch.get_num_threads() * native.function("attention_scratch_bytes")(Lk, D)
 
 
 def _strides(x: torch.Tensor) -> tuple[int, int, int]:
@@ -105,9 +103,12 @@ class _Attention(torch.autograd.Function):
 
 
 def fits(q, k, v, mask) -> bool:
-    """Whether the kernel reads these: fp32 CPU q (B, Hq, Lq, D), k and v (B, Hkv, Lk, D),
-    D in HEAD_SIZES, Hq a multiple of Hkv, unit stride over D, keys few enough for the scratch
-    budget; mask None or a bool (B | 1, Hq | 1, Lq, Lk) tensor with unit stride over keys."""
+    """Whether the kernel (built and on) reads these: fp32 CPU q (B, Hq, Lq, D), k and v
+    (B, Hkv, Lk, D), D in HEAD_SIZES, Hq a multiple of Hkv, unit stride over D, keys few enough
+    for the scratch budget; mask None or a bool (B | 1, Hq | 1, Lq, Lk) tensor with unit stride
+    over keys."""
+    if native.function("attention_fwd") is None:
+        return False
     if q.dim() != 4 or k.dim() != 4 or k.shape != v.shape:
         return False
     B, Hq, Lq, D = q.shape
@@ -136,7 +137,7 @@ def fits(q, k, v, mask) -> bool:
 
 def attention(q, k, v, mask, *, causal: bool, scale: float) -> torch.Tensor | None:
     """The native attention (B, Lq, Hq, D), or None where it does not apply (see `fits`)."""
-    if native.function("attention_fwd") is None or not fits(q, k, v, mask):
+    if not fits(q, k, v, mask):
         return None
     return _Attention.apply(q, k, v, mask, causal, scale)
 

@@ -64,12 +64,18 @@ _SIGNATURES = {
         *(_PTR, _PTR, _PTR, _PTR, _PTR, _PTR, _I32, _F32),
         *(_PTR, _PTR, _PTR, _PTR, _PTR, _PTR, _I32),
     ],
+    "attention_scratch_bytes": [_I64, _I64],
     # decoding-step linears on weights packed in panels (rlvr.rollout.packed)
     "pack_panels": [_PTR, _I64, _I64, _PTR, _I32],
     "linear": [_PTR, _I64, _I64, _PTR, _I64, _PTR, _I32, _PTR, _PTR, _I32],
     "panel_width": [],
 }
-_RETURNS = {"attention_fwd": _I32, "attention_bwd": _I32, "panel_width": _I32}  # else none
+_RETURNS = {  # the rest return nothing
+    "attention_fwd": _I32,
+    "attention_bwd": _I32,
+    "attention_scratch_bytes": _I64,
+    "panel_width": _I32,
+}
 EPILOGUES = {"none": 0, "add": 1, "swish": 2, "mul": 3}  # oneDNN's post-op names
 
 

@@ -240,6 +240,31 @@ static void block_out(const Shape *s, const float *p, const float *x, int64_t ld
     }
 }
 
+#define QC (8 * R) /* query rows whose dK, dV contributions are summed in one pass */
+
+/* Floats of one thread's scratch: the forward's (keys transposed, a block's probabilities, a
+ * partial query block) and the backward's (keys and values transposed, their gradient sums, a
+ * chunk's P and dS, three partial blocks). */
+static int64_t fwd_scratch(int64_t D, int64_t Lkp) { return D * Lkp + R * Lkp + R * D; }
+static int64_t bwd_scratch(int64_t D, int64_t Lkp) { return 4 * D * Lkp + 2 * QC * Lkp + 3 * R * D; }
+
+/* Bytes of one thread's scratch for Lk keys of width D, the larger pass's (rlvr.attention
+ * sends keys to SDPA past its budget). */
+int64_t rlvr_attention_scratch_bytes(int64_t Lk, int64_t D) {
+    const int64_t f = fwd_scratch(D, padded(Lk)), b = bwd_scratch(D, padded(Lk));
+    return (f > b ? f : b) * (int64_t)sizeof(float);
+}
+
+/* A thread's scratch, or NULL with *failed set (the caller skips its tasks). */
+static float *thread_scratch(int64_t floats, int *failed) {
+    float *p = malloc((size_t)floats * sizeof(float));
+    if (!p) {
+#pragma omp atomic write
+        *failed = 1;
+    }
+    return p;
+}
+
 /* Returns 0, or -1 where scratch memory could not be had. */
 int rlvr_attention_fwd(const float *q, const float *k, const float *v, const uint8_t *mask,
                        const int64_t *dims, const int64_t *strides, int causal, float scale,
@@ -249,14 +274,10 @@ int rlvr_attention_fwd(const float *q, const float *k, const float *v, const uin
     int failed = 0;
 #pragma omp parallel num_threads(threads)
     {
-        float *kt = malloc((size_t)(D * s.Lkp + R * s.Lkp + R * D) * sizeof(float));
+        float *kt = thread_scratch(fwd_scratch(D, s.Lkp), &failed);
         float *p = kt + D * s.Lkp, *tmp = p + R * s.Lkp;
         int64_t kend[R], lda;
         const float *a;
-        if (!kt) {
-#pragma omp atomic write
-            failed = 1;
-        }
 #pragma omp for schedule(dynamic, 1)
         for (int64_t task = 0; task < s.B * s.Hkv; task++) {
             if (!kt) continue;
@@ -285,8 +306,6 @@ int rlvr_attention_fwd(const float *q, const float *k, const float *v, const uin
     return failed ? -1 : 0;
 }
 
-#define QC (8 * R) /* query rows whose dK, dV contributions are summed in one pass */
-
 int rlvr_attention_bwd(const float *q, const float *k, const float *v, const uint8_t *mask,
                        const int64_t *dims, const int64_t *strides, int causal, float scale,
                        const float *out, const float *dout, const float *lse, float *dq,
@@ -296,17 +315,12 @@ int rlvr_attention_bwd(const float *q, const float *k, const float *v, const uin
     int failed = 0;
 #pragma omp parallel num_threads(threads)
     {
-        const size_t n = (size_t)(4 * D * Lkp + 2 * QC * Lkp + 3 * R * D);
-        float *kt = malloc(n * sizeof(float));
+        float *kt = thread_scratch(bwd_scratch(D, Lkp), &failed);
         float *vt = kt + D * Lkp, *dka = vt + D * Lkp, *dva = dka + Lkp * D;
         float *pc = dva + Lkp * D, *dsc = pc + QC * Lkp, *qtmp = dsc + QC * Lkp;
         float *dtmp = qtmp + R * D, *otmp = dtmp + R * D, delta[R];
         int64_t kend[QC], lda, ldd;
         const float *a, *da;
-        if (!kt) {
-#pragma omp atomic write
-            failed = 1;
-        }
 #pragma omp for schedule(dynamic, 1)
         for (int64_t task = 0; task < s.B * s.Hkv; task++) {
             if (!kt) continue;
