@@ -111,7 +111,7 @@ def test_native_decode_linear_and_its_epilogues_match_a_loop(rows, K, N, bias):
     """The decoding-step kernel on panel-packed weights: full and partial row blocks and
     panels, with and without bias, each fused epilogue of the lean decoder."""
     from rlvr.rollout import native
-    from rlvr.rollout.packed import pack_linear
+    from rlvr.rollout.packed import pack_linear, pack_panels
 
     if native.function("linear") is None:
         pytest.skip(native.status())
@@ -140,5 +140,5 @@ def test_native_decode_linear_and_its_epilogues_match_a_loop(rows, K, N, bias):
     assert packed.panels(x[:, :-1].contiguous()) is None  # another K
     assert packed.panels(x, "add", other[:, :-1].contiguous()) is None  # another shape
     assert packed.panels(x, "add") is None  # an epilogue without its operand
-    assert native.pack_panels(w, torch.zeros(N + 1)) is None  # a bias of another width
+    assert pack_panels(w, torch.zeros(N + 1)) is None  # a bias of another width
     assert pack_linear(w, b, rows_hint=1024).panels is None  # large calls: oneDNN

@@ -76,7 +76,6 @@ _RETURNS = {  # the rest return nothing
     "attention_scratch_bytes": _I64,
     "panel_width": _I32,
 }
-EPILOGUES = {"none": 0, "add": 1, "swish": 2, "mul": 3}  # oneDNN's post-op names
 
 
 def _cpu_key() -> str:
@@ -290,7 +289,8 @@ def _attention_args(
     return args, scratch
 
 
-def _fp32_cpu(*tensors: torch.Tensor) -> bool:
+def fp32_cpu(*tensors: torch.Tensor) -> bool:
+    """Every tensor fp32 on the CPU (what the kernels read)."""
     return all(x.dtype == torch.float32 and x.device.type == "cpu" for x in tensors)
 
 
@@ -305,7 +305,7 @@ def _prompt_fits(k_prompt, v_prompt, bias, group, n: int, Hkv: int, D: int) -> b
         and bias.shape == (n, P)
         and group.shape == (n,)
         and group.dtype == torch.int64
-        and _fp32_cpu(k_prompt, v_prompt, bias)
+        and fp32_cpu(k_prompt, v_prompt, bias)
         and all(x.is_contiguous() for x in (k_prompt, v_prompt, bias, group))
     )
 
@@ -318,7 +318,7 @@ def fits_rope(qkv, cos, sin, heads, k_cache, v_cache, t, k_prompt, v_prompt, bia
         return False
     tensors = (qkv, cos, sin, k_cache, v_cache)
     return (
-        _fp32_cpu(*tensors)
+        fp32_cpu(*tensors)
         and all(x.is_contiguous() for x in tensors)
         and qkv.shape == (n, (Hq + 2 * Hkv) * D)
         and cos.shape == sin.shape == (n, D)
@@ -375,61 +375,6 @@ def fits(q, k_prompt, v_prompt, bias, group, k_own, v_own) -> bool:
         and k_own.shape == v_own.shape == (n, Hkv, t, D)
         and all(x.stride(3) == 1 and x.stride(2) == D for x in (k_own, v_own))
         and k_own.stride() == v_own.stride()
-        and _fp32_cpu(q, k_own, v_own)
+        and fp32_cpu(q, k_own, v_own)
         and _prompt_fits(k_prompt, v_prompt, bias, group, n, Hkv, D)
     )
-
-
-class Panels:
-    """An (N, K) weight and its bias packed for the decoding-step kernel (`kernels/linear.c`),
-    checked once here; a call checks only its input, as it runs every matmul of every step."""
-
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
-        self.N, self.K = weight.shape
-        np_ = function("panel_width")()  # output columns per panel: 2 vectors' worth
-        self.panels = torch.empty(-(-self.N // np_) * self.K * np_, dtype=torch.float32)
-        function("pack_panels")(
-            weight.data_ptr(), self.N, self.K, self.panels.data_ptr(), torch.get_num_threads()
-        )
-        self.bias = bias
-        self._bias_ptr = 0 if bias is None else bias.data_ptr()
-        self._fn = function("linear")
-
-    def __call__(self, x: torch.Tensor, epilogue: str = "none", other=None) -> torch.Tensor | None:
-        """`x @ W^T + bias`, then `epilogue` ("add" / "mul" `other`, "swish"), for contiguous
-        fp32 CPU x (..., K) (and `other` shaped like the output); None where they do not fit."""
-        if (
-            x.dtype != torch.float32
-            or x.device.type != "cpu"
-            or not x.is_contiguous()
-            or x.dim() == 0
-            or x.shape[-1] != self.K
-            or (epilogue in ("add", "mul")) != (other is not None)
-        ):
-            return None
-        out_shape = (*x.shape[:-1], self.N)
-        if other is not None and (
-            other.shape != out_shape or not _fp32_cpu(other) or not other.is_contiguous()
-        ):
-            return None
-        y = torch.empty(out_shape, dtype=torch.float32)
-        self._fn(
-            x.data_ptr(), x.numel() // self.K, self.K, self.panels.data_ptr(), self.N,
-            self._bias_ptr, EPILOGUES[epilogue], 0 if other is None else other.data_ptr(),
-            y.data_ptr(), torch.get_num_threads(),
-        )  # fmt: skip
-        return y
-
-
-def pack_panels(weight: torch.Tensor, bias: torch.Tensor | None = None) -> Panels | None:
-    """An (N, K) fp32 CPU weight (and (N,) bias) packed for the decoding-step kernel, or None
-    where the kernels are off or they are not contiguous fp32 CPU tensors of those shapes."""
-    if function("linear") is None or weight.dim() != 2 or not _fp32_cpu(weight):
-        return None
-    if not weight.is_contiguous():
-        return None
-    if bias is not None and (
-        bias.shape != (weight.shape[0],) or not _fp32_cpu(bias) or not bias.is_contiguous()
-    ):
-        return None
-    return Panels(weight, bias)

@@ -30,6 +30,7 @@ from torch import nn
 from rlvr.rollout import native
 
 NATIVE_MAX_ROWS = 256  # up to here the native kernel matched or beat oneDNN (measured)
+EPILOGUES = {"none": 0, "add": 1, "swish": 2, "mul": 3}  # oneDNN's post-op names
 
 _PACKABLE_DTYPES = (torch.float32, torch.bfloat16)
 
@@ -57,6 +58,61 @@ def packable(module: nn.Module | None) -> bool:
     )
 
 
+class Panels:
+    """An (N, K) weight and its bias packed for the decoding-step kernel (`kernels/linear.c`),
+    checked once here; a call checks only its input, as it runs every matmul of every step."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
+        self.N, self.K = weight.shape
+        np_ = native.function("panel_width")()  # output columns per panel: 2 vectors' worth
+        self.panels = torch.empty(-(-self.N // np_) * self.K * np_, dtype=torch.float32)
+        native.function("pack_panels")(
+            weight.data_ptr(), self.N, self.K, self.panels.data_ptr(), torch.get_num_threads()
+        )
+        self.bias = bias
+        self._bias_ptr = 0 if bias is None else bias.data_ptr()
+        self._fn = native.function("linear")
+
+    def __call__(self, x: torch.Tensor, epilogue: str = "none", other=None) -> torch.Tensor | None:
+        """`x @ W^T + bias`, then `epilogue` ("add" / "mul" `other`, "swish"), for contiguous
+        fp32 CPU x (..., K) (and `other` shaped like the output); None where they do not fit."""
+        if (
+            x.dtype != torch.float32
+            or x.device.type != "cpu"
+            or not x.is_contiguous()
+            or x.dim() == 0
+            or x.shape[-1] != self.K
+            or (epilogue in ("add", "mul")) != (other is not None)
+        ):
+            return None
+        out_shape = (*x.shape[:-1], self.N)
+        if other is not None and (
+            other.shape != out_shape or not native.fp32_cpu(other) or not other.is_contiguous()
+        ):
+            return None
+        y = torch.empty(out_shape, dtype=torch.float32)
+        self._fn(
+            x.data_ptr(), x.numel() // self.K, self.K, self.panels.data_ptr(), self.N,
+            self._bias_ptr, EPILOGUES[epilogue], 0 if other is None else other.data_ptr(),
+            y.data_ptr(), torch.get_num_threads(),
+        )  # fmt: skip
+        return y
+
+
+def pack_panels(weight: torch.Tensor, bias: torch.Tensor | None = None) -> Panels | None:
+    """An (N, K) fp32 CPU weight (and (N,) bias) packed for the decoding-step kernel, or None
+    where the kernels are off or they are not contiguous fp32 CPU tensors of those shapes."""
+    if native.function("linear") is None or weight.dim() != 2 or not native.fp32_cpu(weight):
+        return None
+    if not weight.is_contiguous():
+        return None
+    if bias is not None and (
+        bias.shape != (weight.shape[0],) or not native.fp32_cpu(bias) or not bias.is_contiguous()
+    ):
+        return None
+    return Panels(weight, bias)
+
+
 class PackedLinear:
     """`x -> x @ weight.T + bias` with `weight` packed once (see `packed_linears`).
 
@@ -66,7 +122,7 @@ class PackedLinear:
     in the packed dtype (the lean decoder uses them in fp32 only).
 
     For decoding-sized calls (`rows_hint` <= `NATIVE_MAX_ROWS`) in fp32 the weight is packed
-    into panels for `rlvr.rollout.native.Panels`, a register-blocked kernel with the same
+    into `Panels` for the native decode-step kernel (`kernels/linear.c`), with the same
     epilogues: measured on issue 5's decode shapes (32 rows, 2 threads) 9-38% less time per
     matmul than oneDNN's, whose ~15 us of per-call setup dominates small matmuls, and it packs
     in a third of the time. Elsewhere (larger calls, bf16, the kernels off) oneDNN."""
@@ -76,7 +132,7 @@ class PackedLinear:
         self.panels = None
         if compute_dtype is None and rows_hint <= NATIVE_MAX_ROWS:
             b = None if bias is None else bias.detach().contiguous()
-            self.panels = native.pack_panels(self.weight.contiguous(), b)
+            self.panels = pack_panels(self.weight.contiguous(), b)
         if self.panels is not None:
             self.bias, self.packed = self.panels.bias, None
             return
