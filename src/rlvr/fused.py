@@ -27,8 +27,8 @@ decoding makes).
 oneDNN-packed weights made once for the run (`rlvr.rollout.packed`). On this CPU (AMD Zen 4,
 2 threads) oneDNN's fp32 kernels ran at ~220 GFLOP/s against MKL's ~198 at 2,016 rows and
 ~1.7x MKL at 188 (a prompt pass): the reference forward of issue 5's step went from ~129 to
-~116 ms (medians of 3 alternating runs). Packing the policy's weights anew for each training forward was measured too and
-dropped: the packing (~0.27 ms a weight) ate the gain.
+~116 ms (medians of 3 alternating runs). Packing the policy's weights anew for each training
+forward was measured too and dropped: the packing (~0.27 ms a weight) ate the gain.
 """
 
 from __future__ import annotations
@@ -227,9 +227,10 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor | None:
 def pack_frozen_linears(model: nn.Module) -> int:
     """For a model whose weights never change again (the frozen reference copy): each plain
     fp32 CPU `nn.Linear` without grad multiplies with a oneDNN-packed copy of its weight, made
-    now and kept, at the cost of one more copy of those weights in memory (the per-block
-    packing of `fused_ops` would repack them every step). Under autocast, for other dtypes
-    and where a gradient is wanted, the module's own forward runs. Returns how many."""
+    now and kept, at the cost of one more copy of those weights in memory (packed anew for
+    each forward, as weights that change every step would need, it did not pay). Under
+    autocast, for other dtypes and where a gradient is wanted, the module's own forward runs.
+    Returns how many."""
     if not packing_available():
         return 0
     count = 0
