@@ -21,7 +21,7 @@ default in TRL). What TRL
 lacks: dynamic sampling (rlvr keeps only groups with mixed outcomes, refilling from up to 4
 generation batches); its warm-up starts at lr 0 where rlvr's starts at lr / warmup_steps.
 
-Both are evaluated by rlvr's own evaluator (`rlvr.evaluation.evaluate`, the same held-out
+Both are evaluated by rlvr's own evaluator (`rlvr.train.evaluation.evaluate`, the same held-out
 prompts, engine, sampling parameters and seed): rlvr every `eval_every` steps inside its
 run; TRL from a callback on the live model every `eval_every` optimiser steps. Time to
 target = wall time from the start of training (after loading and rlvr's initial evaluation)
@@ -111,7 +111,7 @@ class Clock:
 
 
 def child_rlvr(args) -> dict:
-    import rlvr.trainer as rt
+    import rlvr.train.trainer as rt
 
     cfg = rlvr_config(args)
     clock = Clock()
@@ -165,12 +165,12 @@ def child_trl(args) -> dict:
     from trl import GRPOConfig, GRPOTrainer
     from trl.rewards import get_soft_overlong_punishment
 
-    from rlvr.evaluation import evaluate
     from rlvr.models import load_tokenizer, resolve_model_path
     from rlvr.prompts import load_prompts
+    from rlvr.rewards.scoring import Scorer
     from rlvr.rollout import ENGINES
-    from rlvr.scoring import Scorer
-    from rlvr.trainer import eos_ids, eval_params
+    from rlvr.train.evaluation import evaluate
+    from rlvr.train.trainer import eos_ids, eval_params
 
     cfg = rlvr_config(args)
     r, a, o = cfg.rollout, cfg.algo, cfg.optim

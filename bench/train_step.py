@@ -22,9 +22,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _shared import QWEN2_SHAPE
 
-from rlvr.batching import Sample
 from rlvr.config import load_config
-from rlvr.update import assign_advantages, policy_update
+from rlvr.train.batch import Sample
+from rlvr.train.update import assign_advantages, policy_update
 
 
 def build(seed: int = 0):

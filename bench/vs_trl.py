@@ -161,7 +161,7 @@ def child_trl(args) -> dict:
 
 
 def child_rlvr(args) -> dict:
-    import rlvr.trainer as rt
+    import rlvr.train.trainer as rt
     from rlvr.config import ConfigError, RolloutConfig, load_config
 
     if "min_new_tokens" not in RolloutConfig.__dataclass_fields__:

@@ -1,4 +1,4 @@
-"""`rlvr.allocator`: glibc's malloc keeps freed memory when training starts, unless told not to.
+"""`rlvr.cpu.allocator`: glibc's malloc keeps freed memory when training starts, unless told not to.
 Each case runs in a fresh interpreter: the settings are process-wide and applied once."""
 
 import ctypes.util
@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-CODE = "from rlvr.allocator import keep_freed_memory; print(keep_freed_memory())"
+CODE = "from rlvr.cpu.allocator import keep_freed_memory; print(keep_freed_memory())"
 
 
 def _status(**env) -> str:

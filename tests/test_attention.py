@@ -1,4 +1,4 @@
-"""`rlvr.attention`: the native masked attention, forward and backward, against SDPA, against a
+"""`rlvr.cpu.attention`: the native masked attention, forward and backward, against SDPA, against a
 plain loop over the formula, through a whole Qwen2, and what it declines."""
 
 import math
@@ -9,9 +9,9 @@ import torch
 import torch.nn.functional as F
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-from rlvr import attention as A
-from rlvr.fused import fused_ops
-from rlvr.rollout import native
+from rlvr.cpu import attention as A
+from rlvr.cpu import native
+from rlvr.cpu.fused import fused_ops
 
 pytestmark = pytest.mark.skipif(
     not (shutil.which("cc") or shutil.which("gcc")), reason="no C compiler on this machine"

@@ -18,7 +18,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from rlvr.distributed import Dist
+from rlvr.run.distributed import Dist
 
 HERE = Path(__file__).parent
 ACCURACY = f"{HERE / 'e2e_rewards.py'}:has_digit"

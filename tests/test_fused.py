@@ -1,4 +1,4 @@
-"""`rlvr.fused`: native RMSNorm and SiLU-gate passes, forward and backward, against the modules
+"""`rlvr.cpu.fused`: native RMSNorm and SiLU-gate passes, forward and backward, against the modules
 and the formulas; `fused_ops` swaps and restores module forwards without changing the math."""
 
 import os
@@ -12,8 +12,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 from transformers.models.qwen2 import modeling_qwen2
 
-from rlvr import fused
-from rlvr.rollout import native
+from rlvr.cpu import fused, native
 
 pytestmark = pytest.mark.skipif(
     not (shutil.which("cc") or shutil.which("gcc")), reason="no C compiler on this machine"
@@ -156,7 +155,7 @@ def test_under_bf16_autocast_the_mlp_keeps_its_own_math():
 def test_nothing_is_swapped_with_the_kernels_off(tmp_path):
     code = (
         "from transformers import Qwen2Config, Qwen2ForCausalLM\n"
-        "from rlvr.fused import fused_ops\n"
+        "from rlvr.cpu.fused import fused_ops\n"
         "m = Qwen2ForCausalLM(Qwen2Config(vocab_size=40, hidden_size=32, intermediate_size=64,"
         " num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2))\n"
         "with fused_ops(m) as n: print(n)\n"

@@ -6,11 +6,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlvr.batching import Sample
-from rlvr.collect import _one_token_repeated
 from rlvr.config import load_config
-from rlvr.health import HealthGuard, TrainingHealthError
-from rlvr.update import policy_update
+from rlvr.run.health import HealthGuard, TrainingHealthError
+from rlvr.train.batch import Sample
+from rlvr.train.collect import _one_token_repeated
+from rlvr.train.update import policy_update
 
 
 def test_nan_loss_skips_the_update_and_keeps_the_weights(tiny_model):

@@ -1,4 +1,4 @@
-"""The lean decoding step (`rlvr.rollout.lean`) against the model's own modules: same next-token
+"""The lean decoding step (`rlvr.cpu.lean`) against the model's own modules: same next-token
 logits within 1e-5 on Llama, Qwen2 (q/k/v biases) and Qwen3 (per-head q/k norms), with GQA,
 left padding and duplicated prompts; and refusal where a part is not the plain one."""
 
@@ -15,12 +15,13 @@ from transformers import (
     Qwen3ForCausalLM,
 )
 
-from rlvr.rollout import FastEngine, HFEngine, SamplingParams, native
+from rlvr.cpu import native
+from rlvr.cpu.lean import LeanDecoder
+from rlvr.cpu.packed import packing_available
+from rlvr.cpu.prefix_attention import PrefixLayer, PrefixLayout, prefix_decoding
+from rlvr.rollout import FastEngine, HFEngine, SamplingParams
 from rlvr.rollout.fast import _LiveLayer
 from rlvr.rollout.hf import left_pad
-from rlvr.rollout.lean import LeanDecoder
-from rlvr.rollout.packed import packing_available
-from rlvr.rollout.prefix_attention import PrefixLayer, PrefixLayout, prefix_decoding
 
 pytestmark = pytest.mark.skipif(not packing_available(), reason="torch built without oneDNN")
 
@@ -85,7 +86,7 @@ def _prefilled(model, prompts, G):
 
 @pytest.fixture(params=["torch", "native"])
 def path(request):
-    """The lean step's attention: torch ops, or `rlvr.rollout.native`'s fused RoPE + cache
+    """The lean step's attention: torch ops, or `rlvr.cpu.native`'s fused RoPE + cache
     write + attention kernel."""
     if request.param == "native" and native.rope_kernel() is None:
         if shutil.which("cc") or shutil.which("gcc"):  # a compiler is here: it must build

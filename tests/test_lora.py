@@ -8,11 +8,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from rlvr.batching import Sample, collate, token_log_probs
 from rlvr.cli import main
 from rlvr.config import load_config
 from rlvr.models import load_model, load_tokenizer
-from rlvr.policy import load_policy
+from rlvr.train.batch import Sample, collate, token_log_probs
+from rlvr.train.policy import load_policy
 
 pytest.importorskip("peft")
 

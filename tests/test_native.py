@@ -1,4 +1,4 @@
-"""`rlvr.rollout.native`: the C decode-attention kernel's build, cache, fallback and guards
+"""`rlvr.cpu.native`: the C decode-attention kernel's build, cache, fallback and guards
 (its numbers are checked against torch in tests/test_prefix_attention.py)."""
 
 import json
@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 
-from rlvr.rollout import native
+from rlvr.cpu import native
 
 HAVE_CC = bool(shutil.which("cc") or shutil.which("gcc"))
 
@@ -20,7 +20,8 @@ def _status(tmp_path, **env) -> dict:
     code = """
 import json, torch
 from rlvr.models import build_tiny_model, build_tokenizer
-from rlvr.rollout import FastEngine, SamplingParams, native
+from rlvr.cpu import native
+from rlvr.rollout import FastEngine, SamplingParams
 tok = build_tokenizer()
 model = build_tiny_model(tok, seed=0)
 engine = FastEngine(model, pad_id=tok.pad_token_id, eos_ids=[tok.eos_token_id])
@@ -170,7 +171,7 @@ def test_an_unwritable_home_falls_back_to_a_private_temporary_directory(tmp_path
     env = {k: v for k, v in os.environ.items() if k != "RLVR_CACHE_DIR"}
     env |= {"HOME": str(home), "TMPDIR": str(tmp_path / "tmp")}
     (tmp_path / "tmp").mkdir()
-    code = "from rlvr.rollout import native; print(native.status())"
+    code = "from rlvr.cpu import native; print(native.status())"
     proc = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300
     )
@@ -190,7 +191,7 @@ def test_a_shared_temporary_directory_open_to_others_is_not_used(tmp_path):
     planted.chmod(0o777)  # anyone could have put a library here
     env = {k: v for k, v in os.environ.items() if k != "RLVR_CACHE_DIR"}
     env |= {"HOME": str(home), "TMPDIR": str(tmp_path / "tmp")}
-    code = "from rlvr.rollout import native; print(native.status())"
+    code = "from rlvr.cpu import native; print(native.status())"
     proc = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300
     )

@@ -1,12 +1,12 @@
-"""oneDNN-packed linears (`rlvr.rollout.packed`): same math as `F.linear` up to float
+"""oneDNN-packed linears (`rlvr.cpu.packed`): same math as `F.linear` up to float
 reassociation, every plain linear packed, everything restored afterwards."""
 
 import pytest
 import torch
 from torch import nn
 
+from rlvr.cpu.packed import packed_linears, packing_available
 from rlvr.models import build_tiny_model
-from rlvr.rollout.packed import packed_linears, packing_available
 
 pytestmark = pytest.mark.skipif(not packing_available(), reason="torch built without oneDNN")
 
@@ -110,8 +110,8 @@ def _loop_linear(x, w, b):
 def test_native_decode_linear_and_its_epilogues_match_a_loop(rows, K, N, bias):
     """The decoding-step kernel on panel-packed weights: full and partial row blocks and
     panels, with and without bias, each fused epilogue of the lean decoder."""
-    from rlvr.rollout import native
-    from rlvr.rollout.packed import pack_linear, pack_panels
+    from rlvr.cpu import native
+    from rlvr.cpu.packed import pack_linear, pack_panels
 
     if native.function("linear") is None:
         pytest.skip(native.status())

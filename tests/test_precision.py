@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from rlvr.config import ConfigError, load_config
+from rlvr.cpu.packed import packed_linears, packing_available
 from rlvr.models import autocast
 from rlvr.rollout import FastEngine, SamplingParams
-from rlvr.rollout.packed import packed_linears, packing_available
-from rlvr.update import assign_advantages, policy_update
+from rlvr.train.update import assign_advantages, policy_update
 from test_update import _samples
 
 
@@ -85,7 +85,7 @@ def test_gradient_checkpointing_gives_the_same_update(tiny_model):
 
 
 def test_gradient_checkpointing_turns_prompt_sharing_off():
-    from rlvr.update import _share
+    from rlvr.train.update import _share
 
     on = load_config(None, {"optim": {"gradient_checkpointing": True}})
     off = load_config(None, {})
@@ -120,7 +120,7 @@ def test_lora_dropout_acts_in_the_update(tiny_model):
 
 
 def test_config_turns_checkpointing_on(tiny_model_dir):
-    from rlvr.policy import load_policy
+    from rlvr.train.policy import load_policy
 
     cfg = load_config(
         None,

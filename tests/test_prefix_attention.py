@@ -1,4 +1,4 @@
-"""Shared-prefix decode attention (`rlvr.rollout.prefix_attention`) against SDPA over the
+"""Shared-prefix decode attention (`rlvr.cpu.prefix_attention`) against SDPA over the
 expanded cache, a plain loop, and the `hf` engine on Llama and Qwen2."""
 
 import shutil
@@ -8,8 +8,8 @@ import torch
 from torch import nn
 from transformers import AutoModelForCausalLM
 
-from rlvr.rollout import FastEngine, HFEngine, SamplingParams, native
-from rlvr.rollout.prefix_attention import (
+from rlvr.cpu import native
+from rlvr.cpu.prefix_attention import (
     NAME,
     PrefixLayer,
     PrefixLayout,
@@ -17,11 +17,12 @@ from rlvr.rollout.prefix_attention import (
     prefix_decoding,
     supports_prefix_attention,
 )
+from rlvr.rollout import FastEngine, HFEngine, SamplingParams
 
 
 @pytest.fixture(params=["torch", "native"])
 def path(request):
-    """Both implementations: the torch ops, and `rlvr.rollout.native`'s C kernel."""
+    """Both implementations: the torch ops, and `rlvr.cpu.native`'s C kernel."""
     if request.param == "native" and native.kernel() is None:
         if shutil.which("cc") or shutil.which("gcc"):  # a compiler is here: it must build
             pytest.fail(f"the native kernel did not build: {native.status()}")
@@ -133,7 +134,7 @@ class _layout:
     """Set the layout the way `prefix_decoding` does, without a model."""
 
     def __init__(self, layout):
-        from rlvr.rollout import prefix_attention as pa
+        from rlvr.cpu import prefix_attention as pa
 
         self.pa, self.layout = pa, layout
 

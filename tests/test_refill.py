@@ -45,11 +45,11 @@ def test_a_rank_with_an_empty_share_generates_and_scores_nothing(tmp_path):
     decoding, scorer and tally must take an empty batch (the built-in model and task)."""
     from rich.console import Console
 
-    from rlvr.collect import Tally
     from rlvr.config import load_config
-    from rlvr.evaluation import decode_completions
     from rlvr.rollout import SamplingParams
-    from rlvr.trainer import setup
+    from rlvr.train.collect import Tally
+    from rlvr.train.evaluation import decode_completions
+    from rlvr.train.trainer import setup
 
     cfg = load_config(None, {"train": {"output_dir": str(tmp_path / "run"), "eval_size": 0}})
     run, _ = setup(cfg, None, Console(quiet=True))

@@ -6,8 +6,8 @@ import torch
 
 from rlvr.config import load_config
 from rlvr.prompts import Prompt
+from rlvr.rewards.scoring import Scorer
 from rlvr.rollout import Rollout
-from rlvr.scoring import Scorer
 
 ACCURACY = f"{Path(__file__).parent / 'e2e_rewards.py'}:picky_digit"
 

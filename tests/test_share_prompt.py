@@ -6,17 +6,17 @@ import copy
 import pytest
 import torch
 
-from rlvr.batching import (
+from rlvr.config import load_config
+from rlvr.models import load_model
+from rlvr.train.batch import (
     Sample,
     collate,
     collate_shared,
     shared_token_log_probs,
     token_log_probs,
 )
-from rlvr.config import load_config
-from rlvr.models import load_model
-from rlvr.update import _dummy, _micro_batches, _micro_loss, assign_advantages, policy_update
-from rlvr.update import fill_log_probs as fill
+from rlvr.train.update import _dummy, _micro_batches, _micro_loss, assign_advantages, policy_update
+from rlvr.train.update import fill_log_probs as fill
 
 
 def _samples(G=4, groups=3, seed=0, max_len=9):

@@ -5,9 +5,9 @@ import copy
 import pytest
 import torch
 
-from rlvr.batching import Sample
 from rlvr.config import load_config
-from rlvr.update import assign_advantages, fill_log_probs, policy_update
+from rlvr.train.batch import Sample
+from rlvr.train.update import assign_advantages, fill_log_probs, policy_update
 
 
 def _samples(G=4, groups=3, seed=0):

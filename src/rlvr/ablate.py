@@ -35,8 +35,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rlvr.checkpoint import latest_good_checkpoint
 from rlvr.config import Config, ConfigError, dump_yaml, load_config, parse_overrides, to_dict
+from rlvr.run.checkpoint import latest_good_checkpoint
 
 
 @dataclass(frozen=True)
@@ -109,7 +109,7 @@ def rung_config(
 
 def _run(cfg: Config, run_dir: Path, show_progress: bool, log) -> dict[str, Any] | None:
     """Train `cfg` in `run_dir` unless done; the summary, or None when stopped by a signal."""
-    from rlvr.trainer import train
+    from rlvr.train.trainer import train
 
     summary, resume = run_dir / "summary.json", None
     if (run_dir / "config.yaml").is_file():

@@ -10,11 +10,11 @@ import sys
 from pathlib import Path
 
 from rlvr.ablate import cmd_ablate
-from rlvr.checkpoint import CheckpointError
 from rlvr.config import ConfigError, help_text, load_config, parse_overrides
-from rlvr.distributed import torchrun_rank
-from rlvr.health import TrainingHealthError
 from rlvr.plots import cmd_plot
+from rlvr.run.checkpoint import CheckpointError
+from rlvr.run.distributed import torchrun_rank
+from rlvr.run.health import TrainingHealthError
 
 TRAIN_EPILOG = "config keys (override with --section.key=value):\n"
 
@@ -70,7 +70,7 @@ def cmd_train(argv: list[str]) -> int:
     ):
         if value is not None:
             overrides.setdefault(section, {})[key] = value
-    from rlvr.trainer import train
+    from rlvr.train.trainer import train
 
     if args.resume:
         run_dir = Path(args.resume)
@@ -164,12 +164,12 @@ def cmd_eval(argv: list[str]) -> int:
     p.add_argument("--max-new-tokens", type=int, default=None)
     p.add_argument("--temperature", type=float, default=1.0)
     args = p.parse_args(argv)
-    from rlvr.evaluation import evaluate
     from rlvr.models import load_model, load_tokenizer
     from rlvr.prompts import load_prompts
+    from rlvr.rewards.scoring import Scorer
     from rlvr.rollout import ENGINES
-    from rlvr.scoring import Scorer
-    from rlvr.trainer import eos_ids, eval_params
+    from rlvr.train.evaluation import evaluate
+    from rlvr.train.trainer import eos_ids, eval_params
 
     overrides = {
         "model": {"name_or_path": args.model},
@@ -214,8 +214,8 @@ def cmd_export(argv: list[str]) -> int:
     args = p.parse_args(argv)
     import json as _json
 
-    from rlvr.checkpoint import latest_good_checkpoint, verify_checkpoint
-    from rlvr.policy import export_merged
+    from rlvr.run.checkpoint import latest_good_checkpoint, verify_checkpoint
+    from rlvr.train.policy import export_merged
 
     source = Path(args.source)
     if (source / "config.yaml").is_file() and (source / "checkpoints").is_dir():

@@ -4,21 +4,21 @@ What it saves over `model.generate` (the `hf` engine):
 
 - each distinct prompt is prefilled once (`generate` prefills every one of the B = U * G
   rows); for the Llama family on CPU its KV rows are then kept once and read by all G samples
-  (`rlvr.rollout.prefix_attention`), elsewhere they are copied to the G samples;
+  (`rlvr.cpu.prefix_attention`), elsewhere they are copied to the G samples;
 - for the Llama family on CPU, decoding steps run the layer math directly on fused packed
-  weights (`rlvr.rollout.lean`) instead of through the modules, with RoPE, the cache write,
-  the attention and RMSNorm as small C kernels built on first use (`rlvr.rollout.native`;
+  weights (`rlvr.cpu.lean`) instead of through the modules, with RoPE, the cache write,
+  the attention and RMSNorm as small C kernels built on first use (`rlvr.cpu.native`;
   the torch code is the fallback and the reference they are tested against);
 - the KV cache is preallocated (`StaticCache`: written in place, never grown by `torch.cat`);
 - the 2D attention mask is built once (prompt padding, then ones for every generation slot:
   the causal mask already hides the slots not yet written);
 - temperature, top-k and top-p are one small function on the logits, no processor list;
 - on CPU, the linear weights are packed once per rollout into oneDNN's blocked layout
-  (`rlvr.rollout.packed`), instead of being re-packed inside every decode-step matmul;
+  (`rlvr.cpu.packed`), instead of being re-packed inside every decode-step matmul;
 - rows that emitted EOS are retired: once enough of the batch is finished, the cache, mask
   and positions are index-selected down to the live rows.
 
-Positions and masks are the trainer's (`rlvr.batching`): left-padded prompt, position ids
+Positions and masks are the trainer's (`rlvr.train.batch`): left-padded prompt, position ids
 ``cumsum(attention_mask) - 1``, so `sampling_log_probs` (log-softmax of logits / temperature
 at the sampled token, fp32) match `token_log_probs` on the same sequences.
 """
@@ -31,18 +31,18 @@ import torch
 from transformers import DynamicCache, PreTrainedModel, StaticCache
 from transformers.cache_utils import StaticLayer
 
-from rlvr.models import cache_kwarg
-from rlvr.rollout import native
-from rlvr.rollout.base import Rollout, SamplingParams, lengths_from_eos
-from rlvr.rollout.hf import left_pad
-from rlvr.rollout.lean import LeanDecoder
-from rlvr.rollout.packed import packed_linears, packing_available
-from rlvr.rollout.prefix_attention import (
+from rlvr.cpu import native
+from rlvr.cpu.lean import LeanDecoder
+from rlvr.cpu.packed import packed_linears, packing_available
+from rlvr.cpu.prefix_attention import (
     PrefixLayer,
     PrefixLayout,
     prefix_decoding,
     supports_prefix_attention,
 )
+from rlvr.models import cache_kwarg
+from rlvr.rollout.base import Rollout, SamplingParams, lengths_from_eos
+from rlvr.rollout.hf import left_pad
 
 
 def filter_logits(logits: torch.Tensor, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
@@ -80,7 +80,7 @@ def sample_tokens(
     as the trainer computes it.
     """
     plain = not params.greedy and generators is None and params.top_p >= 1.0
-    if plain and not 0 < params.top_k < logits.shape[-1]:  # one C pass (rlvr.rollout.native)
+    if plain and not 0 < params.top_k < logits.shape[-1]:  # one C pass (rlvr.cpu.native)
         drawn = native.sample(logits, params.temperature, suppress)
         if drawn is not None:
             return drawn
@@ -143,11 +143,11 @@ class FastEngine:
     """Samples on the live policy module with its own decoding loop (see the module doc).
 
     `prefix_attention`: decode with each prompt's KV stored once per group, attended by all
-    its samples (`rlvr.rollout.prefix_attention`; supported model types, static cache, CPU).
+    its samples (`rlvr.cpu.prefix_attention`; supported model types, static cache, CPU).
     `lean`: with prefix attention, decoding steps of the Llama family run
-    `rlvr.rollout.lean` (the layer math on packed fused weights) instead of the modules.
+    `rlvr.cpu.lean` (the layer math on packed fused weights) instead of the modules.
     `pack_weights`: on CPU, multiply with oneDNN-packed copies of the linear weights while
-    sampling (`rlvr.rollout.packed`; float reassociation only, a large speed-up at decode
+    sampling (`rlvr.cpu.packed`; float reassociation only, a large speed-up at decode
     shapes); False keeps `F.linear` (and turns `lean` off).
     `retire_fraction`: the live batch is compacted once at least this fraction of its rows
     has finished (each compaction copies the whole KV cache, so it is not done every step);

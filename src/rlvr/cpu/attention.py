@@ -27,8 +27,8 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
 
-from rlvr.rollout import native
-from rlvr.rollout.prefix_attention import PREFIX_MODEL_TYPES
+from rlvr.cpu import native
+from rlvr.cpu.prefix_attention import PREFIX_MODEL_TYPES
 
 NAME = "rlvr_attention"
 HEAD_SIZES = (32, 64, 128)  # the kernel's compile-time row widths

@@ -8,17 +8,17 @@ import math
 import torch
 
 from rlvr.algos import ADVANTAGES, group_advantages, policy_loss
-from rlvr.batching import (
+from rlvr.config import Config
+from rlvr.cpu.fused import fused_ops
+from rlvr.models import autocast
+from rlvr.run.distributed import Dist, is_sharded
+from rlvr.train.batch import (
     Sample,
     collate,
     collate_shared,
     shared_token_log_probs,
     token_log_probs,
 )
-from rlvr.config import Config
-from rlvr.distributed import Dist, is_sharded
-from rlvr.fused import fused_ops
-from rlvr.models import autocast
 
 
 def assign_advantages(samples: list[Sample], cfg: Config) -> None:
@@ -82,7 +82,7 @@ def _log_probs(model, micro: list[Sample], cfg: Config, pad_id: int, device, **k
     share = _share(cfg, model)
     mb = (collate_shared if share else collate)(micro, pad_id, device)
     score = shared_token_log_probs if share else token_log_probs
-    # Native RMSNorm / SiLU-gate passes (rlvr.fused). Not under gradient checkpointing: its
+    # Native RMSNorm / SiLU-gate passes (rlvr.cpu.fused). Not under gradient checkpointing: its
     # recomputation runs in the backward, after this block, with the modules' own forwards.
     fused = contextlib.nullcontext() if cfg.optim.gradient_checkpointing else fused_ops(model)
     with autocast(cfg.model.autocast, device), fused:

@@ -2,10 +2,10 @@
 compiler.
 
 A decoding step of a small model on CPU is dominated by per-op overhead, not arithmetic: the
-shared-prefix attention (`rlvr.rollout.prefix_attention`) is ~20 torch ops per layer per
+shared-prefix attention (`rlvr.cpu.prefix_attention`) is ~20 torch ops per layer per
 step. `kernels/prefix_decode.c` does it in one pass (measured ~3x faster on issue 5's model,
 2 threads); `kernels/attention.c` is the training forwards' masked attention
-(`rlvr.attention`), `kernels/linear.c` the decoding step's matmuls (`rlvr.rollout.packed`),
+(`rlvr.cpu.attention`), `kernels/linear.c` the decoding step's matmuls (`rlvr.cpu.packed`),
 and the rest are RMSNorm, SiLU-gate, RoPE and sampling passes. They are
 plain C with OpenMP, built the first time one is needed into one library in a cache
 directory (`$RLVR_CACHE_DIR`, else `~/.cache/rlvr`) keyed by the sources, the compiler and the
@@ -51,21 +51,21 @@ _SIGNATURES = {
         *(_PTR, _PTR, _PTR, _I64, _I64, _I64, _F32, _PTR, _PTR, _I32),
     ],
     "sample": [_PTR, _I64, _I64, _F32, _PTR, _PTR, _I64, _PTR, _PTR, _PTR, _I32],
-    # RMSNorm (also the lean decoder's) and, for rlvr.fused, the SiLU gate, with backward
+    # RMSNorm (also the lean decoder's) and, for rlvr.cpu.fused, the SiLU gate, with backward
     "rms_norm_fwd": [_PTR, _PTR, _I64, _I64, _F32, _PTR, _PTR, _I32],
     "rms_norm_bwd": [_PTR, _PTR, _PTR, _PTR, _I64, _I64, _PTR, _PTR, _PTR, _I32],
     "silu_mul_fwd": [_PTR, _PTR, _I64, _PTR, _I32],
     "silu_mul_bwd": [_PTR, _PTR, _PTR, _I64, _PTR, _PTR, _I32],
     "rope_fwd": [_PTR, _PTR, _PTR, _I64, _I64, _I64, _PTR, _I32],
     "rope_bwd": [_PTR, _PTR, _PTR, _I64, _I64, _I64, _PTR, _I32],
-    # training attention (rlvr.attention); they return 0, or -1 when out of memory
+    # training attention (rlvr.cpu.attention); they return 0, or -1 when out of memory
     "attention_fwd": [_PTR, _PTR, _PTR, _PTR, _PTR, _PTR, _I32, _F32, _PTR, _PTR, _I32],
     "attention_bwd": [
         *(_PTR, _PTR, _PTR, _PTR, _PTR, _PTR, _I32, _F32),
         *(_PTR, _PTR, _PTR, _PTR, _PTR, _PTR, _I32),
     ],
     "attention_scratch_bytes": [_I64, _I64],
-    # decoding-step linears on weights packed in panels (rlvr.rollout.packed)
+    # decoding-step linears on weights packed in panels (rlvr.cpu.packed)
     "pack_panels": [_PTR, _I64, _I64, _PTR, _I32],
     "linear": [_PTR, _I64, _I64, _PTR, _I64, _PTR, _I32, _PTR, _PTR, _I32],
     "panel_width": [],

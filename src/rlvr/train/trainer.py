@@ -26,16 +26,20 @@ from pathlib import Path
 import torch
 from rich.console import Console
 
-from rlvr.allocator import keep_freed_memory
-from rlvr.checkpoint import (
+from rlvr.config import Config, ConfigError, to_dict
+from rlvr.cpu import native
+from rlvr.cpu.allocator import keep_freed_memory
+from rlvr.models import autocast, load_tokenizer
+from rlvr.prompts import PromptSource, load_prompts
+from rlvr.rewards.scoring import Scorer
+from rlvr.rollout import ENGINES, SamplingParams, derive_seed
+from rlvr.run.checkpoint import (
     latest_good_checkpoint,
     load_trainer_state,
     save_checkpoint,
     set_rng_state,
 )
-from rlvr.collect import PromptSampler, collect
-from rlvr.config import Config, ConfigError, to_dict
-from rlvr.distributed import (
+from rlvr.run.distributed import (
     Dist,
     full_state,
     gathered,
@@ -44,17 +48,14 @@ from rlvr.distributed import (
     shutdown,
     wrap,
 )
-from rlvr.evaluation import evaluate
-from rlvr.health import HealthGuard
-from rlvr.metrics import NullLogger, RunLogger
-from rlvr.models import autocast, load_tokenizer
-from rlvr.policy import Policy, load_policy
-from rlvr.prompts import PromptSource, load_prompts
-from rlvr.rollout import ENGINES, SamplingParams, derive_seed, native
-from rlvr.rundir import prepare_run_dir, truncate_jsonl
-from rlvr.scoring import Scorer
-from rlvr.signals import StopSignal
-from rlvr.update import assign_advantages, fill_log_probs, policy_update
+from rlvr.run.health import HealthGuard
+from rlvr.run.metrics import NullLogger, RunLogger
+from rlvr.run.rundir import prepare_run_dir, truncate_jsonl
+from rlvr.run.signals import StopSignal
+from rlvr.train.collect import PromptSampler, collect
+from rlvr.train.evaluation import evaluate
+from rlvr.train.policy import Policy, load_policy
+from rlvr.train.update import assign_advantages, fill_log_probs, policy_update
 
 
 def eval_params(cfg: Config, *, greedy: bool = False, n: int | None = None) -> SamplingParams:
@@ -281,7 +282,7 @@ def train(
     caller that ends the process with `os._exit` (see `distributed.shutdown`)."""
     console = console or Console(stderr=True, soft_wrap=True)
     t_start = time.time()
-    keep_freed_memory()  # glibc keeps freed buffers for the next step (rlvr.allocator)
+    keep_freed_memory()  # glibc keeps freed buffers for the next step (rlvr.cpu.allocator)
     run, resumed = setup(cfg, resume_dir, console)
     # No barrier after a failure: the other ranks may never reach it; torchrun stops them
     # once this rank exits with the error.
@@ -351,9 +352,9 @@ def _train(
             "world_size": d.world_size,
             "parallel": cfg.train.parallel if d.enabled else "none",
             "engine": cfg.rollout.engine,
-            # whether the fast engine's C kernels ran, or why not (rlvr.rollout.native)
+            # whether the fast engine's C kernels ran, or why not (rlvr.cpu.native)
             "native_kernels": native.status() if cfg.rollout.engine == "fast" else "unused",
-            "malloc_tuning": keep_freed_memory(),  # rlvr.allocator: "on" or why not
+            "malloc_tuning": keep_freed_memory(),  # rlvr.cpu.allocator: "on" or why not
             "wall_time_s": time.time() - t_start,
         }
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))

@@ -5,12 +5,12 @@ twice as many in its backward) and `silu(gate) * up` (three, and their backward)
 activations through memory again and again: measured on issue 5's model, ~10% of a training
 step. `fused_ops(model)` swaps, for the duration of a `with` block, each plain RMSNorm's and
 SiLU MLP's forward for autograd functions whose forward and backward are one pass each of
-`rlvr.rollout.native`'s C kernels. Same math, float reassociation only (tested against the
+`rlvr.cpu.native`'s C kernels. Same math, float reassociation only (tested against the
 modules' outputs and gradients within 1e-5).
 
 Only what the kernels read is swapped: fp32 CPU inputs and plain `nn.Parameter` weights (not
 FSDP2's DTensors, not under bf16 autocast, where a bf16 input arrives); anything else calls the
-module's own forward. With the native kernels off (`rlvr.rollout.native.status()`), nothing is
+module's own forward. With the native kernels off (`rlvr.cpu.native.status()`), nothing is
 swapped.
 
 RoPE (`q * cos + rotate_half(q) * sin`, four to six eager ops per tensor and as many again in
@@ -19,12 +19,12 @@ name, `apply_rotary_pos_emb` in their modeling module; for the block, that name 
 version that runs `rope_fwd` / `rope_bwd` on fp32 CPU tensors of the layout the attention
 forward makes (and the original on anything else), and is put back after.
 
-The attention itself, where the model uses SDPA, runs `rlvr.attention`'s native pass for the
+The attention itself, where the model uses SDPA, runs `rlvr.cpu.attention`'s native pass for the
 block too (the same switch of the model's attention implementation that the fast engine's
 decoding makes).
 
 `pack_frozen_linears` is for the frozen reference copy: its fp32 linears multiply with
-oneDNN-packed weights made once for the run (`rlvr.rollout.packed`). On this CPU (AMD Zen 4,
+oneDNN-packed weights made once for the run (`rlvr.cpu.packed`). On this CPU (AMD Zen 4,
 2 threads) oneDNN's fp32 kernels ran at ~220 GFLOP/s against MKL's ~198 at 2,016 rows and
 ~1.7x MKL at 188 (a prompt pass): the reference forward of issue 5's step went from ~129 to
 ~116 ms (medians of 3 alternating runs). Packing the policy's weights anew for each training
@@ -40,11 +40,11 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
-from rlvr.attention import native_attention
+from rlvr.cpu import native
+from rlvr.cpu.attention import native_attention
+from rlvr.cpu.packed import PackedLinear, pack_linear, packable, packing_available
+from rlvr.cpu.prefix_attention import PREFIX_MODEL_TYPES
 from rlvr.models import unwrap_model
-from rlvr.rollout import native
-from rlvr.rollout.packed import PackedLinear, pack_linear, packable, packing_available
-from rlvr.rollout.prefix_attention import PREFIX_MODEL_TYPES
 
 _SILU = frozenset({"SiLU", "SiLUActivation"})
 
@@ -306,7 +306,7 @@ def _is_silu_mlp(m: nn.Module) -> bool:
 def fused_ops(model: nn.Module) -> Iterator[int]:
     """Within the block, the plain RMSNorms and SiLU MLPs of `model`, and the RoPE of its
     Llama-family attention, run the native passes (see the module doc), and so does its
-    attention where it uses SDPA (`rlvr.attention`); yields how many modules were swapped."""
+    attention where it uses SDPA (`rlvr.cpu.attention`); yields how many modules were swapped."""
     if native.function("rms_norm_fwd") is None:
         yield 0
         return

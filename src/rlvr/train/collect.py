@@ -16,13 +16,13 @@ from dataclasses import dataclass
 import torch
 
 from rlvr.algos import DynamicSamplingBuffer, keep_groups, refill_size
-from rlvr.batching import Sample
 from rlvr.config import Config
-from rlvr.distributed import Dist
-from rlvr.evaluation import decode_completions
 from rlvr.prompts import Prompt
+from rlvr.rewards.scoring import Scorer, Scores
 from rlvr.rollout import Rollout, RolloutEngine, SamplingParams, derive_seed
-from rlvr.scoring import Scorer, Scores
+from rlvr.run.distributed import Dist
+from rlvr.train.batch import Sample
+from rlvr.train.evaluation import decode_completions
 
 
 class PromptSampler:

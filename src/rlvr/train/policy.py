@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from rlvr.config import Config, ConfigError
-from rlvr.fused import pack_frozen_linears
+from rlvr.cpu.fused import pack_frozen_linears
 from rlvr.models import load_model
 
 

@@ -4,9 +4,9 @@ A decoding step moves one token per row through the model. Through the Hugging F
 that is ~25 module calls per layer, each with its Python, hooks, shape bookkeeping and mask
 plumbing: on a small model most of the step. This module runs the same layer math directly
 on the model's own parameters with fewer, larger matmuls: q/k/v fused into one packed weight,
-gate/up into another (`rlvr.rollout.packed`), RMSNorm as one `F.rms_norm`, the model's own
+gate/up into another (`rlvr.cpu.packed`), RMSNorm as one `F.rms_norm`, the model's own
 rotary module for cos/sin (any RoPE scaling it implements), and the shared-prefix attention
-of `rlvr.rollout.prefix_attention` on the same cache. The prefill still runs the modules.
+of `rlvr.cpu.prefix_attention` on the same cache. The prefill still runs the modules.
 
 It is used only where every piece is the plain one it expects (`LeanDecoder.build` returns
 None otherwise: LoRA-wrapped projections, unknown norms, other families), and it is tested
@@ -19,9 +19,9 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from rlvr.rollout import native
-from rlvr.rollout.packed import pack_linear, packable, packing_available
-from rlvr.rollout.prefix_attention import PREFIX_MODEL_TYPES, current_layout, prefix_attention
+from rlvr.cpu import native
+from rlvr.cpu.packed import pack_linear, packable, packing_available
+from rlvr.cpu.prefix_attention import PREFIX_MODEL_TYPES, current_layout, prefix_attention
 
 _SILU = frozenset({"SiLU", "SiLUActivation"})  # torch's and transformers' SiLU modules
 

@@ -6,10 +6,10 @@ from dataclasses import replace
 
 import torch
 
-from rlvr.distributed import Dist
 from rlvr.prompts import Prompt
+from rlvr.rewards.scoring import Scorer
 from rlvr.rollout import Rollout, RolloutEngine, SamplingParams, derive_seed
-from rlvr.scoring import Scorer
+from rlvr.run.distributed import Dist
 
 
 def decode_completions(tokenizer, rollout: Rollout) -> list[str]:

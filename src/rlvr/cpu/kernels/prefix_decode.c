@@ -1,5 +1,5 @@
 /* One decoding step of attention over a prompt prefix stored once per group plus each row's
- * own generated tokens (rlvr.rollout.prefix_attention holds the reference in torch ops).
+ * own generated tokens (rlvr.cpu.prefix_attention holds the reference in torch ops).
  *
  * Eager torch spends this step in ~20 small ops (batched matmuls of one query row, softmax,
  * regrouping copies); here it is one pass per (row, query head), parallel over both:
@@ -7,7 +7,7 @@
  *   s_j = q . k_j * scale + bias_j    over the prompt's P keys, then the row's own t keys
  *   out = sum_j softmax(s)_j v_j
  *
- * Built at first use by rlvr.rollout.native with the system C compiler; no -ffast-math (it
+ * Built at first use by rlvr.cpu.native with the system C compiler; no -ffast-math (it
  * would flush denormals process-wide and drop -inf handling), so the exponential (common.h) is
  * a branch-free polynomial the compiler can vectorise. */
 #include <math.h>

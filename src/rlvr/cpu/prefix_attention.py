@@ -31,7 +31,7 @@ import torch
 from transformers import AttentionInterface
 from transformers.cache_utils import StaticLayer
 
-from rlvr.rollout import native
+from rlvr.cpu import native
 
 NAME = "rlvr_prefix"
 # Decoder-only families whose attention is `cache.update` then the registry's function, with
@@ -101,7 +101,7 @@ class PrefixLayout:
     slot: torch.Tensor
     slots: int
     regular: bool
-    native: bool = False  # decode with rlvr.rollout.native's kernel where the tensors fit
+    native: bool = False  # decode with rlvr.cpu.native's kernel where the tensors fit
 
     @classmethod
     def build(cls, layers: list, prompt_mask: torch.Tensor, expand: torch.Tensor) -> PrefixLayout:

@@ -1,4 +1,4 @@
-/* Decoding-step linears (rlvr.rollout.packed.PackedLinear, via rlvr.rollout.packed.Panels).
+/* Decoding-step linears (rlvr.cpu.packed.PackedLinear, via rlvr.cpu.packed.Panels).
  *
  * y (M x N) = x (M x K) W^T + bias, then an epilogue (+ other, * other, or SiLU), for the few
  * dozen rows of a decoding step. oneDNN spends ~15 us of setup on every call, most of a
