@@ -1,4 +1,5 @@
-"""`rlvr ablate`: DAPO's cumulative ablation ladder (ALGORITHMS.md §5.6), small and local.
+"""`rlvr ablate`: DAPO's cumulative ablation ladder, small and local
+(docs/algorithms.md#the-dapo-ablation-ladder).
 
 Every rung is the `grpo` preset with the KL term removed (algo.kl_coef 0) plus the DAPO
 components of the rungs above it and one more:
@@ -152,7 +153,7 @@ def write_report(out_dir: Path, results: list[dict[str, Any]], command: str) -> 
     cfg = results[0]["config"]
     seeds = sorted({r["seed"] for r in results})
     lines = [
-        "# DAPO ablation ladder (ALGORITHMS.md §5.6), small",
+        "# DAPO ablation ladder (docs/algorithms.md#the-dapo-ablation-ladder), small",
         "",
         f"Command: `{command}`",
         "",

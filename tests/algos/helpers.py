@@ -1,6 +1,6 @@
 """Plain-Python loop versions of every rlvr.algos function, and random-batch builders.
 
-The references use Python floats and explicit loops, written from ALGORITHMS.md and not
+The references use Python floats and explicit loops, written from docs/algorithms.md and not
 from the vectorised code, so that a test comparing the two checks the formula itself.
 """
 

@@ -90,7 +90,7 @@ def test_all_masked_batch_gives_zero_loss_and_zero_grad(mode, counts):
 
 
 def test_empty_rows_count_in_sample_mean():
-    # §3.4: mean over responses counts an all-masked row as 0 (num_sequences defaults to B).
+    # GRPO's mean over responses counts an all-masked row as 0 (num_sequences defaults to B).
     x = torch.tensor([[2.0, 4.0], [9.0, 9.0]])
     mask = torch.tensor([[True, True], [False, False]])
     assert aggregate(x, mask, "sample_mean").item() == 1.5  # (3 + 0) / 2

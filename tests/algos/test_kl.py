@@ -55,7 +55,7 @@ def test_k3_accurate_for_tiny_log_ratios_in_float32():
 
 
 def test_k3_gradient():
-    # d k3 / d logp = 1 - exp(ref - logp) = 1 - pi_ref / pi_theta (ALGORITHMS.md §3.3)
+    # d k3 / d logp = 1 - exp(ref - logp) = 1 - pi_ref / pi_theta (docs/algorithms.md#kl-penalty)
     logp = torch.tensor([-1.0, -2.0, -0.5], dtype=torch.float64, requires_grad=True)
     ref = torch.tensor([-1.5, -1.0, -0.5], dtype=torch.float64)
     (g,) = torch.autograd.grad(kl_estimate(logp, ref, "k3").sum(), logp)

@@ -1,4 +1,4 @@
-"""ALGORITHMS.md §7, every number, through the public functions and autograd.
+"""docs/algorithms.md#worked-example, every number, through the public functions and autograd.
 
 G = 4, R = [1, 0, 0, 1], lengths [3, 5, 2, 4] (14 tokens), logp_old = ln 0.5 everywhere,
 logp = logp_old + ln rho, pi_ref = pi_old. Computed in float64 so that the document's

@@ -1,6 +1,6 @@
 """The math of GRPO, DAPO and neighbours as pure functions over tensors.
 
-This package imports torch and the standard library only. ALGORITHMS.md holds the formulas;
+This package imports torch and the standard library only. docs/algorithms.md holds the formulas;
 each function's docstring repeats its own, with the paper and the edge cases. Tensors are
 (B, T) = responses x completion tokens; a group's G responses are contiguous rows.
 

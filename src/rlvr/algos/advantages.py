@@ -1,9 +1,9 @@
-"""Outcome advantages from the scalar rewards of each group (ALGORITHMS.md §3.1, §6).
+"""Outcome advantages from the scalar rewards of each group (docs/algorithms.md#group-advantages).
 
 A group is the G responses sampled for one prompt; they are contiguous in `rewards`, so
 rewards[k*G:(k+1)*G] is group k. Every function returns one advantage per response, shape
 (N,); the caller broadcasts it over the response's tokens (policy_loss accepts (B,) as is).
-Advantages are computed once per rollout from whole groups, never per mini-batch (§8).
+Advantages are computed once per rollout from whole groups, never per mini-batch.
 """
 
 from __future__ import annotations
@@ -126,8 +126,9 @@ def rloo_advantages(rewards: Tensor, group_size: int) -> Tensor:
 def equal_reward_groups(rewards: Tensor, group_size: int) -> Tensor:
     """(N // G,) bool: groups whose rewards are all equal, hence zero advantage.
 
-    ALGORITHMS.md §8 asks to log their fraction: such groups give no policy gradient but
-    still enter a token-level denominator (and receive KL gradient when kl_coef > 0).
+    Their fraction is worth logging (docs/algorithms.md#group-advantages): such groups give no
+    policy gradient but still enter a token-level denominator (and receive KL gradient when
+    kl_coef > 0).
     """
     return _equal_groups(_grouped(rewards, group_size)).squeeze(1)
 

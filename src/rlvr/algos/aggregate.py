@@ -1,4 +1,5 @@
-"""Reduce a (B, T) per-token loss to the scalar of one optimiser step (ALGORITHMS.md §3.4, §5.4, §6).
+"""Reduce a (B, T) per-token loss to the scalar of one optimiser step
+(docs/algorithms.md#aggregation).
 
     sample_mean     (GRPO)     sum_i [ sum_t m L / max(1, sum_t m) ] / num_sequences
     token_mean      (DAPO)     sum_{i,t} m L / num_tokens
@@ -62,7 +63,7 @@ def sample_mean(
 
     loss = sum_i [ sum_t m_it L_it / max(1, sum_t m_it) ] / num_sequences, num_sequences
     defaulting to B. Every row counts, including all-masked ones (e.g. overlong-filtered),
-    which contribute 0, exactly as §3.4's formula; to exclude them pass num_sequences =
+    which contribute 0, exactly as GRPO's formula; to exclude them pass num_sequences =
     the number of non-empty rows. Each response weighs the same, so a token of a long
     response weighs less (the length bias Dr. GRPO and DAPO remove).
     """
@@ -78,7 +79,7 @@ def token_mean(
     """DAPO token-level loss (arXiv 2503.14476 Eq. 12): sum of all valid tokens / their count.
 
     num_tokens must be the valid-token count of the whole optimiser step (all micro-batches,
-    all ranks) for exact gradient accumulation (§8); defaults to this batch's count. Long
+    all ranks) for exact gradient accumulation; defaults to this batch's count. Long
     responses weigh in proportion to their length.
     """
     x, m = _masked(per_token, mask)

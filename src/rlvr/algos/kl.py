@@ -1,4 +1,5 @@
-"""Per-token estimators of KL(pi_theta || pi_ref) from sampled tokens (ALGORITHMS.md §3.3).
+"""Per-token estimators of KL(pi_theta || pi_ref) from sampled tokens
+(docs/algorithms.md#kl-penalty).
 
 Tokens are sampled from the behaviour policy, so with logp = log pi_theta(o_t) and
 ref = log pi_ref(o_t) each estimator is a function of one log-ratio per token. Following
@@ -25,7 +26,8 @@ KLKind = Literal["k1", "k2", "k3"]
 
 
 def _upcast(t: Tensor) -> Tensor:
-    # exp of log-prob differences in bf16/fp16 loses most digits (ALGORITHMS.md §8).
+    # exp of log-prob differences in bf16/fp16 loses most digits
+    # (docs/algorithms.md#notation-and-conventions).
     return t.float() if t.dtype in (torch.float16, torch.bfloat16) else t
 
 

@@ -1,4 +1,5 @@
-"""The clipped policy-gradient loss of PPO, GRPO, DAPO and GSPO (ALGORITHMS.md §2, §3.3, §5, §6).
+"""The clipped policy-gradient loss of PPO, GRPO, DAPO and GSPO
+(docs/algorithms.md#clipped-surrogate).
 
 Per valid token, with rho = exp(logp - logp_old) and bounds [1 - clip_low, 1 + clip_high]:
 
@@ -7,7 +8,7 @@ Per valid token, with rho = exp(logp - logp_old) and bounds [1 - clip_low, 1 + c
           plus kl_coef * KL_t                                        (KL enters with +beta)
     loss = aggregate(L, response_mask, agg)
 
-Which bound zeroes a token's gradient (§2): the upper only when A > 0 and rho > 1 + clip_high,
+Which bound zeroes a token's gradient: the upper only when A > 0 and rho > 1 + clip_high,
 the lower only when A < 0 and rho < 1 - clip_low; dual clip only when A < 0 and rho > c.
 """
 
@@ -168,14 +169,14 @@ def policy_loss(
         agg="sample_mean" this is exactly GSPO's gradient.
 
     kl_coef > 0 needs ref_log_probs; the KL term is kl_coef * KL_ESTIMATORS[kl_kind] per token,
-    added before aggregation. The policy and KL gradients are those of ALGORITHMS.md §3.3:
+    added before aggregation. The policy and KL gradients (docs/algorithms.md#kl-penalty):
     per token -(w A rho) + w kl_coef (1 - pi_ref / pi_theta) for weight w of `agg`.
 
     log_ratio_clamp = c clamps the log-ratio to [-c, c] before exp (verl uses 20) and counts
     the clamped ones in the metrics. ratio="token": logp - logp_old per token, and a clamped
     token gets no gradient. ratio="sequence": log s_i, which bounds the value s_i only; the
     tokens keep their GSPO-token gradient sg[s_i] * grad logp_t. Default None: no clamp
-    (never a silent one, STYLE.md).
+    (never a silent one).
 
     num_tokens / num_sequences / norm_constant go to `aggregate` (global counts for exact
     micro-batching). Returns LossOutput; its metrics are documented there.

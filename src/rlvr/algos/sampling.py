@@ -1,4 +1,4 @@
-"""DAPO dynamic sampling (arXiv 2503.14476 §3.2, ALGORITHMS.md §5.3).
+"""DAPO dynamic sampling (arXiv 2503.14476 §3.2, docs/algorithms.md#dynamic-sampling).
 
 A group whose responses are all right or all wrong has zero advantage and gives no policy
 gradient. DAPO over-samples and keeps only groups with 0 < #correct < G, refilling the

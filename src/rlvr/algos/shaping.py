@@ -1,4 +1,4 @@
-"""DAPO's overlong handling (arXiv 2503.14476 §3.4, ALGORITHMS.md §5.5).
+"""DAPO's overlong handling (arXiv 2503.14476 §3.4, docs/algorithms.md#overlong-filtering).
 
 Two independent tools for responses that hit the length cap:
   * soft_overlong_penalty: a length-aware reward added to the correctness reward;

@@ -4,8 +4,9 @@ The engine lives in the trainer's process and GPU. Between rollouts it sleeps (l
 weights offloaded, KV cache freed) so the optimiser has the memory; it wakes for generation.
 After every optimiser step `sync_weights` copies the policy's weights into it (under LoRA, the
 adapter merged into a temporary copy of the weights). vLLM's own log-probs come back as
-`sampling_log_probs`, for diagnostics only: old log-probs still come from the trainer's forward
-(ALGORITHMS.md §8), since an inference engine's numerics differ from the trainer's.
+`sampling_log_probs`, for diagnostics only: old log-probs come from the trainer's forward
+(docs/algorithms.md#old-and-reference-log-probs), since an inference engine's numerics differ
+from the trainer's.
 
 vllm is imported only when this engine is chosen; without a GPU it fails at construction.
 Status: written against vLLM's documented `LLM` API (sleep mode, `TokensPrompt`, per-request
