@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-# Issue 5's model: a Qwen2 with hidden 256, 4 layers, 4 heads (no GQA), intermediate 1024,
+# The comparison model: a Qwen2 with hidden 256, 4 layers, 4 heads (no GQA), intermediate 1024,
 # untied head, on rlvr's character vocabulary: 4,252,928 parameters.
 QWEN2_SHAPE = dict(
     hidden_size=256,

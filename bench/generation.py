@@ -1,7 +1,7 @@
 """Rollout throughput: the `hf` engine (`model.generate`) against the `fast` engine.
 
     python bench/generation.py                 # both models, 16 prompts x G=8, 64 tokens forced
-    python bench/generation.py --model issue5 --repeats 3
+    python bench/generation.py --model vs_trl --repeats 3
     python bench/generation.py --eos-frac 0.05 --variants fast,fast-noretire   # retirement
 
 Runs alternate (A B A B ...) so that drift in the machine's load hits every engine alike;
@@ -26,8 +26,9 @@ from rlvr.rollout import FastEngine, HFEngine, SamplingParams
 MODELS = {
     # The built-in rlvr-tiny shape (build_tiny_model defaults).
     "tiny": dict(hidden_size=128, num_layers=4, num_heads=4, num_kv_heads=2, intermediate_size=384),
-    # Issue 5's comparison model: hidden 256, 4 layers, 4 heads, intermediate 1024, char vocab.
-    "issue5": dict(
+    # The shape of bench/vs_trl.py's comparison model (hidden 256, 4 layers, 4 heads,
+    # intermediate 1024), built as a Llama like the tiny one.
+    "vs_trl": dict(
         hidden_size=256, num_layers=4, num_heads=4, num_kv_heads=4, intermediate_size=1024
     ),
 }

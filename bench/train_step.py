@@ -1,4 +1,4 @@
-"""Training phase alone: `policy_update` on issue 5's model and batch shape, with
+"""Training phase alone: `policy_update` on bench/vs_trl.py's model and batch shape, with
 `optim.share_prompt` off and on, alternating, medians.
 
     python bench/train_step.py --threads 1 --rounds 7

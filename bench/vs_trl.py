@@ -1,10 +1,10 @@
-"""rlvr against TRL's GRPOTrainer, side by side on identical settings (issue 5, item 1).
+"""rlvr against TRL's GRPOTrainer, side by side on identical settings.
 
     python bench/vs_trl.py --quick          # 2 rounds, beta 0 and 0.04, 2 + 4 steps a run
     python bench/vs_trl.py                  # 3 rounds, 3 warm-up + 10 timed steps a run
     python bench/vs_trl.py --rlvr-engine fast --betas 0
 
-Settings (both trainers): the Qwen2 of issue 5 (hidden 256, 4 layers, 4 heads, intermediate
+Settings (both trainers): the comparison Qwen2 of `_shared.py` (hidden 256, 4 layers, 4 heads, intermediate
 1024, rlvr's character vocabulary, 4.25M parameters) built with a fixed seed and saved once
 with save_pretrained, which both load by path; fp32 on CPU, `torch.set_num_threads(2)`;
 prompts of rlvr's built-in `arithmetic` task rendered by the chat template; 4 prompts x G=8
