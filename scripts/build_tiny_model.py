@@ -21,8 +21,8 @@ answer as its most likely output but be unsure of it. Two phases give exactly th
    many near misses. The right answer stays the mode (greedy accuracy is unchanged by this
    phase), while sampling at T=1 often slips.
 
-Plain under-training was measured as the alternative and rejected: a partly trained model's
-sampled accuracy tracks its greedy accuracy (after 400 and 600 clean steps at batch 32:
+Plain under-training cannot give this: a partly trained model's sampled accuracy tracks its
+greedy accuracy (measured after 400 and 600 clean steps at batch 32:
 greedy 65% / 73%, sampled 44% / 67%), so it cannot be both mostly right at its mode and
 mostly wrong when sampled; stopping early also leaves the format shaky.
 
@@ -37,8 +37,8 @@ Measured on the shared 2-core machine (1 thread; wall time varies with the other
         chain, sort (not trained, 200 prompts): greedy 0%, sampled 0-1%
     training 418 s of wall time (4 min 24 s of CPU), 424 s in all; model.safetensors 3.2 MB
 
-The wall time is over the 3 minutes aimed for because other jobs shared the two cores; an
-unloaded machine with ``THREADS = 2`` is faster but no longer bit-for-bit the same build.
+Other jobs shared the two cores during that build. With ``THREADS = 2`` an unloaded machine
+builds faster, but not bit-for-bit the same weights (a different reduction order).
 """
 
 from __future__ import annotations
