@@ -49,7 +49,9 @@ def test_dapo_preset_and_dedup(name):
     assert "Answer:" in unique[0].messages[0]["content"]
     assert [r.answer for r in unique] == ["100", "2", "5", "9", "15", "12"]
     assert unique[0].columns["data_source"] == "math_dapo"
-    assert "reward_model" not in unique[0].columns
+    # the answer's column reaches rewards too (TRL passes every column but the prompt)
+    assert unique[0].columns["reward_model"]["ground_truth"] == "100"
+    assert "prompt" not in unique[0].columns
 
 
 def test_local_hf_datasets(tmp_path):
@@ -189,8 +191,8 @@ def test_tiny_gsm8k_config_wires_data_to_the_math_reward(monkeypatch, tokenizer)
     right = [f"<answer>{r.answer}</answer>" for r in rows]
     wrong = [f"<answer>{int(r.answer) + 1}</answer>" for r in rows]
     answers = [r.answer for r in rows]
-    assert math(prompts, right, answers) == [1.0] * len(rows)
-    assert math(prompts, wrong, answers) == [0.0] * len(rows)
+    assert math(prompts=prompts, completions=right, answer=answers) == [1.0] * len(rows)
+    assert math(prompts=prompts, completions=wrong, answer=answers) == [0.0] * len(rows)
 
 
 def test_gpu_example_config_loads_once_the_data_exist(monkeypatch, tmp_path):

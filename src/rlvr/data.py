@@ -19,9 +19,11 @@ A preset's fields apply unless other ones are given (the generic "prompt"/"answe
 override a preset).
 
 A prompt is a non-empty string or a non-empty list of {"role", "content"} messages. An
-answer is a non-empty string or a number. Every other top-level column is kept in `columns`
-and reaches reward functions as a keyword argument. A bad row raises `DatasetError` naming
-the file, the line (jsonl, 1-based) or row (other formats, 0-based) and the field.
+answer is a non-empty string or a number. Every other top-level column (the answer's own
+column too, unless it is named "answer") is kept in `columns` and reaches reward functions
+as a keyword argument; the parsed reference reaches them as `answer`. A bad row raises
+`DatasetError` naming the file, the line (jsonl, 1-based) or row (other formats, 0-based)
+and the field.
 """
 
 from __future__ import annotations
@@ -196,7 +198,9 @@ def load_prompt_dataset(
             if key in seen:
                 continue
             seen.add(key)
-        top = {prompt_field.split(".")[0], answer_field.split(".")[0]}
+        # every column but the prompt reaches rewards, as in TRL; the parsed reference is
+        # passed as `answer`, which therefore replaces a raw column of that name
+        top = {prompt_field.split(".")[0], "answer"}
         columns = {k: v for k, v in row.items() if k not in top} | extra
         out.append(PromptExample(answer, prompt, messages, columns, where))
         if limit is not None and len(out) >= limit:

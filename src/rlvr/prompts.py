@@ -71,6 +71,23 @@ def _from_task(cfg: Config, tokenizer) -> PromptSource:
     )
 
 
+def check_columns(example) -> None:
+    """Refuse a dataset column whose name is one of the trainer's reward arguments (it would
+    replace the trainer's value), naming the column, where it is, and the reserved list."""
+    from rlvr.data import DatasetError
+    from rlvr.rewards.combine import RESERVED_KWARGS
+
+    for key in example.columns:
+        if key in RESERVED_KWARGS:
+            raise DatasetError(
+                example.source,
+                key,
+                f"a column may not be named {key!r}: reward functions receive the trainer's "
+                f"{key!r} under that name. Reserved names: {', '.join(RESERVED_KWARGS)}. "
+                "Rename the column",
+            )
+
+
 def _from_dataset(cfg: Config, tokenizer) -> PromptSource:
     from rlvr.data import load_prompt_dataset, render_prompt
 
@@ -88,6 +105,7 @@ def _from_dataset(cfg: Config, tokenizer) -> PromptSource:
         )
         out = []
         for ex in rows:
+            check_columns(ex)
             text = render_prompt(
                 ex, tokenizer, template=d.prompt_template, system_prompt=d.system_prompt
             )

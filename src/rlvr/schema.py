@@ -158,6 +158,9 @@ class RewardConfig:
     """How a response is scored. Accuracy stays separate: dynamic sampling filters on it.
 
     accuracy: accuracy reward: "task" (the built-in task's verifier) or a reward name / module:function.
+    accuracy_weight: weight of the accuracy reward in the total.
+    correct_threshold: a response counts as correct (dynamic sampling, accuracy metrics) when
+        the accuracy reward's score is above this (0: score > 0 is correct).
     correct_score: reward of a correct answer under accuracy "task".
     wrong_score: reward of a wrong answer under accuracy "task" (DAPO: -1).
     format_weight: weight of the R1 format reward (<think>...</think> then the answer); 0 = off.
@@ -167,6 +170,8 @@ class RewardConfig:
     """
 
     accuracy: str = "task"
+    accuracy_weight: float = 1.0
+    correct_threshold: float = 0.0
     correct_score: float = 1.0
     wrong_score: float = 0.0
     format_weight: float = 0.0

@@ -29,7 +29,7 @@ def test_extract_code(completion, want):
 
 
 def test_fraction_of_assertions_passed():
-    scores = REWARDS["code"](["q"], [ADD], [""], tests=[ASSERTS])
+    scores = REWARDS["code"](prompts=["q"], completions=[ADD], answer=[""], tests=[ASSERTS])
     assert scores == [pytest.approx(2 / 3)]
 
 
@@ -37,9 +37,13 @@ def test_stdio_tests_and_answer_as_json():
     prog = "```python\nn = int(input())\nprint(n * 2)\n```"
     tests = {"inputs": ["2\n", "5\n", "7\n"], "outputs": ["4\n", "10", "15\n"]}
     fn = make_reward("code", tests_field="cases")
-    assert fn(["q"], [prog], [""], cases=[tests]) == [pytest.approx(2 / 3)]
+    assert fn(prompts=["q"], completions=[prog], answer=[""], cases=[tests]) == [
+        pytest.approx(2 / 3)
+    ]
     # no column: the reference answer holds the tests as JSON
-    assert REWARDS["code"](["q"], [prog], [json.dumps(tests)]) == [pytest.approx(2 / 3)]
+    assert REWARDS["code"](prompts=["q"], completions=[prog], answer=[json.dumps(tests)]) == [
+        pytest.approx(2 / 3)
+    ]
 
 
 @pytest.mark.parametrize(
@@ -59,14 +63,21 @@ def test_hacks_do_not_pass(hack):
 
 def test_no_code_scores_zero_and_no_tests_none():
     fn = REWARDS["code"]
-    assert fn(["q", "q"], ["no code here", ADD], ["", ""], tests=[ASSERTS, None]) == [0.0, None]
+    assert fn(
+        prompts=["q", "q"],
+        completions=["no code here", ADD],
+        answer=["", ""],
+        tests=[ASSERTS, None],
+    ) == [0.0, None]
     loose = make_reward("code", require_fence=False)
     raw = "def add(a, b):\n    return a + b\n"
-    assert loose(["q"], [raw], [""], tests=[ASSERTS[:1]]) == [1.0]
+    assert loose(prompts=["q"], completions=[raw], answer=[""], tests=[ASSERTS[:1]]) == [1.0]
 
 
 def test_batch_runs_in_parallel_with_per_sample_results():
     good, bad = ADD, "```python\ndef add(a, b):\n    return -1\n```"
     fn = make_reward("code", workers=2, timeout_s=3.0)
     tests = [ASSERTS[:2]] * 4
-    assert fn(["q"] * 4, [good, bad, good, bad], [""] * 4, tests=tests) == [1.0, 0.0, 1.0, 0.0]
+    assert fn(
+        prompts=["q"] * 4, completions=[good, bad, good, bad], answer=[""] * 4, tests=tests
+    ) == [1.0, 0.0, 1.0, 0.0]

@@ -113,21 +113,28 @@ def test_math_equal(pred, ref, want):
 def test_hostile_code_is_never_run(tmp_path):
     marker = tmp_path / "pwned"
     hostile = f"\\boxed{{__import__('os').system('touch {marker}')}}"
-    assert REWARDS["math"](["q"], [hostile], ["0"]) == [0.0]
+    assert REWARDS["math"](prompts=["q"], completions=[hostile], answer=["0"]) == [0.0]
     assert not marker.exists()
 
 
 def test_math_reward_scores_and_modes():
     comps = ["\\boxed{4}", "\\boxed{5}", "no answer", "Answer: 4"]
-    assert REWARDS["math"](["q"] * 4, comps, ["4"] * 4) == [1.0, 0.0, 0.0, 1.0]
+    assert REWARDS["math"](prompts=["q"] * 4, completions=comps, answer=["4"] * 4) == [
+        1.0,
+        0.0,
+        0.0,
+        1.0,
+    ]
     dapo = make_reward("math", signed=True)
-    assert dapo(["q"] * 4, comps, ["4"] * 4) == [1.0, -1.0, -1.0, 1.0]
+    assert dapo(prompts=["q"] * 4, completions=comps, answer=["4"] * 4) == [1.0, -1.0, -1.0, 1.0]
     fallback = make_reward("math", number_fallback=True)
-    assert fallback(["q"], ["it is 4"], ["4"]) == [1.0]
+    assert fallback(prompts=["q"], completions=["it is 4"], answer=["4"]) == [1.0]
     # an empty reference cannot be scored
-    assert REWARDS["math"](["q"], ["\\boxed{4}"], [""]) == [None]
+    assert REWARDS["math"](prompts=["q"], completions=["\\boxed{4}"], answer=[""]) == [None]
     by_column = make_reward("math", answer_field="gold")
-    assert by_column(["q"], ["\\boxed{4}"], ["ignored"], gold=["4"]) == [1.0]
+    assert by_column(prompts=["q"], completions=["\\boxed{4}"], answer=["ignored"], gold=["4"]) == [
+        1.0
+    ]
 
 
 def test_math_equal_from_a_thread():

@@ -41,7 +41,7 @@ COMPLETIONS = ["4", "hi there", "ok"]
 def test_reward_model_scores_logit_zero_of_each_text(reward_model):
     model, tok = reward_model
     fn = make_reward("reward_model", model=model, tokenizer=tok, batch_size=2)
-    got = fn(PROMPTS, COMPLETIONS, ["", "", ""])
+    got = fn(prompts=PROMPTS, completions=COMPLETIONS, answer=["", "", ""])
     for p, c, score in zip(PROMPTS, COMPLETIONS, got):
         ids = tok(p + c, return_tensors="pt", add_special_tokens=False)
         with torch.no_grad():
@@ -49,7 +49,9 @@ def test_reward_model_scores_logit_zero_of_each_text(reward_model):
         assert score == pytest.approx(want, abs=1e-5)
     # batch size does not change the scores (padding is masked)
     one = make_reward("reward_model", model=model, tokenizer=tok, batch_size=1)
-    assert one(PROMPTS, COMPLETIONS, ["", "", ""]) == pytest.approx(got, abs=1e-5)
+    assert one(prompts=PROMPTS, completions=COMPLETIONS, answer=["", "", ""]) == pytest.approx(
+        got, abs=1e-5
+    )
 
 
 def test_reward_model_loads_from_a_directory(reward_model, tmp_path):
@@ -62,8 +64,8 @@ def test_reward_model_loads_from_a_directory(reward_model, tmp_path):
         "reward_model", model=str(tmp_path / "model"), tokenizer=str(tmp_path / "tokenizer")
     )
     direct = make_reward("reward_model", model=model, tokenizer=tok)
-    assert fn(PROMPTS, COMPLETIONS, [""] * 3) == pytest.approx(
-        direct(PROMPTS, COMPLETIONS, [""] * 3)
+    assert fn(prompts=PROMPTS, completions=COMPLETIONS, answer=[""] * 3) == pytest.approx(
+        direct(prompts=PROMPTS, completions=COMPLETIONS, answer=[""] * 3)
     )
 
 
@@ -97,7 +99,7 @@ def test_judge_parses_the_generated_verdict(word, want):
     model, tok = _judge(word)
     fn = make_reward("judge", model=model, tokenizer=tok, batch_size=2, max_new_tokens=3)
     prompts, comps, refs = ["2+2", "2+2", "2+2 2+2 2+2"], ["4", "5", "4"], ["4", "4", "4"]
-    assert fn(prompts, comps, refs) == [want] * 3
+    assert fn(prompts=prompts, completions=comps, answer=refs) == [want] * 3
 
 
 @pytest.mark.parametrize(

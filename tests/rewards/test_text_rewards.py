@@ -26,8 +26,10 @@ FORMAT = [
 
 @pytest.mark.parametrize(("prompt", "completion", "strict", "lenient"), FORMAT)
 def test_format(prompt, completion, strict, lenient):
-    assert REWARDS["format"]([prompt], [completion], ["5"]) == [strict]
-    assert make_reward("format", mode="lenient")([prompt], [completion], ["5"]) == [lenient]
+    assert REWARDS["format"](prompts=[prompt], completions=[completion], answer=["5"]) == [strict]
+    assert make_reward("format", mode="lenient")(
+        prompts=[prompt], completions=[completion], answer=["5"]
+    ) == [lenient]
 
 
 @pytest.mark.parametrize(
@@ -41,7 +43,7 @@ def test_format(prompt, completion, strict, lenient):
 )
 def test_format_with_answer_tag(completion, want):
     fn = make_reward("format", answer_tag=True)
-    assert fn(["q"], [completion], ["5"]) == [want]
+    assert fn(prompts=["q"], completions=[completion], answer=["5"]) == [want]
 
 
 def test_format_rejects_unknown_mode():
@@ -65,7 +67,9 @@ LANGUAGE = [
 
 @pytest.mark.parametrize(("completion", "target", "want"), LANGUAGE)
 def test_language(completion, target, want):
-    got = make_reward("language", target=target)(["q"], [completion], ["5"])[0]
+    got = make_reward("language", target=target)(
+        prompts=["q"], completions=[completion], answer=["5"]
+    )[0]
     assert got == (pytest.approx(want) if want is not None else None)
 
 
@@ -78,17 +82,27 @@ def test_soft_overlong_follows_dapo_eq13():
     fn = make_reward("soft_overlong", cache_len=4)
     lengths = [0, 6, 7, 8, 10, 11]
     # max_len 10, cache 4: free up to 6, then (6 - |y|) / 4, -1 past 10
-    got = fn(["q"] * 6, ["c"] * 6, ["a"] * 6, completion_lengths=lengths, max_new_tokens=10)
+    got = fn(
+        prompts=["q"] * 6,
+        completions=["c"] * 6,
+        answer=["a"] * 6,
+        completion_lengths=lengths,
+        max_new_tokens=10,
+    )
     assert got == pytest.approx([0.0, 0.0, -0.25, -0.5, -1.0, -1.0])
 
 
 def test_soft_overlong_default_cache_is_a_fifth():
     got = REWARDS["soft_overlong"](
-        ["q"] * 2, ["c"] * 2, ["a"] * 2, completion_lengths=[80, 90], max_new_tokens=100
+        prompts=["q"] * 2,
+        completions=["c"] * 2,
+        answer=["a"] * 2,
+        completion_lengths=[80, 90],
+        max_new_tokens=100,
     )
     assert got == pytest.approx([0.0, -0.5])
 
 
 def test_soft_overlong_needs_lengths():
     with pytest.raises(ValueError, match="completion_lengths"):
-        REWARDS["soft_overlong"](["q"], ["c"], ["a"], max_new_tokens=10)
+        REWARDS["soft_overlong"](prompts=["q"], completions=["c"], answer=["a"], max_new_tokens=10)

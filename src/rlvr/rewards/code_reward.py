@@ -5,7 +5,7 @@ with `require_fence=False` a completion without one is run whole. Reward = passe
 no code scores 0; a sample without tests gets None.
 
 Tests come from the dataset column `tests_field` (default "tests"), or, when that column is
-absent, from the reference answer parsed as JSON. Two formats:
+absent, from the reference `answer` parsed as JSON. Two formats:
   - assertions: a list of Python snippets (MBPP, HumanEval "check(...)"), or one snippet;
     the solution and the snippets run in one sandboxed process, each snippet in the
     solution's namespace, and a snippet passes when it raises nothing;
@@ -28,6 +28,7 @@ import re
 import secrets
 from concurrent.futures import ThreadPoolExecutor
 
+from rlvr.rewards.combine import completion_text
 from rlvr.rewards.sandbox import Limits, run_python
 
 _FENCE = re.compile(r"```([A-Za-z0-9_+-]*)[ \t]*\n(.*?)```", re.DOTALL)
@@ -120,8 +121,11 @@ def make_code_reward(
     limits = Limits(timeout_s=timeout_s, memory_mb=memory_mb, max_procs=max_procs)
     n_workers = workers or min(4, os.cpu_count() or 1)
 
-    def code(prompts, completions, answers, **kwargs) -> list[float | None]:
-        tests = kwargs.get(tests_field, answers)
+    def code(completions, answer=None, **kwargs) -> list[float | None]:
+        tests = kwargs.get(tests_field, answer)
+        if tests is None:
+            raise ValueError(f"code needs the column {tests_field!r} or the reference 'answer'")
+        completions = [completion_text(c) for c in completions]
 
         def one(i: int) -> float | None:
             parsed = _parse_tests(tests[i])

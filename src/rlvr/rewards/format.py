@@ -8,12 +8,15 @@ lenient: somewhere a `<think>...</think>` pair is followed by non-empty text.
 
 Chat templates of reasoning models often end the prompt with `<think>`, so the completion
 starts inside the reasoning; when the prompt ends with the opening tag, it is prepended before
-checking. Score 1.0 or 0.0.
+checking (the rendered prompt is the trainer's `prompt_texts`; without it, `prompts`).
+Score 1.0 or 0.0.
 """
 
 from __future__ import annotations
 
 import re
+
+from rlvr.rewards.combine import completion_text, prompt_text
 
 _LENIENT = re.compile(r"<think>.*?</think>\s*\S", re.DOTALL)
 
@@ -44,9 +47,11 @@ def make_format_reward(*, mode: str = "strict", answer_tag: bool = False):
     if mode not in ("strict", "lenient"):
         raise ValueError(f"format reward: mode must be 'strict' or 'lenient', got {mode!r}")
 
-    def format(prompts, completions, answers, **kwargs) -> list[float | None]:
+    def format(completions, prompts=None, prompt_texts=None, **kwargs) -> list[float | None]:
+        rendered = prompt_texts or prompts or [""] * len(completions)
         out: list[float | None] = []
-        for prompt, completion in zip(prompts, completions, strict=True):
+        for prompt, completion in zip(rendered, completions, strict=True):
+            prompt, completion = prompt_text(prompt), completion_text(completion)
             if prompt.rstrip().endswith("<think>") and "<think>" not in completion:
                 completion = "<think>" + completion
             if mode == "strict":

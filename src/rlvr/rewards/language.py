@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import re
 
+from rlvr.rewards.combine import completion_text
+
 _WORD = re.compile(
     r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]|[^\W\d_\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]+"
 )
@@ -51,7 +53,7 @@ def make_language_reward(*, target: str = "en"):
             f"language reward: target must be one of {sorted(TARGETS)}, got {target!r}"
         )
 
-    def language(prompts, completions, answers, **kwargs) -> list[float | None]:
-        return [language_share(reasoning_text(c), target) for c in completions]
+    def language(completions, **kwargs) -> list[float | None]:
+        return [language_share(reasoning_text(completion_text(c)), target) for c in completions]
 
     return language

@@ -18,7 +18,7 @@ def make_soft_overlong_reward(*, cache_len: int | None = None, max_len: int | No
     """Soft overlong punishment. `cache_len` (L_cache) defaults to max_len // 5 (the paper's
     4096 of 20480); `max_len` (L_max) defaults to the trainer's `max_new_tokens`."""
 
-    def soft_overlong(prompts, completions, answers, **kwargs) -> list[float | None]:
+    def soft_overlong(completions, **kwargs) -> list[float | None]:
         if "completion_lengths" not in kwargs:
             raise ValueError("soft_overlong needs the trainer's completion_lengths")
         l_max = max_len if max_len is not None else kwargs.get("max_new_tokens")

@@ -24,6 +24,7 @@ import re
 from decimal import Decimal, InvalidOperation
 
 from rlvr.rewards._verifier import verify_in_worker, warm_up
+from rlvr.rewards.combine import completion_text
 
 MAX_ANSWER_CHARS = 1000
 MAX_BRACE_DEPTH = 50
@@ -187,22 +188,25 @@ def make_math_reward(
     timeout_s: float = 0.5,
     answer_field: str | None = None,
 ):
-    """Accuracy reward: 1 if the extracted answer equals the reference, else 0 (or -1 with
-    `signed=True`, DAPO's +1/-1). A completion with no extractable answer is wrong. A sample
-    whose reference is empty gets None ("no score"). `answer_field` reads the reference from
-    an extra dataset column instead of `answers`.
+    """Accuracy reward: 1 if the extracted answer equals the reference (`answer`), else 0 (or
+    -1 with `signed=True`, DAPO's +1/-1). A completion with no extractable answer is wrong. A
+    sample whose reference is empty gets None ("no score"). `answer_field` reads the reference
+    from another dataset column instead of `answer`.
     """
     wrong = -1.0 if signed else 0.0
 
-    def math(prompts, completions, answers, **kwargs) -> list[float | None]:
-        refs = kwargs[answer_field] if answer_field else answers
+    def math(completions, answer=None, **kwargs) -> list[float | None]:
+        refs = kwargs[answer_field] if answer_field else answer
+        if refs is None:
+            raise ValueError("math needs the reference answer (keyword argument 'answer')")
         out: list[float | None] = []
         for completion, ref in zip(completions, refs, strict=True):
             ref = "" if ref is None else str(ref)
             if not ref.strip():
                 out.append(None)
                 continue
-            pred = extract_answer(completion, number_fallback=number_fallback)
+            text = completion_text(completion)
+            pred = extract_answer(text, number_fallback=number_fallback)
             ok = pred is not None and math_equal(pred, ref, timeout_s=timeout_s)
             out.append(1.0 if ok else wrong)
         return out

@@ -12,6 +12,8 @@ import re
 
 import torch
 
+from rlvr.rewards.combine import completion_text, prompt_text
+
 
 def _load(model, tokenizer, auto_cls, device, dtype):
     from transformers import AutoTokenizer
@@ -43,21 +45,25 @@ def make_reward_model_reward(
     dtype: str | None = None,
 ):
     """Reward = logit 0 of an AutoModelForSequenceClassification on prompt + completion
-    (the prompt as the trainer rendered it, chat template included), truncated from the
-    left to `max_length` tokens so the response end is always scored."""
+    (the prompt as the trainer rendered it, `prompt_texts`, chat template included; called
+    without it, string prompts are joined to the completion and chat prompts go through the
+    reward model's chat template, as TRL does), truncated from the left to `max_length`
+    tokens so the response end is always scored."""
     if model is None:
         raise ValueError("reward_model needs `model` (a path, a Hub name or a model object)")
     if batch_size < 1:
         raise ValueError(f"reward_model: batch_size must be >= 1, got {batch_size}")
     state: dict = {}
 
-    def reward_model(prompts, completions, answers, **kwargs) -> list[float | None]:
+    def reward_model(completions, prompts=None, prompt_texts=None, **kwargs) -> list[float | None]:
         if not state:
             state["model"], state["tok"] = _load(
                 model, tokenizer, "AutoModelForSequenceClassification", device, dtype
             )
         m, tok = state["model"], state["tok"]
-        texts = [p + c for p, c in zip(prompts, completions, strict=True)]
+        texts = [
+            _joined(tok, p, c) for p, c in zip(prompt_texts or prompts, completions, strict=True)
+        ]
         side = tok.truncation_side
         tok.truncation_side = "left"
         out: list[float | None] = []
@@ -79,6 +85,17 @@ def make_reward_model_reward(
         return out
 
     return reward_model
+
+
+def _joined(tok, prompt, completion) -> str:
+    if isinstance(prompt, str):
+        return prompt + completion_text(completion)
+    messages = list(prompt) + (
+        list(completion)
+        if isinstance(completion, list)
+        else [{"role": "assistant", "content": completion}]
+    )
+    return tok.apply_chat_template(messages, tokenize=False)
 
 
 JUDGE_TEMPLATE = (
@@ -114,7 +131,8 @@ def make_judge_reward(
     """Generative judge: a causal LM sees the question, the reference answer and the response
     (`template` with {question}, {reference}, {response}); greedy decoding of up to
     `max_new_tokens`; the verdict is parsed by `parse_verdict` (None when unparseable).
-    The question is the dataset column `question_field` if given, else the prompt. The
+    The question is the dataset column `question_field` if given, else the prompt (a chat
+    prompt's last user message); the reference is `answer`. The
     judge prompt goes through the judge's chat template when it has one."""
     if model is None:
         raise ValueError("judge needs `model` (a path, a Hub name or a model object)")
@@ -123,7 +141,7 @@ def make_judge_reward(
             raise ValueError(f"judge template must contain {key}")
     state: dict = {}
 
-    def judge(prompts, completions, answers, **kwargs) -> list[float | None]:
+    def judge(completions, answer, prompts=None, **kwargs) -> list[float | None]:
         if not state:
             state["model"], state["tok"] = _load(
                 model, tokenizer, "AutoModelForCausalLM", device, dtype
@@ -131,8 +149,10 @@ def make_judge_reward(
         m, tok = state["model"], state["tok"]
         questions = kwargs[question_field] if question_field else prompts
         texts = []
-        for q, ref, resp in zip(questions, answers, completions, strict=True):
-            text = template.format(question=q, reference=ref, response=resp)
+        for q, ref, resp in zip(questions, answer, completions, strict=True):
+            text = template.format(
+                question=prompt_text(q), reference=ref, response=completion_text(resp)
+            )
             if getattr(tok, "chat_template", None):
                 text = tok.apply_chat_template(
                     [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True

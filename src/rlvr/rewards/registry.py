@@ -27,7 +27,7 @@ _NEEDS_PARAMS = {"reward_model", "judge"}
 
 
 def _needs_model(name: str) -> Callable:
-    def fn(prompts, completions, answers, **kwargs):
+    def fn(completions, **kwargs):
         raise ValueError(f"reward {name!r} needs a model: make_reward({name!r}, model=...)")
 
     fn.__name__ = name

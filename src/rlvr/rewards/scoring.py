@@ -1,28 +1,47 @@
 """Rewards for a rollout: accuracy (kept separate: dynamic sampling filters on it), plus the
-shaping terms (format, soft overlong punishment, user terms) that make up the total."""
+shaping terms (format, soft overlong punishment, user terms) that make up the total.
+
+Every reward function is called as TRL's GRPOTrainer calls one (`rlvr.rewards.combine`
+documents the keyword arguments). "Correct", for dynamic sampling and the accuracy metrics,
+is the task verifier's verdict under `reward.accuracy: task`, and otherwise an accuracy score
+above `reward.correct_threshold` (default 0: a score > 0 is correct).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
 from rlvr.algos import soft_overlong_penalty
 from rlvr.config import Config, ConfigError
 from rlvr.prompts import Prompt
+from rlvr.rewards.combine import RESERVED_KWARGS, combine_rewards
 from rlvr.rollout import Rollout
 
 
 @dataclass(frozen=True)
 class Scores:
     """total: (B,) shaped reward the advantages use; correct: (B,) bool accuracy;
-    terms: each term's unweighted (B,) values by name; failures: reward errors scored 0."""
+    terms: each term's unweighted (B,) values by name; failures: reward errors scored 0;
+    errors: each failing reward's first error message."""
 
     total: torch.Tensor
     correct: torch.Tensor
     terms: dict[str, torch.Tensor]
     failures: dict[str, int]
+    errors: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class TrainerState:
+    """The `trainer_state` rewards receive (TRL's names): the step being scored (0 before
+    the first step) and the run's length, for rewards that change with progress."""
+
+    global_step: int = 0
+    max_steps: int = 0
 
 
 def _reward_fn(spec: str, params: dict[str, dict]) -> Callable:
@@ -31,106 +50,143 @@ def _reward_fn(spec: str, params: dict[str, dict]) -> Callable:
     return make_reward(spec, **params.get(spec, {}))
 
 
+def _term_name(spec: str) -> str:
+    """A user function is logged under its own name, not its file path."""
+    return spec.rsplit(":", 1)[-1]
+
+
 @dataclass(frozen=True)
 class Scorer:
     cfg: Config
     task: object | None
     accuracy_fn: Callable | None
     shaping: list[tuple[str, float, Callable]]
+    state: TrainerState = field(default_factory=TrainerState)
 
     @classmethod
-    def build(cls, cfg: Config, task) -> Scorer:
-        r = cfg.reward
+    def build(cls, cfg: Config, task, functions: Mapping[str, Callable] | None = None) -> Scorer:
+        """`functions` maps names used in `cfg.reward` to callables handed in by the Python
+        API (they take precedence over the registry's names)."""
+        r, functions = cfg.reward, dict(functions or {})
         if r.accuracy == "task" and task is None:
             raise ConfigError(
                 "reward.accuracy: 'task' needs a built-in task (data.path is set); "
                 "name a reward such as 'math' instead"
             )
+
+        def fn(spec: str) -> Callable:
+            return functions[spec] if spec in functions else _reward_fn(spec, r.params)
+
         try:
-            accuracy_fn = None if r.accuracy == "task" else _reward_fn(r.accuracy, r.params)
-            shaping = (
-                [("format", r.format_weight, _reward_fn("format", r.params))]
-                if r.format_weight
-                else []
-            )
+            accuracy_fn = None if r.accuracy == "task" else fn(r.accuracy)
+            shaping = [("format", r.format_weight, fn("format"))] if r.format_weight else []
             for item in r.extra:
                 name, weight = item.rsplit("=", 1)
-                # a user function is logged under its own name, not its file path
-                shaping.append((name.rsplit(":", 1)[-1], float(weight), _reward_fn(name, r.params)))
+                shaping.append((_term_name(name), float(weight), fn(name)))
         except (ValueError, ImportError, AttributeError, FileNotFoundError) as e:
             raise ConfigError(f"reward: {e}") from None
-        return cls(cfg, task, accuracy_fn, shaping)
+        names = [s[0] for s in shaping]
+        if len(set(names)) != len(names) or "accuracy" in names:
+            raise ConfigError(f"reward.extra: reward names must be unique, got {names}")
+        state = TrainerState(max_steps=cfg.train.max_steps)
+        return cls(cfg, task, accuracy_fn, shaping, state)
 
-    def _kwargs(self, prompts: list[Prompt], rollout: Rollout) -> dict:
-        kwargs = dict(
-            group_ids=[i // rollout.group_size for i in range(len(prompts))],
-            completion_lengths=rollout.lengths.tolist(),
+    def _prompt(self, p: Prompt) -> str | list[dict]:
+        """The prompt as rewards see it: the dataset's chat messages, or its string through
+        `data.prompt_template`; a built-in task's question; else the rendered text."""
+        from rlvr.data import PromptExample, build_messages
+
+        d = self.cfg.data
+        if isinstance(p.example, PromptExample):
+            if p.example.messages is not None:
+                return build_messages(p.example, system_prompt=d.system_prompt)
+            return d.prompt_template.replace("{question}", p.example.prompt)
+        if self.task is not None and p.example is not None:
+            return self.task.prompt_messages(p.example)[-1]["content"]
+        return p.text
+
+    def reward_kwargs(
+        self, prompts: list[Prompt], completions: list[str], rollout: Rollout
+    ) -> dict[str, Any]:
+        """Every keyword argument a reward function receives for this batch."""
+        raw = [self._prompt(p) for p in prompts]
+        lengths = rollout.lengths.tolist()
+        kwargs: dict[str, Any] = dict(
+            prompts=raw,
+            completions=[
+                [{"role": "assistant", "content": c}] if isinstance(p, list) else c
+                for p, c in zip(raw, completions)
+            ],
+            completion_ids=[rollout.completion_ids[i, :n].tolist() for i, n in enumerate(lengths)],
+            answer=[p.answer for p in prompts],
+            prompt_texts=[p.text for p in prompts],
+            completion_lengths=lengths,
             truncated=rollout.truncated.tolist(),
+            group_ids=[i // rollout.group_size for i in range(len(prompts))],
             max_new_tokens=self.cfg.rollout.max_new_tokens,
+            trainer_state=self.state,
         )
-        for key in prompts[0].columns:
+        columns = dict.fromkeys(k for p in prompts for k in p.columns)
+        for key in columns:
+            if key in RESERVED_KWARGS:  # the loader refuses these; a hand-built Prompt may not
+                raise ConfigError(
+                    f"dataset column {key!r} has a name reserved for the trainer's reward "
+                    f"arguments ({', '.join(RESERVED_KWARGS)}); rename the column"
+                )
             kwargs[key] = [p.columns.get(key) for p in prompts]
         return kwargs
 
     def accuracy(
         self, prompts: list[Prompt], completions: list[str], rollout: Rollout
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(B,) accuracy reward values and (B,) bool correctness (value > 0 for a reward fn)."""
-        values, correct, _ = self._accuracy(prompts, completions, rollout)
+        """(B,) accuracy reward values and (B,) bool correctness."""
+        values, correct, _ = self._accuracy(prompts, completions, rollout, None)
         return values, correct
 
-    def _accuracy(
-        self, prompts: list[Prompt], completions: list[str], rollout: Rollout
-    ) -> tuple[torch.Tensor, torch.Tensor, dict[str, int]]:
-        """`accuracy`, plus the failures of the accuracy reward (scored 0 under on_error=zero)."""
-        r, failures = self.cfg.reward, {}
+    def _accuracy(self, prompts, completions, rollout, kwargs):
+        """`accuracy`, plus the result of the accuracy reward (failures, errors) when it is
+        a function."""
+        r = self.cfg.reward
         if self.accuracy_fn is None:
             correct = torch.tensor(
                 [self.task.verify(c, p.example) for p, c in zip(prompts, completions)],
                 dtype=torch.bool,
             )
             accuracy = torch.where(correct, r.correct_score, r.wrong_score)
-        else:
-            from rlvr.rewards import combine_rewards
+            return accuracy.float(), correct, None
+        kwargs = kwargs or self.reward_kwargs(prompts, completions, rollout)
+        res = combine_rewards([("accuracy", 1.0, self.accuracy_fn)], kwargs, on_error=r.on_error)
+        accuracy = torch.tensor(res.total, dtype=torch.float32)
+        return accuracy, accuracy > r.correct_threshold, res
 
-            res = combine_rewards(
-                [("accuracy", 1.0, self.accuracy_fn)],
-                [p.text for p in prompts],
-                completions,
-                [p.answer for p in prompts],
-                on_error=r.on_error,
-                **self._kwargs(prompts, rollout),
-            )
-            accuracy = torch.tensor(res.total, dtype=torch.float32)
-            correct = accuracy > 0
-            failures = dict(res.failures)
-        return accuracy.float(), correct, failures
-
-    def __call__(self, prompts: list[Prompt], completions: list[str], rollout: Rollout) -> Scores:
+    def __call__(
+        self,
+        prompts: list[Prompt],
+        completions: list[str],
+        rollout: Rollout,
+        step: int | None = None,
+    ) -> Scores:
         r, a = self.cfg.reward, self.cfg.algo
-        accuracy, correct, failures = self._accuracy(prompts, completions, rollout)
+        if step is not None:
+            self.state.global_step = step
+        kwargs = self.reward_kwargs(prompts, completions, rollout)
+        accuracy, correct, res = self._accuracy(prompts, completions, rollout, kwargs)
+        failures = dict(res.failures) if res else {}
+        errors = dict(res.errors) if res else {}
         terms = {"accuracy": accuracy}
-        total = accuracy.clone()
+        total = r.accuracy_weight * accuracy
         if self.shaping:
-            from rlvr.rewards import combine_rewards
-
-            res = combine_rewards(
-                self.shaping,
-                [p.text for p in prompts],
-                completions,
-                [p.answer for p in prompts],
-                on_error=r.on_error,
-                **self._kwargs(prompts, rollout),
-            )
-            total += torch.tensor(res.total, dtype=torch.float32)
+            res = combine_rewards(self.shaping, kwargs, on_error=r.on_error)
+            total = total + torch.tensor(res.total, dtype=torch.float32)
             terms.update(
                 {k: torch.tensor(v, dtype=torch.float32) for k, v in res.per_reward.items()}
             )
             failures.update(res.failures)
+            errors.update(res.errors)
         if a.soft_overlong:
             penalty = soft_overlong_penalty(
                 rollout.lengths, max_len=self.cfg.rollout.max_new_tokens, cache_len=a.overlong_cache
             ).float()
             terms["soft_overlong"] = penalty
-            total += penalty
-        return Scores(total=total, correct=correct, terms=terms, failures=failures)
+            total = total + penalty
+        return Scores(total=total, correct=correct, terms=terms, failures=failures, errors=errors)

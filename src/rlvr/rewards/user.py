@@ -10,9 +10,10 @@ from pathlib import Path
 
 
 def load_user_reward(spec: str):
-    """The callable that `spec` names. It is called as
-    `fn(prompts, completions, answers, **kwargs) -> list[float | None]`, so it should take
-    **kwargs (group_ids, completion_lengths, truncated, max_new_tokens, dataset columns).
+    """The callable that `spec` names. It is called as every reward is
+    (`rlvr.rewards.combine`): `fn(prompts, completions, completion_ids, **kwargs) ->
+    list[float | None]` with keyword arguments only (the reference as `answer`, dataset
+    columns under their own names, the trainer's `completion_lengths`, `truncated`, ...).
 
     Raises ValueError with the reason: no ":", file or module not found, import failed,
     attribute missing, or not callable.
