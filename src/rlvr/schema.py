@@ -110,7 +110,7 @@ class RolloutConfig:
 
 @dataclass(frozen=True)
 class AlgoConfig:
-    """The policy-gradient algorithm (ALGORITHMS.md).
+    """The policy-gradient algorithm (docs/algorithms.md#config-keys).
 
     advantage: grpo (r - mean)/(std + eps), dr_grpo (r - mean), rloo (leave-one-out).
     std: std estimator for grpo advantages: unbiased (torch.std, /(G-1)) or population (/G).
@@ -262,7 +262,7 @@ class Config:
 SECTIONS = {f.name: f.type for f in fields(Config) if f.name != "preset"}
 
 # Presets hold only changes to the defaults. The defaults are the tiny offline run's sizes;
-# the algorithm fields are what each paper specifies (ALGORITHMS.md §3, §5, §6).
+# the algorithm fields are what each paper specifies (docs/algorithms.md#presets).
 PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     "grpo": {
         "algo": {
@@ -300,10 +300,10 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
 
 # The offline default (`rlvr train` with no arguments): sizes tuned so the built-in tiny model
 # learns its task on a laptop CPU in minutes. Applied under every preset when the model is the
-# built-in one and the user did not set them. lr 4e-4 (2e-4 before session 4): measured over
-# seeds 1-3 of the dapo run with whole-batch refills, 90% held-out accuracy at step 20 every
-# time (2e-4: steps 30-35) and 0.973-0.988 at step 60 (2e-4: 0.98-0.984); 5e-4 ended lower
-# (0.965-0.973). With adaptive refills (the default since): steps 20-25, 0.973-0.988.
+# built-in one and the user did not set them. lr 4e-4, measured over seeds 1-3 of the dapo
+# run with whole-batch refills: 90% held-out accuracy at step 20 every time and 0.973-0.988 at
+# step 60; 2e-4 needs steps 30-35 (0.98-0.984 at step 60); 5e-4 ends lower (0.965-0.973).
+# With adaptive refills (algo.refill's default): steps 20-25, 0.973-0.988.
 TINY_DEFAULTS: dict[str, dict[str, Any]] = {
     "optim": {"lr": 4e-4, "warmup_steps": 5},
     "train": {"max_steps": 60, "threads": 2},

@@ -7,7 +7,7 @@ page faults on every large tensor, which are costly (more so in sandboxed kernel
 gVisor). PyTorch's CPU performance guide recommends jemalloc or tcmalloc for this; those are
 not on PyPI, so `keep_freed_memory` sets glibc's own knobs instead (`mallopt`): allocations up
 to 32 MiB come from the heap, freed memory is kept up to 1 GiB above the heap top, and the heap
-grows 256 MiB at a time (address space only; pages count once touched). Measured on issue 5's
+grows 256 MiB at a time (address space only; pages count once touched). Measured on the bench
 model (`bench/vs_trl.py` settings, beta 0.04, 4 alternating pairs): faster in every pair, the
 update by 2.5-6%, the step by 1-7%.
 

@@ -4,7 +4,7 @@ A decoding step multiplies a few dozen rows by every weight matrix of the model.
 a plain `F.linear` (MKL sgemm) spends much of its time re-packing the weight into the kernel's
 blocked layout on every call, and then reads it again. oneDNN can keep the weight in that layout:
 `torch.ops.mkldnn._reorder_linear_weight` packs it once, `_linear_pointwise` multiplies with
-it (what `torch.compile` emits for CPU linears). Measured on the issue-5 model (2 threads,
+it (what `torch.compile` emits for CPU linears). Measured on the bench/vs_trl.py model (2 threads,
 32 rows): about 1.7x faster matmuls, 25-30% less generation time; packing the 4.2M-parameter
 model costs ~7 ms, paid once per `generate` because the policy changes between rollouts.
 
@@ -123,7 +123,7 @@ class PackedLinear:
 
     For decoding-sized calls (`rows_hint` <= `NATIVE_MAX_ROWS`) in fp32 the weight is packed
     into `Panels` for the native decode-step kernel (`kernels/linear.c`), with the same
-    epilogues: measured on issue 5's decode shapes (32 rows, 2 threads) 9-38% less time per
+    epilogues: measured on bench/vs_trl.py's decode shapes (32 rows, 2 threads) 9-38% less time per
     matmul than oneDNN's, whose ~15 us of per-call setup dominates small matmuls, and it packs
     in a third of the time. Elsewhere (larger calls, bf16, the kernels off) oneDNN."""
 

@@ -20,7 +20,7 @@
 /* The helpers below are always inlined into `attend`, whose variants for the common head
  * sizes (attend_32/64/128) see D as a constant: the dot products and the output row are then
  * fully unrolled and the output accumulates in registers (measured ~12% faster than a runtime
- * D on issue 5's shapes, D = 64; the rest of a call's time is reading the KV cache). */
+ * D on bench/vs_trl.py's shapes, D = 64; the rest of a call's time is reading the KV cache). */
 #define INLINE static inline __attribute__((always_inline))
 
 /* s[j] = (q . k_j) * scale + (bias ? bias[j] : 0) for the `len` keys at k (row stride D);
