@@ -34,8 +34,8 @@ from rlvr.prompts import PromptSource, load_prompts
 from rlvr.rewards.scoring import Scorer
 from rlvr.rollout import ENGINES, SamplingParams, derive_seed
 from rlvr.run.checkpoint import (
-    latest_good_checkpoint,
     load_trainer_state,
+    resume_checkpoint,
     save_checkpoint,
     set_rng_state,
 )
@@ -50,7 +50,7 @@ from rlvr.run.distributed import (
 )
 from rlvr.run.health import HealthGuard
 from rlvr.run.metrics import NullLogger, RunLogger
-from rlvr.run.rundir import prepare_run_dir, truncate_jsonl
+from rlvr.run.rundir import prepare_run_dir, truncate_jsonl, unlock_run_dir
 from rlvr.run.signals import StopSignal
 from rlvr.train.collect import PromptSampler, collect
 from rlvr.train.evaluation import evaluate
@@ -199,8 +199,9 @@ def setup(cfg: Config, resume_dir: Path | None, console: Console) -> tuple[Run, 
     run_dir = prepare_run_dir(cfg, resume=resume_dir is not None) if d.is_main else None
     run_dir = Path(d.broadcast(str(run_dir)))
     checkpoint = None
-    if resume_dir:
-        checkpoint = latest_good_checkpoint(run_dir, warn=console.print if d.is_main else _quiet)
+    if resume_dir:  # raises CheckpointError when checkpoints exist but none verifies
+        warn = console.print if d.is_main else _quiet
+        checkpoint = resume_checkpoint(run_dir, cfg.train.save_every, warn=warn)
         if checkpoint is None and d.is_main:  # killed before its first save: start over
             console.print(f"{run_dir}: no intact checkpoint yet; starting the run over from step 0")
             for name in ("metrics.jsonl", "samples.jsonl"):
@@ -283,10 +284,16 @@ def train(
     console = console or Console(stderr=True, soft_wrap=True)
     t_start = time.time()
     keep_freed_memory()  # glibc keeps freed buffers for the next step (rlvr.cpu.allocator)
-    run, resumed = setup(cfg, resume_dir, console)
-    # No barrier after a failure: the other ranks may never reach it; torchrun stops them
-    # once this rank exits with the error.
-    run_dir = _train(run, resumed, console, show_progress, t_start)
+    run = None
+    try:
+        run, resumed = setup(cfg, resume_dir, console)
+        # No barrier after a failure: the other ranks may never reach it; torchrun stops them
+        # once this rank exits with the error.
+        run_dir = _train(run, resumed, console, show_progress, t_start)
+    finally:  # the run directory's lock (rlvr.run.rundir), taken in setup by rank 0
+        locked = run.run_dir if run else cfg.train.output_dir or resume_dir
+        if locked:
+            unlock_run_dir(Path(locked))
     shutdown(run.d, destroy=destroy_process_group)
     return run_dir
 
