@@ -5,22 +5,33 @@ format (`save_pretrained`, so it loads anywhere as a model), the tokenizer, `tra
 (optimiser, scheduler, step, sampler position, RNG states, metrics needed to continue) and
 `manifest.json` (size and sha256 of every file). It is written under a temporary name,
 every file and the directory fsynced, then renamed into place: a crash mid-save leaves a
-`.tmp-*` directory that is never mistaken for a checkpoint and is removed on the next save.
+`.tmp-*` directory that is never mistaken for a checkpoint and is removed when the run
+directory is next opened, or by the next save; a failed save (full disk) removes its own.
+
+A checkpoint is used only when its manifest is well formed (a non-empty mapping of file
+names inside the checkpoint to size and sha256, the trainer state listed, its step equal to
+the directory's) and every file matches it. Older checkpoints are deleted only when `keep`
+newer ones verify; a corrupt checkpoint is never deleted, only reported.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
 import random
+import re
 import shutil
 import signal
-from pathlib import Path
+import sys
+from collections.abc import Callable
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import numpy as np
 import torch
+from safetensors import SafetensorError
 
 MANIFEST = "manifest.json"
 STATE = "trainer_state.pt"
@@ -89,15 +100,40 @@ def save_checkpoint(
     *,
     keep: int,
     model_state: dict[str, Any] | None = None,
+    warn: Callable[[str], Any] | None = None,
 ) -> Path:
-    """Write checkpoint `step` atomically and keep the newest `keep` checkpoints.
-    `model_state`: the full weights when the live model holds only a shard (FSDP2)."""
+    """Write checkpoint `step` atomically, then apply the keep policy (`prune_checkpoints`).
+    `model_state`: the full weights when the live model holds only a shard (FSDP2).
+
+    A failed save (a full disk, a quota, an I/O error) removes its `.tmp-*` directory and
+    raises CheckpointError naming the step, the path and, for a full disk, the space needed;
+    the checkpoints already on disk are untouched."""
     root = run_dir / "checkpoints"
     root.mkdir(parents=True, exist_ok=True)
-    for stale in root.glob(".tmp-*"):
-        shutil.rmtree(stale, ignore_errors=True)
+    remove_staging(run_dir)
     final = root / f"step-{step:06d}"
     tmp = root / f".tmp-step-{step:06d}"
+    try:
+        _write(tmp, step, model, tokenizer, trainer_state, model_state)
+    except BaseException as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(e, _WRITE_ERRORS) or _is_no_space(e):
+            raise _save_error(e, step, root, model, trainer_state, model_state) from e
+        raise
+    if final.exists():  # a re-save of the same step (e.g. resumed, then stopped at once)
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    _fsync(root)
+    _known_good[_identity(final)] = True
+    prune_checkpoints(run_dir, keep, warn=warn or _stderr)
+    return final
+
+
+# what a failed write raises: the OS, torch.save ("file write failed"), safetensors
+_WRITE_ERRORS = (OSError, RuntimeError, SafetensorError)
+
+
+def _write(tmp: Path, step: int, model, tokenizer, trainer_state, model_state) -> None:
     model.save_pretrained(tmp, safe_serialization=True, state_dict=model_state)
     _fault_point("save")  # tests kill the process here: mid-save, the model written, no manifest
     tokenizer.save_pretrained(tmp)
@@ -113,55 +149,257 @@ def save_checkpoint(
     for p in [*files, tmp / MANIFEST]:
         _fsync(p)
     _fsync(tmp)
-    if final.exists():  # a re-save of the same step (e.g. resumed, then stopped at once)
-        shutil.rmtree(final)
-    os.replace(tmp, final)
-    _fsync(root)
-    for old in list_checkpoints(run_dir)[:-keep]:
-        shutil.rmtree(old, ignore_errors=True)
-    return final
+
+
+def _is_no_space(e: BaseException) -> bool:
+    """ENOSPC / EDQUOT anywhere in the exception chain, or in the text of a library's wrapped
+    error (torch.save reports a full disk as RuntimeError "file write failed")."""
+    chain: list[BaseException] = []
+    while e is not None and e not in chain and len(chain) < 16:
+        chain.append(e)
+        e = e.__cause__ or e.__context__
+    return any(
+        (isinstance(x, OSError) and x.errno in (errno.ENOSPC, errno.EDQUOT))
+        or "No space left on device" in str(x)
+        or "Disk quota exceeded" in str(x)
+        for x in chain
+    )
+
+
+def _save_error(e, step, root, model, trainer_state, model_state) -> CheckpointError:
+    free = shutil.disk_usage(root).free
+    need = _estimated_size(model, trainer_state, model_state)
+    # torch.save wraps a full disk in "file write failed": a save that failed with less free
+    # space than the checkpoint needs is reported as a full disk
+    if _is_no_space(e) or free < need:
+        return CheckpointError(
+            f"checkpoint step {step}: no space left on device at {root} "
+            f"(need ~{_size(need)}, {_size(free)} free); the partial "
+            "checkpoint was removed, the earlier ones are intact"
+        )
+    return CheckpointError(f"checkpoint step {step}: writing {root} failed: {e}")
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("GB", 2**30), ("MB", 2**20)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n / 2**10:.0f} kB"
+
+
+def _estimated_size(model, trainer_state: dict[str, Any], model_state) -> int:
+    """Bytes of every tensor the checkpoint holds (weights, optimiser state): its size
+    within the tokenizer files and a few kB of metadata."""
+    state = model_state if model_state is not None else model.state_dict()
+    return _tensor_bytes(state) + _tensor_bytes(trainer_state)
+
+
+def _tensor_bytes(obj) -> int:
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, dict):
+        return sum(_tensor_bytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(_tensor_bytes(v) for v in obj)
+    return 0
+
+
+def remove_staging(run_dir: Path) -> list[Path]:
+    """Delete `.tmp-*` staging directories left by a save that crashed or ran out of disk.
+    Call only while holding the run directory's lock (rlvr.run.rundir): a live run's save
+    in progress is staged there too."""
+    root = Path(run_dir) / "checkpoints"
+    stale = sorted(root.glob(".tmp-*")) if root.is_dir() else []
+    for path in stale:
+        shutil.rmtree(path, ignore_errors=True)
+    return stale
 
 
 def list_checkpoints(run_dir: Path) -> list[Path]:
-    """Checkpoint directories, oldest first (temporary ones excluded)."""
+    """Checkpoint directories `step-NNNNNN`, oldest first (temporary ones excluded)."""
     root = Path(run_dir) / "checkpoints"
     if not root.is_dir():
         return []
-    return sorted(p for p in root.glob("step-*") if p.is_dir())
+    found = [p for p in root.iterdir() if _STEP_DIR.fullmatch(p.name) and p.is_dir()]
+    return sorted(found, key=lambda p: int(p.name[5:]))
+
+
+_STEP_DIR = re.compile(r"step-\d+")
+
+
+def prune_checkpoints(run_dir: Path, keep: int, warn: Callable[[str], Any] = print) -> None:
+    """The keep policy: delete a checkpoint only when it verifies and `keep` newer verified
+    checkpoints exist. A corrupt checkpoint is never deleted: it is left in place (resume
+    skips it) and reported once, with the reason, through `warn`."""
+    good = 0
+    for path in reversed(list_checkpoints(run_dir)):
+        reason = checkpoint_problem(path)
+        if reason is not None:
+            if path not in _reported:
+                _reported.add(path)
+                warn(f"keeping corrupt checkpoint {path} ({reason}); resume never uses it")
+            continue
+        good += 1
+        if good > keep:
+            shutil.rmtree(path, ignore_errors=True)
+            _known_good.pop(_identity(path), None)
+
+
+_reported: set[Path] = set()
+
+
+def checkpoint_problem(path: Path, *, trust_known: bool = True) -> str | None:
+    """None when `path` verifies, else why not. With `trust_known`, checkpoints this process
+    wrote or already verified are not hashed again (keyed by the manifest's inode and mtime)."""
+    key = _identity(path)
+    if trust_known and key is not None and _known_good.get(key):
+        return None
+    try:
+        verify_checkpoint(path)
+    except CheckpointError as e:
+        return str(e).removeprefix(f"checkpoint {path}: ")
+    if key is not None:
+        _known_good[key] = True
+    return None
+
+
+_known_good: dict[tuple, bool] = {}
+
+
+def _identity(path: Path) -> tuple | None:
+    try:
+        st = (path / MANIFEST).stat()
+    except OSError:
+        return None
+    return (str(path), st.st_ino, st.st_mtime_ns, st.st_size)
+
+
+def _manifest_entries(path: Path) -> dict[str, tuple[int, str]]:
+    """The manifest's {file: (size, sha256)}, or CheckpointError naming what is malformed."""
+
+    def bad(why: str) -> CheckpointError:
+        return CheckpointError(f"checkpoint {path}: {MANIFEST} {why}")
+
+    manifest_path = path / MANIFEST
+    if not manifest_path.is_file():
+        raise CheckpointError(f"checkpoint {path}: no {MANIFEST} (incomplete save)")
+    try:
+        manifest = json.loads(manifest_path.read_bytes().decode("utf-8"))
+    except OSError as e:
+        raise bad(f"cannot be read ({e.strerror})") from None
+    except UnicodeDecodeError:
+        raise bad("is not UTF-8 text") from None
+    except json.JSONDecodeError as e:
+        raise bad(f"is not valid JSON ({e.msg}, line {e.lineno})") from None
+    files = manifest.get("files") if isinstance(manifest, dict) else None
+    if not isinstance(files, dict) or not files:
+        raise bad('has no "files" mapping of file name -> {"size", "sha256"}')
+    step = manifest.get("step")
+    if type(step) is not int or step != int(path.name[5:]):
+        raise bad(f"says step {step!r}, the directory is {path.name}")
+    if STATE not in files:
+        raise bad(f"does not list {STATE}")
+    entries = {}
+    root = path.resolve()
+    for name, meta in files.items():
+        rel = PurePosixPath(name)
+        if (
+            rel.is_absolute()
+            or ".." in rel.parts
+            or not (root / rel).resolve().is_relative_to(root)
+        ):
+            raise bad(f"names {name!r}, outside the checkpoint directory")
+        size = meta.get("size") if isinstance(meta, dict) else None
+        sha = meta.get("sha256") if isinstance(meta, dict) else None
+        if (
+            type(size) is not int
+            or size < 0
+            or not (isinstance(sha, str) and re.fullmatch(r"[0-9a-f]{64}", sha))
+        ):
+            raise bad(f'entry {name!r} is not {{"size": bytes, "sha256": 64 hex digits}}')
+        entries[name] = (size, sha)
+    return entries
 
 
 def verify_checkpoint(path: Path) -> None:
-    """Raise CheckpointError unless every file of the manifest is present, sized and hashed."""
-    manifest_path = path / MANIFEST
-    if not manifest_path.is_file():
-        raise CheckpointError(f"checkpoint {path} has no {MANIFEST} (incomplete save)")
-    try:
-        manifest = json.loads(manifest_path.read_text())
-        entries = manifest["files"]
-    except (json.JSONDecodeError, KeyError, TypeError) as e:
-        raise CheckpointError(f"checkpoint {path}: unreadable {MANIFEST} ({e})") from None
-    for name, meta in entries.items():
+    """Raise CheckpointError unless the manifest is well formed and every file it lists is
+    present, inside the checkpoint, of the listed size and sha256."""
+    for name, (size, sha) in _manifest_entries(path).items():
         f = path / name
-        if not f.is_file():
-            raise CheckpointError(f"checkpoint {path}: file {name} is missing")
-        if f.stat().st_size != meta["size"]:
-            raise CheckpointError(
-                f"checkpoint {path}: file {name} has {f.stat().st_size} "
-                f"bytes, manifest says {meta['size']} (truncated?)"
-            )
-        if _sha256(f) != meta["sha256"]:
-            raise CheckpointError(f"checkpoint {path}: file {name} fails its sha256 check")
+        try:
+            if not f.is_file():
+                raise CheckpointError(f"checkpoint {path}: file {name} is missing")
+            if f.stat().st_size != size:
+                raise CheckpointError(
+                    f"checkpoint {path}: file {name} has {f.stat().st_size} "
+                    f"bytes, manifest says {size} (truncated?)"
+                )
+            if _sha256(f) != sha:
+                raise CheckpointError(f"checkpoint {path}: file {name} fails its sha256 check")
+        except OSError as e:
+            raise CheckpointError(f"checkpoint {path}: file {name}: {e.strerror}") from None
 
 
 def latest_good_checkpoint(run_dir: Path, warn=print) -> Path | None:
     """The newest checkpoint that verifies; each refused one is reported through `warn`."""
+    return scan_checkpoints(run_dir, warn)[0]
+
+
+def scan_checkpoints(run_dir: Path, warn=print) -> tuple[Path | None, list[str]]:
+    """(the newest checkpoint that verifies or None, "step-N: reason" for each newer one
+    refused); each refusal is also reported through `warn`."""
+    refused = []
     for path in reversed(list_checkpoints(run_dir)):
-        try:
-            verify_checkpoint(path)
-            return path
-        except CheckpointError as e:
-            warn(f"refusing {e}; trying the previous checkpoint")
+        reason = checkpoint_problem(path, trust_known=False)
+        if reason is None:
+            return path, refused
+        refused.append(f"{path.name}: {reason}")
+        warn(f"refusing checkpoint {path} ({reason}); trying the previous checkpoint")
+    return None, refused
+
+
+def resume_checkpoint(run_dir: Path, save_every: int, warn=print) -> Path | None:
+    """The checkpoint `--resume` continues from. None (start over from step 0) only when the
+    run cannot have finished a checkpoint yet: no `step-*` directory, and no metrics past the
+    first save (`train.save_every`; 0 = saves only at the end). Every other case without a
+    verifiable checkpoint raises CheckpointError naming the run directory and each
+    checkpoint's reason, and changes nothing on disk."""
+    run_dir = Path(run_dir)
+    found, refused = scan_checkpoints(run_dir, warn)
+    if found is not None:
+        return found
+    if refused:
+        raise CheckpointError(
+            f"--resume {run_dir}: no checkpoint verifies ({'; '.join(refused)}); nothing was "
+            "changed. Restore a checkpoint, or start a new run with another --output-dir"
+        )
+    last = last_logged_step(run_dir / "metrics.jsonl")
+    if save_every and last > save_every:
+        raise CheckpointError(
+            f"--resume {run_dir}: metrics.jsonl reaches step {last} but checkpoints/ holds no "
+            f"checkpoint (one is saved every {save_every} steps: were they deleted?); nothing "
+            "was changed"
+        )
     return None
+
+
+def last_logged_step(path: Path) -> int:
+    """The largest "step" among the complete lines of a metrics file (0 when none)."""
+    if not path.is_file():
+        return 0
+    last = 0
+    for line in path.read_bytes().split(b"\n"):
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(row, dict) and type(row.get("step")) is int:
+            last = max(last, row["step"])
+    return last
+
+
+def _stderr(text: str) -> None:
+    sys.stderr.write(text + "\n")
 
 
 def load_trainer_state(path: Path) -> dict[str, Any]:
