@@ -182,7 +182,7 @@ def collect(
         t1 = time.perf_counter()
         rows = [p for p in mine for _ in range(G)]
         completions = decode_completions(tokenizer, rollout)
-        scores = scorer(rows, completions, rollout)
+        scores = scorer(rows, completions, rollout, step=step)
         t_gen, t_score = t_gen + t1 - t0, t_score + time.perf_counter() - t1
         tally.add(rollout, scores, completions, G)
         want = cfg.train.log_samples - len(examples)

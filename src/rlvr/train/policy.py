@@ -7,6 +7,7 @@ weights is held; checkpoints hold the adapter only, and `rlvr export --merge` fo
 from __future__ import annotations
 
 import contextlib
+from copy import deepcopy
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -70,15 +71,29 @@ def _checkpointing(model, cfg: Config):
     return model
 
 
-def load_policy(cfg: Config, checkpoint: Path | None, device: torch.device) -> Policy:
-    """The policy from the model (or a checkpoint to resume), and the reference if kl > 0."""
-    m = cfg.model
+def load_policy(
+    cfg: Config, checkpoint: Path | None, device: torch.device, model: torch.nn.Module | None = None
+) -> Policy:
+    """The policy from the model (or a checkpoint to resume), and the reference if kl > 0.
+    `model`, a model object (the Python API), is trained in place of loading
+    `model.name_or_path`; the reference is then a frozen copy of it."""
+    m, given = cfg.model, model
+
+    used = []
+
+    def load(name: str, *, dtype: str, device: torch.device) -> torch.nn.Module:
+        if given is None or name != m.name_or_path:
+            return load_model(name, dtype=dtype, device=device)
+        out = deepcopy(given) if used else given.to(device)  # the reference: a copy of the start
+        used.append(out)
+        return out if dtype == "auto" else out.to(getattr(torch, dtype))
+
     if m.lora_rank > 0:
         try:
             import peft
         except ImportError:
             raise ConfigError("model.lora_rank > 0 needs peft: pip install 'rlvr[peft]'") from None
-        base = load_model(m.name_or_path, dtype=m.dtype, device=device)
+        base = load(m.name_or_path, dtype=m.dtype, device=device)
         if checkpoint is not None:
             model = peft.PeftModel.from_pretrained(base, str(checkpoint), is_trainable=True)
         else:
@@ -87,13 +102,13 @@ def load_policy(cfg: Config, checkpoint: Path | None, device: torch.device) -> P
             except ValueError as e:  # e.g. target modules not found in the model
                 raise ConfigError(f"model.lora_target_modules: {e}") from None
         return Policy(_checkpointing(model, cfg).eval(), None)
-    model = load_model(
+    model = load(
         str(checkpoint) if checkpoint else m.name_or_path, dtype=m.dtype, device=device
     )
     model = _checkpointing(model, cfg)
     ref = None
     if cfg.algo.kl_coef > 0:  # the reference is the starting policy, frozen
-        ref = load_model(m.name_or_path, dtype=m.dtype, device=device).eval()
+        ref = load(m.name_or_path, dtype=m.dtype, device=device).eval()
         ref.requires_grad_(False)
         pack_frozen_linears(ref)  # CPU fp32: its matmuls on weights packed once for the run
     return Policy(model.eval(), ref)

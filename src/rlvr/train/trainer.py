@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -69,6 +70,18 @@ def eval_params(cfg: Config, *, greedy: bool = False, n: int | None = None) -> S
         seed=derive_seed("eval"),
         greedy=greedy,
     )
+
+
+@dataclass(frozen=True)
+class Given:
+    """Objects the Python API (`rlvr.api`) hands in instead of names in the config: a model
+    and tokenizer, reward functions by the names `cfg.reward` uses, and `callbacks`, each
+    called as `fn(step, metrics)` after every step (returning "stop" ends the run)."""
+
+    model: torch.nn.Module | None = None
+    tokenizer: object | None = None
+    reward_functions: dict[str, Callable] = field(default_factory=dict)
+    callbacks: tuple[Callable, ...] = ()
 
 
 @dataclass
@@ -186,8 +199,11 @@ def eos_ids(tokenizer, model) -> list[int]:
     return sorted(i for i in ids if i is not None)
 
 
-def setup(cfg: Config, resume_dir: Path | None, console: Console) -> tuple[Run, dict | None]:
+def setup(
+    cfg: Config, resume_dir: Path | None, console: Console, given: Given | None = None
+) -> tuple[Run, dict | None]:
     """Build the run (resuming from the newest good checkpoint when asked)."""
+    given = given or Given()
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
     d, device = init_distributed(resolve_device(cfg.model.device))
@@ -206,8 +222,8 @@ def setup(cfg: Config, resume_dir: Path | None, console: Console) -> tuple[Run, 
             console.print(f"{run_dir}: no intact checkpoint yet; starting the run over from step 0")
             for name in ("metrics.jsonl", "samples.jsonl"):
                 truncate_jsonl(run_dir / name, 0)
-    tokenizer = load_tokenizer(cfg.model.name_or_path)
-    policy = load_policy(cfg, checkpoint, device)
+    tokenizer = given.tokenizer or load_tokenizer(cfg.model.name_or_path)
+    policy = load_policy(cfg, checkpoint, device, model=given.model)
     model = policy.model
     source = load_prompts(cfg, tokenizer, getattr(model.config, "max_position_embeddings", None))
     module = wrap(model, d, device, cfg.train.parallel)  # before the optimiser: FSDP2 shards
@@ -240,7 +256,7 @@ def setup(cfg: Config, resume_dir: Path | None, console: Console) -> tuple[Run, 
         policy=policy,
         module=module,
         engine=engine,
-        scorer=Scorer.build(cfg, source.task),
+        scorer=Scorer.build(cfg, source.task, given.reward_functions),
         source=source,
         sampler=PromptSampler(len(source.train), cfg.train.seed),
         optimizer=optimizer,
@@ -277,8 +293,10 @@ def train(
     show_progress: bool = True,
     console: Console | None = None,
     destroy_process_group: bool = True,
+    given: Given | None = None,
 ) -> Path:
     """Run `cfg` (or continue the run in `resume_dir`); returns the run directory.
+    `given` carries the Python API's objects (model, tokenizer, reward functions, callbacks).
     `destroy_process_group=False` leaves torch.distributed's group alive at the end, for a
     caller that ends the process with `os._exit` (see `distributed.shutdown`)."""
     console = console or Console(stderr=True, soft_wrap=True)
@@ -286,10 +304,11 @@ def train(
     keep_freed_memory()  # glibc keeps freed buffers for the next step (rlvr.cpu.allocator)
     run = None
     try:
-        run, resumed = setup(cfg, resume_dir, console)
+        run, resumed = setup(cfg, resume_dir, console, given)
         # No barrier after a failure: the other ranks may never reach it; torchrun stops them
         # once this rank exits with the error.
-        run_dir = _train(run, resumed, console, show_progress, t_start)
+        callbacks = given.callbacks if given else ()
+        run_dir = _train(run, resumed, console, show_progress, t_start, callbacks)
     finally:  # the run directory's lock (rlvr.run.rundir), taken in setup by rank 0
         locked = run.run_dir if run else cfg.train.output_dir or resume_dir
         if locked:
@@ -299,7 +318,12 @@ def train(
 
 
 def _train(
-    run: Run, resumed: dict | None, console: Console, show_progress: bool, t_start: float
+    run: Run,
+    resumed: dict | None,
+    console: Console,
+    show_progress: bool,
+    t_start: float,
+    callbacks: tuple[Callable, ...] = (),
 ) -> Path:
     cfg = run.cfg
     d, run_dir = run.d, run.run_dir
@@ -336,6 +360,9 @@ def _train(
             log.samples(step, examples)
             if cfg.train.save_every and step % cfg.train.save_every == 0:
                 final = run.save(step, eval_before)
+            if d.max(float(any([cb(step, metrics) == "stop" for cb in callbacks]))):
+                log.message(f"a callback ended the run after step {step}")
+                break
         if final is None or not Path(final).name.endswith(f"{step:06d}"):
             final = run.save(step, eval_before)
         if d.max(float(stop.requested)):
