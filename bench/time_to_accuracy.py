@@ -1,4 +1,4 @@
-"""Time to 90% held-out accuracy: rlvr's default run against TRL's GRPOTrainer (issue 5, item 2).
+"""Time to 90% held-out accuracy: rlvr's default run against TRL's GRPOTrainer.
 
     python bench/time_to_accuracy.py                        # rlvr-tiny, budget 30 min a run
     python bench/time_to_accuracy.py --max-minutes 10 --eval-every 5
@@ -165,12 +165,11 @@ def child_trl(args) -> dict:
     from trl import GRPOConfig, GRPOTrainer
     from trl.rewards import get_soft_overlong_punishment
 
-    from rlvr.models import load_tokenizer, resolve_model_path
+    from rlvr.models import eos_ids, load_tokenizer, resolve_model_path
     from rlvr.prompts import load_prompts
     from rlvr.rewards.scoring import Scorer
     from rlvr.rollout import ENGINES
-    from rlvr.train.evaluation import evaluate
-    from rlvr.train.trainer import eos_ids, eval_params
+    from rlvr.train.evaluation import eval_params, evaluate
 
     cfg = rlvr_config(args)
     r, a, o = cfg.rollout, cfg.algo, cfg.optim

@@ -1,12 +1,35 @@
 """Shared fixtures: tiny randomly initialised Llama and Qwen2 models and their tokenizer, saved with
 save_pretrained to a local directory, exactly as a user's model would be."""
 
+import os
+import shutil
+
 import pytest
 import torch
 
 from rlvr.models import build_tiny_model, build_tokenizer
 
 torch.set_num_threads(2)
+
+
+def require_native_kernels() -> None:
+    """Skip, with the reason, where the C kernels are off by choice (`RLVR_NATIVE=0`) or for
+    want of a compiler; fail where a compiler is here and they did not build."""
+    from rlvr.cpu import native
+
+    if native.available():
+        return
+    if os.environ.get("RLVR_NATIVE") == "0" or not (
+        os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    ):
+        pytest.skip(f"C kernels {native.status()}")
+    pytest.fail(f"the C kernels did not build: {native.status()}")
+
+
+@pytest.fixture()
+def native_kernels() -> None:
+    """For tests of the C kernels themselves (see `require_native_kernels`)."""
+    require_native_kernels()
 
 
 @pytest.fixture(scope="session")

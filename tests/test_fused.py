@@ -12,7 +12,8 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 from transformers.models.qwen2 import modeling_qwen2
 
-from rlvr.cpu import fused, native
+from conftest import require_native_kernels
+from rlvr.cpu import fused
 
 pytestmark = pytest.mark.skipif(
     not (shutil.which("cc") or shutil.which("gcc")), reason="no C compiler on this machine"
@@ -21,7 +22,7 @@ pytestmark = pytest.mark.skipif(
 
 @pytest.fixture(autouse=True)
 def _kernels_built():
-    assert native.kernel() is not None, native.status()
+    require_native_kernels()
 
 
 def test_rms_norm_forward_and_backward_match_the_llama_norm():

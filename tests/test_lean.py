@@ -2,8 +2,6 @@
 logits within 1e-5 on Llama, Qwen2 (q/k/v biases) and Qwen3 (per-head q/k norms), with GQA,
 left padding and duplicated prompts; and refusal where a part is not the plain one."""
 
-import shutil
-
 import pytest
 import torch
 from transformers import (
@@ -15,13 +13,12 @@ from transformers import (
     Qwen3ForCausalLM,
 )
 
-from rlvr.cpu import native
+from conftest import require_native_kernels
 from rlvr.cpu.lean import LeanDecoder
 from rlvr.cpu.packed import packing_available
 from rlvr.cpu.prefix_attention import PrefixLayer, PrefixLayout, prefix_decoding
-from rlvr.rollout import FastEngine, HFEngine, SamplingParams
+from rlvr.rollout import FastEngine, HFEngine, SamplingParams, left_pad
 from rlvr.rollout.fast import _LiveLayer
-from rlvr.rollout.hf import left_pad
 
 pytestmark = pytest.mark.skipif(not packing_available(), reason="torch built without oneDNN")
 
@@ -88,10 +85,8 @@ def _prefilled(model, prompts, G):
 def path(request):
     """The lean step's attention: torch ops, or `rlvr.cpu.native`'s fused RoPE + cache
     write + attention kernel."""
-    if request.param == "native" and native.rope_kernel() is None:
-        if shutil.which("cc") or shutil.which("gcc"):  # a compiler is here: it must build
-            pytest.fail(f"the native kernel did not build: {native.status()}")
-        pytest.skip(native.status())
+    if request.param == "native":
+        require_native_kernels()
     return request.param
 
 

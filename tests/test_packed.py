@@ -5,6 +5,7 @@ import pytest
 import torch
 from torch import nn
 
+from conftest import require_native_kernels
 from rlvr.cpu.packed import packed_linears, packing_available
 from rlvr.models import build_tiny_model
 
@@ -110,11 +111,9 @@ def _loop_linear(x, w, b):
 def test_native_decode_linear_and_its_epilogues_match_a_loop(rows, K, N, bias):
     """The decoding-step kernel on panel-packed weights: full and partial row blocks and
     panels, with and without bias, each fused epilogue of the lean decoder."""
-    from rlvr.cpu import native
     from rlvr.cpu.packed import pack_linear, pack_panels
 
-    if native.function("linear") is None:
-        pytest.skip(native.status())
+    require_native_kernels()
     g = torch.Generator().manual_seed(rows)
     w, x = torch.randn(N, K, generator=g), torch.randn(rows, K, generator=g)
     b = torch.randn(N, generator=g) if bias else None

@@ -1,13 +1,12 @@
 """Shared-prefix decode attention (`rlvr.cpu.prefix_attention`) against SDPA over the
 expanded cache, a plain loop, and the `hf` engine on Llama and Qwen2."""
 
-import shutil
-
 import pytest
 import torch
 from torch import nn
 from transformers import AutoModelForCausalLM
 
+from conftest import require_native_kernels
 from rlvr.cpu import native
 from rlvr.cpu.prefix_attention import (
     NAME,
@@ -18,15 +17,14 @@ from rlvr.cpu.prefix_attention import (
     supports_prefix_attention,
 )
 from rlvr.rollout import FastEngine, HFEngine, SamplingParams
+from rlvr.rollout.fast import _LiveLayer
 
 
 @pytest.fixture(params=["torch", "native"])
 def path(request):
     """Both implementations: the torch ops, and `rlvr.cpu.native`'s C kernel."""
-    if request.param == "native" and native.kernel() is None:
-        if shutil.which("cc") or shutil.which("gcc"):  # a compiler is here: it must build
-            pytest.fail(f"the native kernel did not build: {native.status()}")
-        pytest.skip(native.status())
+    if request.param == "native":
+        require_native_kernels()
     return request.param
 
 
@@ -169,7 +167,11 @@ def test_greedy_same_tokens_as_hf_and_attention_restored(model, tokenizer):
     hf = HFEngine(model, pad_id=tokenizer.pad_token_id, eos_ids=[10_000]).generate(prompts, params)
     before = model.config._attn_implementation
     fast = FastEngine(model, pad_id=tokenizer.pad_token_id, eos_ids=[10_000])
-    assert fast._use_prefix(fast._new_cache(8), torch.device("cpu"))  # the path under test
+    # the path under test: the gate is on and the engine's cache takes prefix layers
+    plan = fast.backend.decoding(model, pack_weights=True, prefix_attention=True, lean=False)
+    cache = fast._new_cache(8)
+    plan.prepare(cache, 12, 12, plain_layers=all(type(x) is _LiveLayer for x in cache.layers))
+    assert all(isinstance(x, PrefixLayer) for x in cache.layers)
     out = fast.generate(prompts, params)
     assert torch.equal(out.completion_ids, hf.completion_ids)
     assert model.config._attn_implementation == before != NAME

@@ -46,9 +46,8 @@ def test_a_rank_with_an_empty_share_generates_and_scores_nothing(tmp_path):
     from rich.console import Console
 
     from rlvr.config import load_config
-    from rlvr.rollout import SamplingParams
+    from rlvr.rollout import SamplingParams, decode_completions
     from rlvr.train.collect import Tally
-    from rlvr.train.evaluation import decode_completions
     from rlvr.train.trainer import setup
 
     cfg = load_config(None, {"train": {"output_dir": str(tmp_path / "run"), "eval_size": 0}})

@@ -164,12 +164,11 @@ def cmd_eval(argv: list[str]) -> int:
     p.add_argument("--max-new-tokens", type=int, default=None)
     p.add_argument("--temperature", type=float, default=1.0)
     args = p.parse_args(argv)
-    from rlvr.models import load_model, load_tokenizer
+    from rlvr.models import eos_ids, load_model, load_tokenizer
     from rlvr.prompts import load_prompts
     from rlvr.rewards.scoring import Scorer
     from rlvr.rollout import ENGINES
-    from rlvr.train.evaluation import evaluate
-    from rlvr.train.trainer import eos_ids, eval_params
+    from rlvr.train.evaluation import eval_params, evaluate
 
     overrides = {
         "model": {"name_or_path": args.model},

@@ -220,6 +220,15 @@ def unwrap_model(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
+def eos_ids(tokenizer, model) -> list[int]:
+    """EOS ids from the tokenizer and the model's generation config (chat models often have
+    two, e.g. Qwen2.5's <|im_end|> and <|endoftext|>)."""
+    ids = {tokenizer.eos_token_id}
+    gen_eos = getattr(model.generation_config, "eos_token_id", None)
+    ids.update(gen_eos if isinstance(gen_eos, list) else [gen_eos])
+    return sorted(i for i in ids if i is not None)
+
+
 def cache_kwarg(model: torch.nn.Module) -> str:
     """The forward's name for the KV cache: transformers 5 renamed `past_key_values` to
     `cache` (the old name warns, then goes)."""

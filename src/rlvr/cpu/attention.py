@@ -3,14 +3,15 @@
 GRPO's forwards attend over left-padded prompts and, with `optim.share_prompt`, over a prompt
 cache that the completions continue: the mask is never plain causal, so torch's CPU
 flash-attention kernel gets an explicit mask and computes every query against every key,
-the masked causal half included, one small BLAS call per block. Measured on issue 5's
+the masked causal half included, one small BLAS call per block. Measured on bench/vs_trl.py's
 shapes (32 rows, 4 heads of 64, 63 queries over 110 keys, 2 threads) that was ~8% of a
 training step. `kernels/attention.c` stops each query block at its last visible key and runs
 the products as register-blocked loops (see its header); the backward recomputes the
 probabilities from the saved log-sum-exp, as FlashAttention-2 does.
 
 It plugs into Hugging Face models through their attention registry (`AttentionInterface`,
-name "rlvr_attention", with SDPA's mask builder): `native_attention(model)` switches a
+name "rlvr_attention", with SDPA's mask builder; registered on the first switch, not at
+import): `native_attention(model)` switches a
 Llama-family model that uses SDPA to it for the duration of a block. Anything the kernel does
 not cover (not fp32 on the CPU, head sizes other than 32/64/128, dropout, a float mask, the
 native kernels off) is handed to SDPA unchanged. Same math as SDPA up to float reassociation
@@ -28,7 +29,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
 
 from rlvr.cpu import native
-from rlvr.cpu.prefix_attention import PREFIX_MODEL_TYPES
+from rlvr.cpu.layers import is_llama_family
 
 NAME = "rlvr_attention"
 HEAD_SIZES = (32, 64, 128)  # the kernel's compile-time row widths
@@ -107,7 +108,7 @@ def fits(q, k, v, mask) -> bool:
     (B, Hkv, Lk, D), D in HEAD_SIZES, Hq a multiple of Hkv, unit stride over D, keys few enough
     for the scratch budget; mask None or a bool (B | 1, Hq | 1, Lq, Lk) tensor with unit stride
     over keys."""
-    if native.function("attention_fwd") is None:
+    if not native.available():
         return False
     if q.dim() != 4 or k.dim() != 4 or k.shape != v.shape:
         return False
@@ -176,8 +177,12 @@ def rlvr_attention(
     )
 
 
-AttentionInterface.register(NAME, rlvr_attention)
-AttentionMaskInterface.register(NAME, ALL_MASK_ATTENTION_FUNCTIONS["sdpa"])
+def _register() -> None:
+    """Adds `rlvr_attention` (and SDPA's mask builder under its name) to transformers'
+    registries when a model is switched to it (idempotent): importing this module changes
+    nothing."""
+    AttentionInterface.register(NAME, rlvr_attention)
+    AttentionMaskInterface.register(NAME, ALL_MASK_ATTENTION_FUNCTIONS["sdpa"])
 
 
 @contextlib.contextmanager
@@ -188,8 +193,8 @@ def native_attention(model: torch.nn.Module) -> Iterator[bool]:
     config = getattr(model, "config", None)
     param = next(model.parameters(), None)
     switch = (
-        native.function("attention_fwd") is not None
-        and getattr(config, "model_type", None) in PREFIX_MODEL_TYPES
+        native.available()
+        and is_llama_family(model)
         and getattr(config, "_attn_implementation", None) == "sdpa"
         and param is not None
         and param.device.type == "cpu"
@@ -197,6 +202,7 @@ def native_attention(model: torch.nn.Module) -> Iterator[bool]:
     if not switch:
         yield False
         return
+    _register()
     config._attn_implementation = NAME
     try:
         yield True

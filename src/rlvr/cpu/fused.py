@@ -2,7 +2,7 @@
 
 In the training forward of a small model on CPU, the Llama family's RMSNorm (six eager ops,
 twice as many in its backward) and `silu(gate) * up` (three, and their backward) stream the
-activations through memory again and again: measured on issue 5's model, ~10% of a training
+activations through memory again and again: measured on bench/vs_trl.py's model, ~10% of a training
 step. `fused_ops(model)` swaps, for the duration of a `with` block, each plain RMSNorm's and
 SiLU MLP's forward for autograd functions whose forward and backward are one pass each of
 `rlvr.cpu.native`'s C kernels. Same math, float reassociation only (tested against the
@@ -26,9 +26,10 @@ decoding makes).
 `pack_frozen_linears` is for the frozen reference copy: its fp32 linears multiply with
 oneDNN-packed weights made once for the run (`rlvr.cpu.packed`). On this CPU (AMD Zen 4,
 2 threads) oneDNN's fp32 kernels ran at ~220 GFLOP/s against MKL's ~198 at 2,016 rows and
-~1.7x MKL at 188 (a prompt pass): the reference forward of issue 5's step went from ~129 to
-~116 ms (medians of 3 alternating runs). Packing the policy's weights anew for each training
-forward was measured too and dropped: the packing (~0.27 ms a weight) ate the gain.
+~1.7x MKL at 188 (a prompt pass): the reference forward of bench/vs_trl.py's step takes ~116 ms
+with them, ~129 ms without (medians of 3 alternating runs). The policy's weights are not packed:
+they change every step, and packing them anew for each training forward (~0.27 ms a weight)
+costs what the faster matmuls save.
 """
 
 from __future__ import annotations
@@ -42,11 +43,9 @@ from torch import nn
 
 from rlvr.cpu import native
 from rlvr.cpu.attention import native_attention
+from rlvr.cpu.layers import is_llama_family, is_silu_mlp, rms_norm_eps
 from rlvr.cpu.packed import PackedLinear, pack_linear, packable, packing_available
-from rlvr.cpu.prefix_attention import PREFIX_MODEL_TYPES
 from rlvr.models import unwrap_model
-
-_SILU = frozenset({"SiLU", "SiLUActivation"})
 
 
 def _fits(*tensors: torch.Tensor) -> bool:
@@ -152,7 +151,7 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor 
     x) as one native pass with its backward, or None where the tensors do not fit: x must be
     the transposed view of a contiguous (B, T, H, D) fp32 CPU buffer, cos and sin contiguous
     (B, T, D) fp32 without grad (they come from positions, not from parameters)."""
-    if native.function("rope_fwd") is None or x.dim() != 4 or x.shape[-1] % 2:
+    if not native.available() or x.dim() != 4 or x.shape[-1] % 2:
         return None
     B, _, T, D = x.shape
     return (
@@ -186,10 +185,8 @@ def _patch_rope(model: nn.Module) -> list:
     version; returns the modules patched (see `_unpatch_rope`)."""
     patched = []
     for m in model.modules():
-        config = getattr(m, "config", None)
-        if getattr(config, "model_type", None) not in PREFIX_MODEL_TYPES:
-            continue
-        if not hasattr(m, "q_proj"):  # an attention module: its modeling module has RoPE
+        # a Llama-family attention module: its modeling module applies the RoPE
+        if not is_llama_family(m) or not hasattr(m, "q_proj"):
             continue
         module = sys.modules.get(type(m).__module__)
         fn = getattr(module, "apply_rotary_pos_emb", None)
@@ -208,7 +205,7 @@ def _unpatch_rope(modules: list) -> None:
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor | None:
     """`weight * x / sqrt(mean(x^2, -1) + eps)` as one native pass (with its backward), or
     None where the tensors or the kernels do not allow it."""
-    if native.function("rms_norm_fwd") is None or not _fits(x, weight):
+    if not native.available() or not _fits(x, weight):
         return None
     if weight.shape != (x.shape[-1],):
         return None
@@ -217,7 +214,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor 
 
 def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor | None:
     """`silu(gate) * up` as one native pass (with its backward), or None."""
-    if native.function("silu_mul_fwd") is None or not _fits(gate, up):
+    if not native.available() or not _fits(gate, up):
         return None
     if gate.shape != up.shape:
         return None
@@ -269,7 +266,7 @@ def _plain(p) -> bool:
 
 def _norm_forward(module: nn.Module):
     own = type(module).forward
-    eps = float(getattr(module, "variance_epsilon", getattr(module, "eps", 1e-6)))
+    eps = rms_norm_eps(module)
 
     def forward(x: torch.Tensor) -> torch.Tensor:
         y = rms_norm(x, module.weight, eps)
@@ -290,16 +287,7 @@ def _mlp_forward(module: nn.Module):
 
 
 def _is_plain_norm(m: nn.Module) -> bool:
-    weight = getattr(m, "weight", None)
-    has_eps = hasattr(m, "variance_epsilon") or hasattr(m, "eps")
-    return type(m).__name__.endswith("RMSNorm") and has_eps and _plain(weight)
-
-
-def _is_silu_mlp(m: nn.Module) -> bool:
-    return (
-        all(hasattr(m, a) for a in ("gate_proj", "up_proj", "down_proj", "act_fn"))
-        and type(m.act_fn).__name__ in _SILU
-    )
+    return rms_norm_eps(m) is not None and _plain(m.weight)
 
 
 @contextlib.contextmanager
@@ -307,7 +295,7 @@ def fused_ops(model: nn.Module) -> Iterator[int]:
     """Within the block, the plain RMSNorms and SiLU MLPs of `model`, and the RoPE of its
     Llama-family attention, run the native passes (see the module doc), and so does its
     attention where it uses SDPA (`rlvr.cpu.attention`); yields how many modules were swapped."""
-    if native.function("rms_norm_fwd") is None:
+    if not native.available():
         yield 0
         return
     patched: list[nn.Module] = []
@@ -329,7 +317,7 @@ def _swap_modules(model: nn.Module, patched: list[nn.Module]) -> int:
             continue
         if _is_plain_norm(m):
             m.forward = _norm_forward(m)
-        elif _is_silu_mlp(m):
+        elif is_silu_mlp(m):
             m.forward = _mlp_forward(m)
         else:
             continue

@@ -20,17 +20,9 @@ from torch import nn
 from torch.nn import functional as F
 
 from rlvr.cpu import native
+from rlvr.cpu.layers import is_llama_family, is_silu_mlp, rms_norm_eps
 from rlvr.cpu.packed import pack_linear, packable, packing_available
-from rlvr.cpu.prefix_attention import PREFIX_MODEL_TYPES, current_layout, prefix_attention
-
-_SILU = frozenset({"SiLU", "SiLUActivation"})  # torch's and transformers' SiLU modules
-
-
-def _eps(norm: nn.Module) -> float | None:
-    eps = getattr(norm, "variance_epsilon", getattr(norm, "eps", None))
-    weight = getattr(norm, "weight", None)
-    ok = type(norm).__name__.endswith("RMSNorm") and isinstance(weight, nn.Parameter)
-    return float(eps) if ok and eps is not None else None
+from rlvr.cpu.prefix_attention import current_layout, prefix_attention
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -66,7 +58,7 @@ class _Layer:
         # fp32 with SiLU: the residual adds, SiLU and the gate product ride on the matmuls
         # as oneDNN post-ops (measured ~20% off the MLP at decode shapes); otherwise the
         # fused gate/up matmul and separate ops.
-        self.post_ops = compute_dtype is None and type(m.act_fn).__name__ in _SILU
+        self.post_ops = compute_dtype is None and is_silu_mlp(m)
         if self.post_ops:
             self.gate = pack_linear(m.gate_proj.weight, m.gate_proj.bias, rows)
             self.up = pack_linear(m.up_proj.weight, m.up_proj.bias, rows)
@@ -81,7 +73,7 @@ class _Layer:
         """RoPE, cache write and attention in one native call, or None where it can't run
         (no kernel, Qwen3's q/k norms, a layout the kernel does not read)."""
         lay = current_layout()
-        if self.q_norm is not None or lay is None or not lay.native or native.rope_kernel() is None:
+        if self.q_norm is not None or lay is None or not lay.native or not native.available():
             return None
         n, heads = qkv.shape[0], (self.Hq, self.Hkv, self.D)
         layer = cache.layers[self.idx]
@@ -127,7 +119,7 @@ class _Layer:
 
 
 def _norm(norm: nn.Module | None) -> tuple[torch.Tensor, float] | None:
-    return None if norm is None else (norm.weight, _eps(norm))
+    return None if norm is None else (norm.weight, rms_norm_eps(norm))
 
 
 def _rms(x: torch.Tensor, norm: tuple[torch.Tensor, float]) -> torch.Tensor:
@@ -156,12 +148,12 @@ class LeanDecoder:
         inner = getattr(model, "model", None)
         if (
             not packing_available()
-            or getattr(config, "model_type", None) not in PREFIX_MODEL_TYPES
+            or not is_llama_family(model)
             or getattr(config, "pretraining_tp", 1) != 1
             or inner is None
             or not all(hasattr(inner, a) for a in ("embed_tokens", "rotary_emb", "norm", "layers"))
             or not packable(getattr(model, "lm_head", None))
-            or _eps(inner.norm) is None
+            or rms_norm_eps(inner.norm) is None
         ):
             return None
         for layer in inner.layers:
@@ -172,7 +164,7 @@ class LeanDecoder:
             norms += [x for x in (getattr(a, "q_norm", None), getattr(a, "k_norm", None)) if x]
             if (
                 not all(packable(x) for x in linears)
-                or any(_eps(x) is None for x in norms)
+                or any(rms_norm_eps(x) is None for x in norms)
                 or not hasattr(m, "act_fn")
                 or not hasattr(a, "scaling")
             ):

@@ -3,7 +3,7 @@ compiler.
 
 A decoding step of a small model on CPU is dominated by per-op overhead, not arithmetic: the
 shared-prefix attention (`rlvr.cpu.prefix_attention`) is ~20 torch ops per layer per
-step. `kernels/prefix_decode.c` does it in one pass (measured ~3x faster on issue 5's model,
+step. `kernels/prefix_decode.c` does it in one pass (measured ~3x faster on bench/vs_trl.py's model,
 2 threads); `kernels/attention.c` is the training forwards' masked attention
 (`rlvr.cpu.attention`), `kernels/linear.c` the decoding step's matmuls (`rlvr.cpu.packed`),
 and the rest are RMSNorm, SiLU-gate, RoPE and sampling passes. They are
@@ -12,9 +12,10 @@ directory (`$RLVR_CACHE_DIR`, else `~/.cache/rlvr`) keyed by the sources, the co
 CPU, and loaded with `ctypes`: no build step at install, no torch headers (a torch C++
 extension takes ~1 minute to compile; this takes under a second).
 
-Where there is no compiler, the build fails, or `RLVR_NATIVE=0` is set, `kernel()` returns
-None and callers keep their torch code, which is also what the kernels are tested against.
-`status()` says which, and why.
+Where there is no compiler, the build fails, or `RLVR_NATIVE=0` is set, `available()` is
+False, `function()` returns None and callers keep their torch code, which is also what the
+kernels are tested against. `status()` says which, and why. Nothing is built before the first
+call of one of these, and only code behind the backend's gate (`rlvr.cpu.enabled`) calls them.
 """
 
 from __future__ import annotations
@@ -162,21 +163,16 @@ def _load():
     return True, "on"
 
 
-def kernel():
-    """The compiled `rlvr_prefix_decode_attention`, or None (see `status`)."""
-    return function("prefix_decode_attention")
+def available() -> bool:
+    """Whether the kernels are built and on (builds them on the first call; see `status`)."""
+    if "built" not in _state:
+        _state["built"], _state["status"] = _load()
+    return _state["built"]
 
 
 def function(name: str):
     """A compiled kernel by name (`_SIGNATURES`), or None where the kernels are off."""
-    if "built" not in _state:
-        _state["built"], _state["status"] = _load()
-    return _state.get(name) if _state["built"] else None
-
-
-def rope_kernel():
-    """The compiled `rlvr_rope_cache_attention`, or None (see `status`)."""
-    return function("rope_cache_attention")
+    return _state.get(name) if available() else None
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor | None:
@@ -333,7 +329,7 @@ def fits_rope(qkv, cos, sin, heads, k_cache, v_cache, t, k_prompt, v_prompt, bia
 
 def status() -> str:
     """ "on", or "off: <why>"."""
-    kernel()
+    available()
     return _state["status"]
 
 
@@ -358,7 +354,7 @@ def prefix_decode_attention(
     rest, _scratch = _attention_args(
         heads, k_prompt, v_prompt, bias, group, k_own, v_own, t, scale, out
     )
-    kernel()(q.data_ptr(), *rest)
+    function("prefix_decode_attention")(q.data_ptr(), *rest)
     return out
 
 

@@ -15,9 +15,10 @@ merged from two partial softmaxes), so it differs from SDPA by float reassociati
 It plugs into Hugging Face models through their attention-function registry
 (`AttentionInterface`, name "rlvr_prefix") and a cache layer; it is used only for decoding
 steps (the prefill runs the model's own attention), only for model types whose attention
-calls `cache.update` then the registered function (`PREFIX_MODEL_TYPES`), and only with plain
-full-attention layers. Finished rows can be retired: the layout maps each live row to its
-prompt and its slot in the group.
+calls `cache.update` then the registered function (`rlvr.cpu.layers.LLAMA_FAMILY`), and only
+with plain full-attention layers; it is registered when decoding starts, not at import.
+Finished rows can be retired: the layout maps each live row to its prompt and its slot in
+the group.
 """
 
 from __future__ import annotations
@@ -32,11 +33,9 @@ from transformers import AttentionInterface
 from transformers.cache_utils import StaticLayer
 
 from rlvr.cpu import native
+from rlvr.cpu.layers import is_llama_family
 
 NAME = "rlvr_prefix"
-# Decoder-only families whose attention is `cache.update` then the registry's function, with
-# nothing else attended to (no sliding window used here: checked on the cache layers).
-PREFIX_MODEL_TYPES = frozenset({"llama", "qwen2", "qwen3", "mistral"})
 
 
 class PrefixLayer(StaticLayer):
@@ -120,7 +119,7 @@ class PrefixLayout:
         regular = min(counts) == slots and torch.equal(
             group, torch.arange(U, device=expand.device).repeat_interleave(slots)
         )
-        return cls(layers, bias, group, slot_t, slots, bool(regular), native.kernel() is not None)
+        return cls(layers, bias, group, slot_t, slots, bool(regular), native.available())
 
     def select(self, keep: torch.Tensor) -> None:
         """Rows `keep` stay live (the engine retired the others)."""
@@ -193,16 +192,12 @@ def prefix_attention(
     return out.reshape(n, 1, Hq, D), None
 
 
-AttentionInterface.register(NAME, prefix_attention)
-
-
 def supports_prefix_attention(model) -> bool:
     """Whether decoding this model may use `prefix_attention` (see the module doc; the
-    caller also checks that every cache layer is plain full attention)."""
-    config = model.config
-    return getattr(config, "model_type", None) in PREFIX_MODEL_TYPES and getattr(
-        config, "_attn_implementation", None
-    ) in ("sdpa", "eager")
+    caller also checks that every cache layer is plain full attention; sliding-window
+    layers are not)."""
+    implementation = getattr(model.config, "_attn_implementation", None)
+    return is_llama_family(model) and implementation in ("sdpa", "eager")
 
 
 @contextlib.contextmanager
@@ -210,6 +205,7 @@ def prefix_decoding(model, layout: PrefixLayout) -> Iterator[None]:
     """Within the block the model's attention is `prefix_attention` over `layout`."""
     config = model.config
     before = config._attn_implementation
+    AttentionInterface.register(NAME, prefix_attention)  # idempotent
     token = _LAYOUT.set(layout)
     config._attn_implementation = NAME
     try:

@@ -56,7 +56,8 @@ class Rollout:
     lengths: (B,) generated tokens per response, EOS included.
     truncated: (B,) True where no EOS came before max_new_tokens.
     sampling_log_probs: (B, T) the engine's own log-probs of the sampled tokens, if it has them
-        (diagnostics only: old log-probs always come from the trainer's forward, ALGORITHMS.md §8).
+        (diagnostics only: old log-probs always come from the trainer's forward,
+        docs/algorithms.md#old-and-reference-log-probs).
     """
 
     prompt_ids: list[list[int]]
@@ -104,6 +105,38 @@ def lengths_from_eos(
     truncated = first == T
     lengths = torch.where(truncated, torch.full_like(first, T), first + 1)
     return lengths, truncated
+
+
+def left_pad(seqs: list[list[int]], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, P) ids and attention mask, prompts aligned to the right edge."""
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    for i, s in enumerate(seqs):
+        if s:
+            ids[i, width - len(s) :] = torch.tensor(s)
+            mask[i, width - len(s) :] = 1
+    return ids.to(device), mask.to(device)
+
+
+def dedupe(seqs: list[list[int]]) -> tuple[list[list[int]], list[int]]:
+    """The distinct sequences in order of first appearance, and the index of each input among
+    them: one prefill (or one training prompt pass) per distinct prompt."""
+    first_seen: dict[tuple[int, ...], int] = {}
+    index = [first_seen.setdefault(tuple(s), len(first_seen)) for s in seqs]
+    return [list(s) for s in first_seen], index
+
+
+def decode_completions(tokenizer, rollout: Rollout) -> list[str]:
+    """Response text without its EOS. Special tokens the task uses (<think>, <answer>) stay:
+    skip_special_tokens would drop them too, so only the trailing EOS is cut by length."""
+    out = []
+    for ids, n, trunc in zip(
+        rollout.completion_ids, rollout.lengths.tolist(), rollout.truncated.tolist()
+    ):
+        keep = n if trunc else n - 1
+        out.append(tokenizer.decode(ids[:keep].tolist(), skip_special_tokens=False))
+    return out
 
 
 def derive_seed(*parts: int | str) -> int:

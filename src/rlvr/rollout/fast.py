@@ -3,20 +3,19 @@
 What it saves over `model.generate` (the `hf` engine):
 
 - each distinct prompt is prefilled once (`generate` prefills every one of the B = U * G
-  rows); for the Llama family on CPU its KV rows are then kept once and read by all G samples
-  (`rlvr.cpu.prefix_attention`), elsewhere they are copied to the G samples;
-- for the Llama family on CPU, decoding steps run the layer math directly on fused packed
-  weights (`rlvr.cpu.lean`) instead of through the modules, with RoPE, the cache write,
-  the attention and RMSNorm as small C kernels built on first use (`rlvr.cpu.native`;
-  the torch code is the fallback and the reference they are tested against);
+  rows), and its KV rows are copied to the G samples;
 - the KV cache is preallocated (`StaticCache`: written in place, never grown by `torch.cat`);
 - the 2D attention mask is built once (prompt padding, then ones for every generation slot:
   the causal mask already hides the slots not yet written);
 - temperature, top-k and top-p are one small function on the logits, no processor list;
-- on CPU, the linear weights are packed once per rollout into oneDNN's blocked layout
-  (`rlvr.cpu.packed`), instead of being re-packed inside every decode-step matmul;
 - rows that emitted EOS are retired: once enough of the batch is finished, the cache, mask
   and positions are index-selected down to the live rows.
+
+On a model with fp32 weights on the CPU (the backend's gate, `rlvr.cpu.enabled`) the loop
+also takes the CPU backend's decoding paths (`rlvr.cpu.decoding`): weights packed once per
+rollout, each prompt's KV kept once and read by all G samples, the Llama family's lean
+decoding step with small C kernels, the C sampler. The torch code above is their fallback and
+the reference they are tested against.
 
 Positions and masks are the trainer's (`rlvr.train.batch`): left-padded prompt, position ids
 ``cumsum(attention_mask) - 1``, so `sampling_log_probs` (log-softmax of logits / temperature
@@ -31,18 +30,9 @@ import torch
 from transformers import DynamicCache, PreTrainedModel, StaticCache
 from transformers.cache_utils import StaticLayer
 
-from rlvr.cpu import native
-from rlvr.cpu.lean import LeanDecoder
-from rlvr.cpu.packed import packed_linears, packing_available
-from rlvr.cpu.prefix_attention import (
-    PrefixLayer,
-    PrefixLayout,
-    prefix_decoding,
-    supports_prefix_attention,
-)
+from rlvr import cpu
 from rlvr.models import cache_kwarg
-from rlvr.rollout.base import Rollout, SamplingParams, lengths_from_eos
-from rlvr.rollout.hf import left_pad
+from rlvr.rollout.base import Rollout, SamplingParams, dedupe, left_pad, lengths_from_eos
 
 
 def filter_logits(logits: torch.Tensor, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
@@ -79,11 +69,6 @@ def sample_tokens(
     `min_new_tokens`) can't be chosen. The returned log-prob is always the unfiltered one,
     as the trainer computes it.
     """
-    plain = not params.greedy and generators is None and params.top_p >= 1.0
-    if plain and not 0 < params.top_k < logits.shape[-1]:  # one C pass (rlvr.cpu.native)
-        drawn = native.sample(logits, params.temperature, suppress)
-        if drawn is not None:
-            return drawn
     scaled = logits.float() / params.temperature
     choice = scaled if suppress is None else scaled.index_fill(-1, suppress, float("-inf"))
     if params.greedy:
@@ -142,13 +127,14 @@ class _LiveLayer(StaticLayer):
 class FastEngine:
     """Samples on the live policy module with its own decoding loop (see the module doc).
 
-    `prefix_attention`: decode with each prompt's KV stored once per group, attended by all
-    its samples (`rlvr.cpu.prefix_attention`; supported model types, static cache, CPU).
-    `lean`: with prefix attention, decoding steps of the Llama family run
-    `rlvr.cpu.lean` (the layer math on packed fused weights) instead of the modules.
-    `pack_weights`: on CPU, multiply with oneDNN-packed copies of the linear weights while
-    sampling (`rlvr.cpu.packed`; float reassociation only, a large speed-up at decode
-    shapes); False keeps `F.linear` (and turns `lean` off).
+    `backend`: the CPU backend's gate for this model (`rlvr.cpu.backend`; by default decided
+    from the model here). Where it is on, three switches choose among its decoding paths:
+    `prefix_attention` decodes with each prompt's KV stored once per group, attended by all
+    its samples (`rlvr.cpu.prefix_attention`; Llama family, static cache); `lean` with prefix
+    attention runs the Llama family's decoding steps as `rlvr.cpu.lean` (the layer math on
+    packed fused weights) instead of the modules; `pack_weights` multiplies with
+    oneDNN-packed copies of the linear weights while sampling (`rlvr.cpu.packed`; float
+    reassociation only, a large speed-up at decode shapes), and False turns `lean` off too.
     `retire_fraction`: the live batch is compacted once at least this fraction of its rows
     has finished (each compaction copies the whole KV cache, so it is not done every step);
     None never compacts (the loop still stops when every row is done). `cache`: "static"
@@ -166,6 +152,7 @@ class FastEngine:
         pack_weights: bool = True,
         prefix_attention: bool = True,
         lean: bool = True,
+        backend: cpu.Backend | None = None,
     ):
         if cache not in ("static", "dynamic"):
             raise ValueError(f"cache must be 'static' or 'dynamic', not {cache!r}")
@@ -174,25 +161,11 @@ class FastEngine:
         self.pack_weights = pack_weights
         self.prefix_attention = prefix_attention
         self.lean = lean
+        self.backend = cpu.backend(model) if backend is None else backend
         self._cache_kw = cache_kwarg(model)
 
     def sync_weights(self) -> None:
         """The engine samples from the live policy module: nothing to copy."""
-
-    def _packs(self) -> bool:
-        device = next(self.model.parameters()).device
-        return self.pack_weights and device.type == "cpu" and packing_available()
-
-    def _packing(self, rows: int, compute_dtype, lean) -> contextlib.AbstractContextManager:
-        """Packed CPU weights for the modules' forwards in this rollout. Under bf16 autocast
-        (`model.autocast`) the matmuls run in bf16 from bf16 packed copies (`compute_dtype`)
-        while autocast is lifted for the rest (`generate`): measured, CPU attention in bf16 is
-        slower than in fp32, and casting the KV cache every step costs more again. In fp32
-        with a lean decoder the modules run only the prefill, which packing ~30 weights
-        (~10 ms) does not pay for."""
-        if not self._packs() or (lean is not None and compute_dtype is None):
-            return contextlib.nullcontext()
-        return packed_linears(self.model, rows, compute_dtype=compute_dtype)
 
     def _new_cache(self, max_len: int):
         config = self.model.config
@@ -221,19 +194,21 @@ class FastEngine:
     def generate(self, prompt_ids: list[list[int]], params: SamplingParams) -> Rollout:
         was_training = self.model.training
         self.model.eval()
-        bf16 = (
-            torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
+        plan = self.backend.decoding(
+            self.model,
+            pack_weights=self.pack_weights,
+            prefix_attention=self.prefix_attention,
+            lean=self.lean,
         )
-        compute_dtype = torch.bfloat16 if bf16 and self._packs() else None
         try:
             with contextlib.ExitStack() as stack:
-                if compute_dtype is not None:
+                if plan is not None and plan.compute_dtype is not None:  # see CpuDecoding
                     stack.enter_context(torch.autocast("cpu", enabled=False))
-                return self._generate(prompt_ids, params, compute_dtype)
+                return self._generate(prompt_ids, params, plan)
         finally:
             self.model.train(was_training)
 
-    def _generate(self, prompt_ids: list[list[int]], params: SamplingParams, compute_dtype):
+    def _generate(self, prompt_ids: list[list[int]], params: SamplingParams, plan):
         n, T = params.n, params.max_new_tokens
         rows = [p for p in prompt_ids for _ in range(n)]
         B = len(rows)
@@ -246,54 +221,39 @@ class FastEngine:
             return self._rollout(rows, empty, torch.zeros((B, T), device=device), 0, n)
 
         # Distinct prompts, prefilled once; `expand` maps each of the B rows to its prefill row.
-        first_seen: dict[tuple[int, ...], int] = {}
-        for p in prompt_ids:
-            first_seen.setdefault(tuple(p), len(first_seen))
-        unique = [list(p) for p in first_seen]
-        expand = torch.tensor(
-            [first_seen[tuple(p)] for p in prompt_ids for _ in range(n)], device=device
-        )
-
+        unique, index = dedupe(prompt_ids)
+        expand = torch.tensor(index, device=device).repeat_interleave(n)
         ids, prompt_mask = left_pad(unique, self.pad_id, device)
-        P = ids.shape[1]
-        cache = self._new_cache(P + T)
-        lean = None
-        if self._use_prefix(cache, device):
-            cache.layers = [PrefixLayer(T) for _ in cache.layers]
-            if self.lean and self._packs():
-                lean = LeanDecoder.build(self.model, B, compute_dtype)
-        with self._packing(B, compute_dtype, lean):
+        cache = self._new_cache(ids.shape[1] + T)
+        packing = contextlib.nullcontext()
+        if plan is not None:
+            plain = self.cache == "static" and all(type(x) is _LiveLayer for x in cache.layers)
+            packing = plan.prepare(cache, B, T, plain_layers=plain)
+        with packing:
             return self._prefill_and_decode(
-                ids, prompt_mask, expand, cache, lean, generators, params, rows
+                ids, prompt_mask, expand, cache, plan, generators, params, rows
             )
 
-    def _prefill_and_decode(self, ids, prompt_mask, expand, cache, lean, generators, params, rows):
+    def _prefill_and_decode(self, ids, prompt_mask, expand, cache, plan, generators, params, rows):
         # The trainer's positions: counting from each row's first real token.
         prefill_pos = (prompt_mask.cumsum(-1) - 1).clamp(min=0)
         logits = self._forward(ids, prompt_mask, prefill_pos, cache)
-        layout = None
-        if isinstance(cache.layers[0], PrefixLayer):  # prompts stay once per prefill row
-            layout = PrefixLayout.build(cache.layers, prompt_mask, expand)
-        else:  # copy each prompt's cache rows to its samples (index_select along the batch)
-            cache.reorder_cache(expand)
+        if plan is None or not plan.keep_prompts_once(cache, prompt_mask, expand):
+            cache.reorder_cache(expand)  # each prompt's cache rows copied to its samples
         logits = logits.index_select(0, expand)
-        with contextlib.ExitStack() as stack:
-            if layout is not None:
-                stack.enter_context(prefix_decoding(self.model, layout))
-            return self._decode(
-                logits, cache, layout, lean, prompt_mask, expand, generators, params, rows
-            )
+        with plan.attending() if plan is not None else contextlib.nullcontext():
+            return self._decode(logits, cache, plan, prompt_mask, expand, generators, params, rows)
 
-    def _use_prefix(self, cache, device) -> bool:
-        return (
-            self.prefix_attention
-            and self.cache == "static"
-            and device.type == "cpu"
-            and all(type(layer) is _LiveLayer for layer in cache.layers)  # plain full attention
-            and supports_prefix_attention(self.model)
-        )
+    def _sample(self, logits, params, suppress, generators, plan):
+        """The CPU backend's C sampler for plain temperature sampling, else `sample_tokens`."""
+        plain = not params.greedy and generators is None and params.top_p >= 1.0
+        if plan is not None and plain and not 0 < params.top_k < logits.shape[-1]:
+            drawn = plan.sample(logits, params.temperature, suppress)
+            if drawn is not None:
+                return drawn
+        return sample_tokens(logits, params, suppress, generators)
 
-    def _decode(self, logits, cache, layout, lean, prompt_mask, expand, generators, params, rows):
+    def _decode(self, logits, cache, plan, prompt_mask, expand, generators, params, rows):
         """The sampling loop after the prefill: one token per live row per step."""
         n, T = params.n, params.max_new_tokens
         B, P, device = len(rows), prompt_mask.shape[1], logits.device
@@ -303,6 +263,8 @@ class FastEngine:
         mask = torch.ones((B, P + T), dtype=prompt_mask.dtype, device=device)
         mask[:, :P] = prompt_mask.index_select(0, expand)
         next_pos = prompt_mask.sum(-1).index_select(0, expand)  # position of the 1st new token
+        # Prefix attention masks the prompts' padding itself and needs no mask.
+        masked = plan is None or plan.layout is None
 
         row_ids = torch.arange(B, device=device)  # live batch row -> output row
         alive = torch.ones(B, dtype=torch.bool, device=device)
@@ -312,7 +274,7 @@ class FastEngine:
         for t in range(T):
             suppress = eos_in_vocab if t < params.min_new_tokens else None
             live_gens = None if generators is None else [generators[i] for i in row_ids.tolist()]
-            tokens, lp = sample_tokens(logits, params, suppress, live_gens)
+            tokens, lp = self._sample(logits, params, suppress, live_gens, plan)
             # Finished rows still in the batch write padding (and log-prob 0) after their EOS.
             completion[row_ids, t] = torch.where(alive, tokens, self.pad_id)
             log_probs[row_ids, t] = torch.where(alive, lp, 0.0)
@@ -325,16 +287,13 @@ class FastEngine:
             if self.retire_fraction is not None and live - n_alive >= self.retire_fraction * live:
                 keep = alive.nonzero().squeeze(1)
                 cache.reorder_cache(keep)
-                if layout is not None:
-                    layout.select(keep)
+                if plan is not None:
+                    plan.retire(keep)
                 row_ids, alive, tokens = row_ids[keep], alive[keep], tokens[keep]
                 mask, next_pos = mask[keep], next_pos[keep]
-            # The mask of the tokens seen so far (a view): a layer that holds more slots pads it.
-            # Prefix attention masks the prompts' padding itself and needs no mask.
-            step_mask = None if layout is not None else mask[:, : P + t + 1]
-            if lean is not None:
-                logits = lean.step(tokens, next_pos + t, cache)
-            else:
+            logits = None if plan is None else plan.step(tokens, next_pos + t, cache)
+            if logits is None:  # the modules; the mask of the tokens seen so far (a view)
+                step_mask = mask[:, : P + t + 1] if masked else None
                 logits = self._forward(tokens[:, None], step_mask, (next_pos + t)[:, None], cache)
 
         return self._rollout(rows, completion, log_probs, steps, n)

@@ -7,7 +7,7 @@ from dataclasses import replace
 import torch
 from transformers import GenerationConfig, PreTrainedModel
 
-from rlvr.rollout.base import Rollout, SamplingParams, lengths_from_eos
+from rlvr.rollout.base import Rollout, SamplingParams, left_pad, lengths_from_eos
 
 # Values `generate` would otherwise fill from the model's own generation_config.json (a hub
 # model may ship repetition_penalty 1.05, top_k 20, ...). They would change the sampling
@@ -26,18 +26,6 @@ _NEUTRAL = dict(
     forced_bos_token_id=None,
     num_beams=1,
 )
-
-
-def left_pad(seqs: list[list[int]], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """(B, P) ids and attention mask, prompts aligned to the right edge."""
-    width = max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(seqs), width), dtype=torch.long)
-    for i, s in enumerate(seqs):
-        if s:
-            ids[i, width - len(s) :] = torch.tensor(s)
-            mask[i, width - len(s) :] = 1
-    return ids.to(device), mask.to(device)
 
 
 class HFEngine:

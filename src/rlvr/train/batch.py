@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from transformers import DynamicCache
 
 from rlvr.models import cache_kwarg, unwrap_model
-from rlvr.rollout.hf import left_pad
+from rlvr.rollout.base import dedupe, left_pad
 
 
 @dataclass
@@ -91,7 +91,7 @@ def token_log_probs(
     """log pi(o_t | q, o_<t) of each completion token, (B, T) in fp32, and optionally the
     policy's token entropy (no grad). Logits at position t predict token t+1, so the T
     completion tokens are scored by the logits at positions P-1 .. P+T-2. The sampling
-    temperature is applied before the log-softmax (ALGORITHMS.md §8)."""
+    temperature is applied before the log-softmax (docs/algorithms.md#notation-and-conventions)."""
     T = mb.response_mask.shape[1]
     out = model(
         input_ids=mb.input_ids,
@@ -138,13 +138,10 @@ class SharedMicroBatch:
 def collate_shared(
     samples: list[Sample], pad_id: int, device: torch.device | str
 ) -> SharedMicroBatch:
-    first_seen: dict[tuple[int, ...], int] = {}
-    for s in samples:
-        first_seen.setdefault(tuple(s.prompt_ids), len(first_seen))
-    prompts = list(first_seen)
+    prompts, index = dedupe([s.prompt_ids for s in samples])
     T = max(max(len(s.completion_ids) for s in samples), 1)
     B = len(samples)
-    p_ids, p_mask = left_pad([list(p) for p in prompts], pad_id, "cpu")
+    p_ids, p_mask = left_pad(prompts, pad_id, "cpu")
     c_ids = torch.full((B, T), pad_id, dtype=torch.long)
     for i, s in enumerate(samples):
         c_ids[i, : len(s.completion_ids)] = torch.tensor(s.completion_ids, dtype=torch.long)
@@ -154,7 +151,7 @@ def collate_shared(
         prompt_ids=p_ids.to(device),
         prompt_mask=p_mask.to(device),
         prompt_lengths=torch.tensor([len(p) for p in prompts]).to(device),
-        expand=torch.tensor([first_seen[tuple(s.prompt_ids)] for s in samples]).to(device),
+        expand=torch.tensor(index).to(device),
         completion_ids=c_ids.to(device),
         response_mask=mask.to(device),
         advantages=torch.tensor([s.advantage for s in samples], dtype=torch.float32, device=device),

@@ -1,4 +1,5 @@
-"""Collection: prompts -> G responses each -> scores -> kept groups (ALGORITHMS.md §5.3).
+"""Collection: prompts -> G responses each -> scores -> kept groups
+(docs/algorithms.md#dynamic-sampling).
 
 Under data parallelism every rank draws the same prompt batch and generates for its own
 contiguous share of it (whole groups); the correctness of every group is gathered so that
@@ -19,10 +20,9 @@ from rlvr.algos import DynamicSamplingBuffer, keep_groups, refill_size
 from rlvr.config import Config
 from rlvr.prompts import Prompt
 from rlvr.rewards.scoring import Scorer, Scores
-from rlvr.rollout import Rollout, RolloutEngine, SamplingParams, derive_seed
+from rlvr.rollout import Rollout, RolloutEngine, SamplingParams, decode_completions, derive_seed
 from rlvr.run.distributed import Dist
 from rlvr.train.batch import Sample
-from rlvr.train.evaluation import decode_completions
 
 
 class PromptSampler:
@@ -150,7 +150,8 @@ def collect(
     sampler: PromptSampler,
     d: Dist | None = None,
 ) -> Collected:
-    """Generate and score until `prompts_per_step` groups are in hand (ALGORITHMS.md §5.3)."""
+    """Generate and score until `prompts_per_step` groups are in hand
+    (docs/algorithms.md#dynamic-sampling)."""
     d = d or Dist()
     r, G, target = cfg.rollout, cfg.rollout.group_size, cfg.rollout.prompts_per_step
     per_prompt_seeds = r.seed_per_prompt or d.enabled

@@ -6,22 +6,26 @@ from dataclasses import replace
 
 import torch
 
+from rlvr.config import Config
 from rlvr.prompts import Prompt
 from rlvr.rewards.scoring import Scorer
-from rlvr.rollout import Rollout, RolloutEngine, SamplingParams, derive_seed
+from rlvr.rollout import RolloutEngine, SamplingParams, decode_completions, derive_seed
 from rlvr.run.distributed import Dist
 
 
-def decode_completions(tokenizer, rollout: Rollout) -> list[str]:
-    """Response text without its EOS. Special tokens the task uses (<think>, <answer>) stay:
-    skip_special_tokens would drop them too, so only the trailing EOS is cut by length."""
-    out = []
-    for ids, n, trunc in zip(
-        rollout.completion_ids, rollout.lengths.tolist(), rollout.truncated.tolist()
-    ):
-        keep = n if trunc else n - 1
-        out.append(tokenizer.decode(ids[:keep].tolist(), skip_special_tokens=False))
-    return out
+def eval_params(cfg: Config, *, greedy: bool = False, n: int | None = None) -> SamplingParams:
+    """The held-out evaluation's sampling: the rollout's settings, `train.eval_samples`
+    answers per prompt (or `n`), greedy when asked."""
+    r = cfg.rollout
+    return SamplingParams(
+        n=n or cfg.train.eval_samples,
+        max_new_tokens=r.max_new_tokens,
+        temperature=r.temperature,
+        top_p=r.top_p,
+        top_k=r.top_k,
+        seed=derive_seed("eval"),
+        greedy=greedy,
+    )
 
 
 @torch.no_grad()

@@ -15,7 +15,6 @@ from pathlib import Path
 import torch
 
 from rlvr.config import Config, ConfigError
-from rlvr.cpu.fused import pack_frozen_linears
 from rlvr.models import load_model
 
 
@@ -110,7 +109,6 @@ def load_policy(
     if cfg.algo.kl_coef > 0:  # the reference is the starting policy, frozen
         ref = load(m.name_or_path, dtype=m.dtype, device=device).eval()
         ref.requires_grad_(False)
-        pack_frozen_linears(ref)  # CPU fp32: its matmuls on weights packed once for the run
     return Policy(model.eval(), ref)
 
 

@@ -1,4 +1,4 @@
-"""The GRPO / DAPO training loop (ALGORITHMS.md §3.6 and §5), top to bottom.
+"""The GRPO / DAPO training loop (docs/algorithms.md#one-training-step), top to bottom.
 
     for step:
         collect:   sample prompts, G responses each (pi_old = the current policy), score them;
@@ -27,13 +27,12 @@ from pathlib import Path
 import torch
 from rich.console import Console
 
+from rlvr import cpu
 from rlvr.config import Config, ConfigError, to_dict
-from rlvr.cpu import native
-from rlvr.cpu.allocator import keep_freed_memory
-from rlvr.models import autocast, load_tokenizer
+from rlvr.models import autocast, eos_ids, load_tokenizer
 from rlvr.prompts import PromptSource, load_prompts
 from rlvr.rewards.scoring import Scorer
-from rlvr.rollout import ENGINES, SamplingParams, derive_seed
+from rlvr.rollout import ENGINES
 from rlvr.run.checkpoint import (
     load_trainer_state,
     resume_checkpoint,
@@ -54,22 +53,9 @@ from rlvr.run.metrics import NullLogger, RunLogger
 from rlvr.run.rundir import prepare_run_dir, truncate_jsonl, unlock_run_dir
 from rlvr.run.signals import StopSignal
 from rlvr.train.collect import PromptSampler, collect
-from rlvr.train.evaluation import evaluate
+from rlvr.train.evaluation import eval_params, evaluate
 from rlvr.train.policy import Policy, load_policy
 from rlvr.train.update import assign_advantages, fill_log_probs, policy_update
-
-
-def eval_params(cfg: Config, *, greedy: bool = False, n: int | None = None) -> SamplingParams:
-    r = cfg.rollout
-    return SamplingParams(
-        n=n or cfg.train.eval_samples,
-        max_new_tokens=r.max_new_tokens,
-        temperature=r.temperature,
-        top_p=r.top_p,
-        top_k=r.top_k,
-        seed=derive_seed("eval"),
-        greedy=greedy,
-    )
 
 
 @dataclass(frozen=True)
@@ -101,6 +87,7 @@ class Run:
     sampler: PromptSampler
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
+    backend: cpu.Backend  # the CPU backend's gate, decided once for the run
 
     def evaluate(self) -> dict[str, float]:
         with gathered(self.policy.model), autocast(self.cfg.model.autocast, self.device):
@@ -151,10 +138,12 @@ def run_step(step: int, run: Run) -> tuple[dict[str, float], list[dict]]:
         assign_advantages(samples, cfg)
         t0 = time.perf_counter()
         if samples and (cfg.algo.mu > 1 or cfg.algo.mini_batches > 1):
-            fill_log_probs(model, samples, cfg, pad_id, device, "old_log_probs")
+            fill_log_probs(model, samples, cfg, pad_id, device, "old_log_probs", run.backend)
         if samples and cfg.algo.kl_coef > 0:
             with run.policy.reference() as reference:
-                fill_log_probs(reference, samples, cfg, pad_id, device, "ref_log_probs")
+                fill_log_probs(
+                    reference, samples, cfg, pad_id, device, "ref_log_probs", run.backend
+                )
         t1 = time.perf_counter()
     metrics = dict(got.metrics)
     if got.groups:
@@ -169,6 +158,7 @@ def run_step(step: int, run: Run) -> tuple[dict[str, float], list[dict]]:
                 device,
                 d=run.d,
                 module=run.module,
+                backend=run.backend,
             )
         )
         run.engine.sync_weights()
@@ -188,15 +178,6 @@ def resolve_device(name: str) -> torch.device:
     if name.startswith("cuda") and not torch.cuda.is_available():
         raise ConfigError(f"model.device: {name!r} asked for, but no CUDA device is available")
     return torch.device(name)
-
-
-def eos_ids(tokenizer, model) -> list[int]:
-    """EOS ids from the tokenizer and the model's generation config (chat models often have
-    two, e.g. Qwen2.5's <|im_end|> and <|endoftext|>)."""
-    ids = {tokenizer.eos_token_id}
-    gen_eos = getattr(model.generation_config, "eos_token_id", None)
-    ids.update(gen_eos if isinstance(gen_eos, list) else [gen_eos])
-    return sorted(i for i in ids if i is not None)
 
 
 def setup(
@@ -225,6 +206,7 @@ def setup(
     tokenizer = given.tokenizer or load_tokenizer(cfg.model.name_or_path)
     policy = load_policy(cfg, checkpoint, device, model=given.model)
     model = policy.model
+    backend = _cpu_backend(policy)
     source = load_prompts(cfg, tokenizer, getattr(model.config, "max_position_embeddings", None))
     module = wrap(model, d, device, cfg.train.parallel)  # before the optimiser: FSDP2 shards
     o = cfg.optim
@@ -235,15 +217,16 @@ def setup(
         betas=(o.beta1, o.beta2),
         weight_decay=o.weight_decay,
         # One kernel for all parameters instead of ~10 ops per tensor (CPU and CUDA):
-        # measured 8 ms -> 2 ms per step on issue 5's 4.3M-parameter model.
+        # measured 8 ms -> 2 ms per step on bench/vs_trl.py's 4.3M-parameter model.
         fused=all(p.device.type in ("cpu", "cuda") and p.is_floating_point() for p in trainable),
     )
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: min(1.0, (s + 1) / o.warmup_steps) if o.warmup_steps else 1.0
     )
+    engine_kw = {"backend": backend} if cfg.rollout.engine == "fast" else {}
     try:
         engine = ENGINES[cfg.rollout.engine](
-            model, pad_id=tokenizer.pad_token_id, eos_ids=eos_ids(tokenizer, model)
+            model, pad_id=tokenizer.pad_token_id, eos_ids=eos_ids(tokenizer, model), **engine_kw
         )
     except RuntimeError as e:  # e.g. vllm without a GPU
         raise ConfigError(f"rollout.engine: {e}") from None
@@ -261,6 +244,7 @@ def setup(
         sampler=PromptSampler(len(source.train), cfg.train.seed),
         optimizer=optimizer,
         scheduler=scheduler,
+        backend=backend,
     )
     if checkpoint is None:
         return run, None
@@ -274,6 +258,16 @@ def setup(
             truncate_jsonl(run_dir / name, state["step"])
         console.print(f"resuming {run_dir} from {checkpoint.name} (step {state['step']})")
     return run, {"step": state["step"], "eval_before": state["eval_before"], "path": checkpoint}
+
+
+def _cpu_backend(policy: Policy) -> cpu.Backend:
+    """The CPU backend's gate for the run (`rlvr.cpu.enabled`: fp32 weights on the CPU), and
+    what it sets up once: malloc tuning, the frozen reference's packed weights."""
+    backend = cpu.backend(policy.model)
+    backend.tune_malloc()
+    if policy.reference_copy is not None:
+        backend.pack_frozen(policy.reference_copy)
+    return backend
 
 
 def _quiet(*_args) -> None:
@@ -301,7 +295,6 @@ def train(
     caller that ends the process with `os._exit` (see `distributed.shutdown`)."""
     console = console or Console(stderr=True, soft_wrap=True)
     t_start = time.time()
-    keep_freed_memory()  # glibc keeps freed buffers for the next step (rlvr.cpu.allocator)
     run = None
     try:
         run, resumed = setup(cfg, resume_dir, console, given)
@@ -386,9 +379,9 @@ def _train(
             "world_size": d.world_size,
             "parallel": cfg.train.parallel if d.enabled else "none",
             "engine": cfg.rollout.engine,
-            # whether the fast engine's C kernels ran, or why not (rlvr.cpu.native)
-            "native_kernels": native.status() if cfg.rollout.engine == "fast" else "unused",
-            "malloc_tuning": keep_freed_memory(),  # rlvr.cpu.allocator: "on" or why not
+            # the CPU backend (rlvr.cpu): whether its C kernels ran, or why not
+            "native_kernels": run.backend.kernels(),
+            "malloc_tuning": run.backend.tune_malloc(),
             "wall_time_s": time.time() - t_start,
         }
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))

@@ -7,9 +7,9 @@ import math
 
 import torch
 
+from rlvr import cpu
 from rlvr.algos import ADVANTAGES, group_advantages, policy_loss
 from rlvr.config import Config
-from rlvr.cpu.fused import fused_ops
 from rlvr.models import autocast
 from rlvr.run.distributed import Dist, is_sharded
 from rlvr.train.batch import (
@@ -38,7 +38,7 @@ def assign_advantages(samples: list[Sample], cfg: Config) -> None:
 
 def _valid_tokens(s: Sample, cfg: Config) -> int:
     """Tokens of a response that enter the loss: none for a truncated one under overlong
-    filtering (it leaves the normaliser too, ALGORITHMS.md §5.5)."""
+    filtering (it leaves the normaliser too, docs/algorithms.md#overlong-filtering)."""
     return 0 if (cfg.algo.overlong_filter and s.truncated) else len(s.completion_ids)
 
 
@@ -77,26 +77,28 @@ def _share(cfg: Config, model) -> bool:
     return o.share_prompt and not o.gradient_checkpointing and not is_sharded(model)
 
 
-def _log_probs(model, micro: list[Sample], cfg: Config, pad_id: int, device, **kw):
+def _log_probs(model, micro: list[Sample], cfg: Config, pad_id: int, device, backend, **kw):
     """The micro-batch collated, and its token log-probs (shared prompts or not)."""
     share = _share(cfg, model)
     mb = (collate_shared if share else collate)(micro, pad_id, device)
     score = shared_token_log_probs if share else token_log_probs
-    # Native RMSNorm / SiLU-gate passes (rlvr.cpu.fused). Not under gradient checkpointing: its
-    # recomputation runs in the backward, after this block, with the modules' own forwards.
-    fused = contextlib.nullcontext() if cfg.optim.gradient_checkpointing else fused_ops(model)
-    with autocast(cfg.model.autocast, device), fused:
+    # The CPU backend's native passes (rlvr.cpu.fused), where its gate is on. Not under
+    # gradient checkpointing: its recomputation runs in the backward, after this block, with
+    # the modules' own forwards.
+    backend = cpu.OFF if cfg.optim.gradient_checkpointing else backend
+    with autocast(cfg.model.autocast, device), backend.training_ops(model):
         return mb, score(model, mb, temperature=cfg.rollout.temperature, **kw)
 
 
 @torch.no_grad()
 def fill_log_probs(
-    model, samples: list[Sample], cfg: Config, pad_id: int, device, attr: str
+    model, samples: list[Sample], cfg: Config, pad_id: int, device, attr: str, backend=None
 ) -> None:
     """Store per-sample log-probs under the given weights (old policy or reference)."""
     o = cfg.optim
+    backend = cpu.backend(model) if backend is None else backend
     for micro in _micro_batches(samples, o.micro_batch_sequences, _share(cfg, model)):
-        _, (lp, _) = _log_probs(model, micro, cfg, pad_id, device)
+        _, (lp, _) = _log_probs(model, micro, cfg, pad_id, device, backend)
         for s, row in zip(micro, lp.cpu()):
             setattr(s, attr, row[: len(s.completion_ids)].clone())
 
@@ -122,18 +124,23 @@ def _micro_loss(
     device,
     num_tokens: float,
     num_sequences: float,
+    backend: cpu.Backend | None = None,
 ):
     """The loss of one micro-batch (normalised by the step's global counts), its number of
     loss tokens, and the policy entropy summed over its generated tokens (and their count)."""
     a = cfg.algo
-    mb, (log_probs, entropy) = _log_probs(module, micro, cfg, pad_id, device, with_entropy=True)
+    backend = cpu.backend(module) if backend is None else backend
+    mb, (log_probs, entropy) = _log_probs(
+        module, micro, cfg, pad_id, device, backend, with_entropy=True
+    )
     real = torch.tensor([s.group >= 0 for s in micro], dtype=torch.float32, device=device)
     kept = torch.tensor(
         [_valid_tokens(s, cfg) > 0 for s in micro], dtype=torch.float32, device=device
     )
     mask = mb.response_mask * (real * kept)[:, None]  # dummies and filtered rows: no loss
     # With mu = 1 and one mini-batch pi_old is the live policy: rho = 1 exactly
-    # (ALGORITHMS.md §3.5), and the detached log-probs save a forward pass.
+    # (docs/algorithms.md#old-and-reference-log-probs), and the detached log-probs save a
+    # forward pass.
     old = mb.old_log_probs if mb.old_log_probs is not None else log_probs.detach()
     out = policy_loss(
         log_probs,
@@ -168,24 +175,29 @@ def policy_update(
     *,
     d: Dist | None = None,
     module=None,
+    backend: cpu.Backend | None = None,
 ) -> dict[str, float]:
     """mu passes x mini-batches x micro-batches; one optimiser step per mini-batch.
 
     `batch`: this rank's samples, or the step's groups in global order with None for groups
     of other ranks. `module`: what the training forward runs through (DDP-wrapped model).
+    `backend`: the CPU backend's gate (by default decided from `model`).
 
     The module is in training mode for the loss forwards (dropout and LoRA dropout act,
     gradient checkpointing recomputes), and back in eval mode after."""
     module = module if module is not None else model
+    backend = cpu.backend(model) if backend is None else backend
     was_training = module.training
     module.train()
     try:
-        return _policy_update(model, batch, cfg, optimizer, scheduler, pad_id, device, d, module)
+        return _policy_update(
+            model, batch, cfg, optimizer, scheduler, pad_id, device, d, module, backend
+        )
     finally:
         module.train(was_training)
 
 
-def _policy_update(model, batch, cfg, optimizer, scheduler, pad_id, device, d, module):
+def _policy_update(model, batch, cfg, optimizer, scheduler, pad_id, device, d, module, backend):
     a, d = cfg.algo, d or Dist()
     groups = _as_groups(batch, cfg.rollout.group_size)
     per_mini = max(1, math.ceil(len(groups) / a.mini_batches))
@@ -216,7 +228,7 @@ def _policy_update(model, batch, cfg, optimizer, scheduler, pad_id, device, d, m
                 sync = module.no_sync() if ddp_accumulate else contextlib.nullcontext()
                 with sync:
                     out, n_local, ent_sum, ent_n = _micro_loss(
-                        module, micro, cfg, pad_id, device, num_tokens, num_sequences
+                        module, micro, cfg, pad_id, device, num_tokens, num_sequences, backend
                     )
                     # The loss is already normalised by global counts: undo DDP's averaging.
                     (out.loss * d.world_size).backward()
