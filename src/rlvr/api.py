@@ -1,0 +1,457 @@
+"""The Python API: `rlvr.train(...)` and `rlvr.Trainer`, shaped after TRL's GRPOTrainer.
+
+    result = rlvr.train(model="rlvr-tiny", reward_funcs=[my_reward], train_dataset=rows,
+                        config={"train.max_steps": 30})
+    result.run_dir, result.summary, result.metrics, result.model
+
+Everything becomes an ordinary run: the arguments are layered onto the config exactly as the
+CLI's are (defaults -> preset -> built-in model sizes -> `config` -> these arguments), so the
+same validation and named errors apply, and the run directory is the CLI's. In-memory datasets
+are written into the run directory (`data/train.jsonl`, `data/eval.jsonl`) and loaded from
+there as a file would be, so their rows are checked the same way and the run resumes without
+them. Reward functions: the first one is the accuracy reward (dynamic sampling and the
+accuracy metrics read it: a score above `reward.correct_threshold`, default 0, is correct);
+the others are added to the total with their weights. A function defined in an importable
+module is recorded in config.yaml as "module:function", so `rlvr train --resume` can load it;
+one defined in a script is recorded by name and resumes through this API.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import json
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rlvr.config import Config, ConfigError, load_config, to_dict
+from rlvr.data import DatasetError
+
+# Keys a resumed run may change: none of them changes the math of the steps still to come.
+RESUME_SAFE = {
+    ("train", "max_steps"),
+    ("train", "save_every"),
+    ("train", "keep_checkpoints"),
+    ("train", "log_samples"),
+    ("train", "threads"),
+    ("train", "eval_every"),
+}
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    """run_dir: the run directory; summary: summary.json (empty when a signal stopped the
+    run before its end); metrics: metrics.jsonl, one dict per step; model: the trained policy
+    (the model object passed in, trained in place, or the final checkpoint loaded)."""
+
+    run_dir: Path
+    summary: dict[str, Any]
+    metrics: list[dict[str, Any]]
+    model: Any
+
+
+def _overrides(config: Config | Mapping[str, Any] | None) -> dict[str, dict[str, Any]]:
+    """`config` as nested {section: {key: value}}: dotted keys, nested dicts, or a Config."""
+    if config is None:
+        return {}
+    if isinstance(config, Config):
+        return {**to_dict(config), "preset": config.preset}
+    if not isinstance(config, Mapping):
+        raise ConfigError(f"config: expected a dict or a Config, got {type(config).__name__}")
+    out: dict[str, Any] = {}
+    for key, value in config.items():
+        if key == "preset":
+            out["preset"] = value
+        elif "." in key:
+            section, name = key.split(".", 1)
+            out.setdefault(section, {})[name] = value
+        elif isinstance(value, Mapping):
+            out.setdefault(key, {}).update(value)
+        else:
+            raise ConfigError(f"config: {key!r} is neither 'section.key' nor a section mapping")
+    return out
+
+
+def _importable(fn: Callable) -> str | None:
+    """ "module:qualname" when importing it gives back `fn` (so a CLI resume can load it)."""
+    module, name = getattr(fn, "__module__", None), getattr(fn, "__qualname__", "")
+    if not module or module == "__main__" or "<" in name:
+        return None
+    try:
+        obj = importlib.import_module(module)
+        for part in name.split("."):
+            obj = getattr(obj, part)
+    except (ImportError, AttributeError):
+        return None
+    return f"{module}:{name}" if obj is fn else None
+
+
+def _reward_names(funcs: Sequence[str | Callable]) -> tuple[list[str], dict[str, Callable]]:
+    """Each reward's name in the config, and the callables by those names."""
+    from rlvr.rewards import FACTORIES
+
+    names: list[str] = []
+    functions: dict[str, Callable] = {}
+    for fn in funcs:
+        if isinstance(fn, str):
+            names.append(_absolute_spec(fn))
+            continue
+        if not callable(fn):
+            raise ConfigError(f"reward_funcs: {fn!r} is neither a reward name nor callable")
+        name = _importable(fn)
+        if name is None:
+            base = getattr(fn, "__name__", None) or getattr(
+                getattr(fn, "func", None), "__name__", type(fn).__name__
+            )
+            base = re.sub(r"\W", "_", base) or "reward"
+            name, n = base, 1
+            while name in FACTORIES or name in names or name in ("accuracy", "task"):
+                n += 1
+                name = f"{base}_{n}"
+        names.append(name)
+        functions[name] = fn
+    return names, functions
+
+
+def _reward_changes(
+    funcs: Sequence[str | Callable] | str | Callable, weights: Sequence[float] | None
+) -> tuple[dict[str, Any], dict[str, Callable]]:
+    funcs = [funcs] if isinstance(funcs, str) or callable(funcs) else list(funcs)
+    if not funcs:
+        raise ConfigError("reward_funcs: empty; give at least one reward function or name")
+    weights = [1.0] * len(funcs) if weights is None else list(weights)
+    if len(weights) != len(funcs):
+        raise ConfigError(f"reward_weights: {len(weights)} weights for {len(funcs)} reward_funcs")
+    names, functions = _reward_names(funcs)
+    extra = [f"{name}={float(w)!r}" for name, w in zip(names[1:], weights[1:])]
+    changes = {"accuracy": names[0], "accuracy_weight": float(weights[0]), "extra": extra}
+    return changes, functions
+
+
+def _absolute_spec(spec: str) -> str:
+    """A reward named by file ("path/f.py:fn") with the path made absolute; others as given."""
+    target, sep, attr = spec.rpartition(":")
+    if sep and (target.endswith(".py") or "/" in target) and Path(target).expanduser().exists():
+        return f"{Path(target).expanduser().resolve()}:{attr}"
+    return spec
+
+
+def resolve_paths(cfg: Config) -> Config:
+    """`cfg` with every local path absolute (data files, a local model directory, the run
+    directory, reward files), so the run's config.yaml resumes from any directory."""
+
+    def local(value: str | None) -> str | None:
+        if value is None:
+            return None
+        path = Path(value).expanduser()
+        return str(path.resolve()) if path.exists() else value
+
+    d, m, r, t = cfg.data, cfg.model, cfg.reward, cfg.train
+    extra = tuple(f"{_absolute_spec(name)}={w}" for name, w in (e.rsplit("=", 1) for e in r.extra))
+    params = {_absolute_spec(k): v for k, v in r.params.items()}
+    accuracy = r.accuracy if r.accuracy == "task" else _absolute_spec(r.accuracy)
+    output = str(Path(t.output_dir).expanduser().resolve()) if t.output_dir else None
+    return dataclasses.replace(
+        cfg,
+        data=dataclasses.replace(d, path=local(d.path), eval_path=local(d.eval_path)),
+        model=dataclasses.replace(m, name_or_path=local(m.name_or_path)),
+        reward=dataclasses.replace(r, accuracy=accuracy, extra=extra, params=params),
+        train=dataclasses.replace(t, output_dir=output),
+    )
+
+
+def _jsonable(value: Any) -> Any:
+    if hasattr(value, "tolist"):  # numpy scalars and arrays, tensors
+        return value.tolist()
+    raise TypeError(f"a {type(value).__name__} value cannot be stored as JSON")
+
+
+def _rows_text(rows: Iterable, name: str) -> str:
+    """The dataset as jsonl text; a row that is not a dict of JSON values names its index."""
+    if hasattr(rows, "to_list") and callable(rows.to_list):  # a datasets.Dataset
+        rows = rows.to_list()
+    lines = []
+    for i, row in enumerate(rows):
+        if not isinstance(row, Mapping):
+            raise DatasetError(f"{name}[{i}]", None, f"expected a dict, got {type(row).__name__}")
+        try:
+            lines.append(json.dumps(dict(row), default=_jsonable, ensure_ascii=False))
+        except (TypeError, ValueError) as e:
+            raise DatasetError(f"{name}[{i}]", None, f"{e} (rows must hold JSON values)") from None
+    if not lines:
+        raise DatasetError(name, None, "no rows")
+    return "".join(line + "\n" for line in lines)
+
+
+def _dataset_path(data: Any, run_dir: Path, stem: str, resume: bool) -> str:
+    """A path for `data`: a file or directory as given, else jsonl written to the run dir."""
+    if isinstance(data, (str, Path)):
+        path = Path(data).expanduser()
+        if not path.exists():
+            raise ConfigError(f"{stem}_dataset: {data} does not exist")
+        return str(path.resolve())
+    text = _rows_text(data, f"{stem}_dataset")
+    path = run_dir / "data" / f"{stem}.jsonl"
+    if resume and path.exists():
+        if path.read_text(encoding="utf-8") != text:
+            raise ConfigError(
+                f"{stem}_dataset: differs from the rows the run in {run_dir} started with "
+                f"({path}); a resumed run trains on the same data"
+            )
+        return str(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+    return str(path)
+
+
+def _check_rows(cfg: Config, stem: str) -> None:
+    """Load a written dataset as the trainer will, naming a bad row by its index."""
+    from rlvr.data import load_prompt_dataset
+    from rlvr.prompts import check_columns
+
+    path = cfg.data.path if stem == "train" else cfg.data.eval_path
+    d = cfg.data
+    try:
+        for ex in load_prompt_dataset(
+            path, preset=d.preset, prompt_field=d.prompt_field, answer_field=d.answer_field
+        ):
+            check_columns(ex)
+    except DatasetError as e:
+        prefix = f"{e.where}, field {e.field!r}" if e.field else e.where
+        line = int(e.where.rsplit(":", 1)[1]) if ":" in e.where else 1
+        where = f"{stem}_dataset[{line - 1}]"
+        raise DatasetError(where, e.field, str(e)[len(prefix) + 2 :]) from None
+
+
+def _stored_config(run_dir: Path) -> Config:
+    path = run_dir / "config.yaml"
+    if not path.is_file():
+        raise ConfigError(f"resume: {run_dir} holds no config.yaml (not a run directory)")
+    return load_config(path)
+
+
+def check_resume_changes(stored: Config, new: Config) -> None:
+    """Refuse a resumed run whose config differs from the stored one in a key that changes
+    the math (everything but RESUME_SAFE), naming the keys."""
+    a, b = to_dict(stored), to_dict(new)
+    bad = [
+        f"{s}.{k}"
+        for s in b
+        if isinstance(b[s], dict)
+        for k in b[s]
+        if (s, k) not in RESUME_SAFE and (s, k) != ("train", "output_dir") and a[s][k] != b[s][k]
+    ]
+    if a["preset"] != b["preset"]:
+        bad.insert(0, "preset")
+    if bad:
+        raise ConfigError(
+            f"resume: cannot change {', '.join(bad)} (it would change the run's math); "
+            f"allowed: {', '.join(f'{s}.{k}' for s, k in sorted(RESUME_SAFE))}"
+        )
+
+
+class Trainer:
+    """The run `rlvr.train` starts, as an object: build it, then `.train()`.
+    Arguments as for `rlvr.train` (see its docstring)."""
+
+    def __init__(
+        self,
+        model: Any = "rlvr-tiny",
+        reward_funcs: Sequence[str | Callable] | str | Callable | None = None,
+        reward_weights: Sequence[float] | None = None,
+        train_dataset: Any = None,
+        eval_dataset: Any = None,
+        preset: str = "dapo",
+        config: Config | Mapping[str, Any] | None = None,
+        callbacks: Sequence[Callable] = (),
+        output_dir: str | Path | None = None,
+        tokenizer: Any = None,
+        *,
+        show_progress: bool = True,
+    ):
+        self.model_arg, self.tokenizer = model, tokenizer
+        self.reward_funcs, self.reward_weights = reward_funcs, reward_weights
+        self.train_dataset, self.eval_dataset = train_dataset, eval_dataset
+        self.preset, self.config_arg = preset, config
+        self.callbacks = tuple(callbacks or ())
+        for cb in self.callbacks:
+            if not callable(cb):
+                raise ConfigError(f"callbacks: {cb!r} is not callable (expected fn(step, metrics))")
+        self.output_dir, self.show_progress = output_dir, show_progress
+        self.functions: dict[str, Callable] = {}
+        self.changes = self._changes()  # checks the arguments before any work
+        self.config: Config | None = None
+
+    def _changes(self) -> dict[str, dict[str, Any]]:
+        changes = _overrides(self.config_arg)
+        model = self.model_arg
+        if isinstance(model, (str, Path)):
+            changes.setdefault("model", {})["name_or_path"] = str(model)
+        elif model is not None:
+            if not hasattr(model, "forward"):
+                raise ConfigError(f"model: expected a name, a path or a model, got {model!r}")
+            name = getattr(model, "name_or_path", "") or type(model).__name__
+            section = changes.setdefault("model", {})
+            section["name_or_path"] = str(name)
+            section.setdefault("dtype", "auto")  # train the object in its own dtype
+        if self.reward_funcs is not None:
+            reward, self.functions = _reward_changes(self.reward_funcs, self.reward_weights)
+            changes.setdefault("reward", {}).update(reward)
+        elif self.reward_weights is not None:
+            raise ConfigError("reward_weights: given without reward_funcs")
+        if self.output_dir is not None:
+            changes.setdefault("train", {})["output_dir"] = str(self.output_dir)
+        return changes
+
+    def _build(self, resume: Path | None) -> Config:
+        from rlvr.run.rundir import new_default_run_dir
+
+        changes = {k: (dict(v) if isinstance(v, dict) else v) for k, v in self.changes.items()}
+        preset = changes.pop("preset", None) or self.preset
+        in_memory = [
+            d for d in (self.train_dataset, self.eval_dataset) if not isinstance(d, (str, Path))
+        ]
+        if resume is not None:
+            run_dir = resume
+        elif changes.get("train", {}).get("output_dir"):
+            run_dir = Path(changes["train"]["output_dir"])
+        else:
+            run_dir = new_default_run_dir(Path("runs"))
+        changes.setdefault("train", {})["output_dir"] = str(run_dir)
+        data = changes.setdefault("data", {})
+        fresh = resume is None and (run_dir / "metrics.jsonl").exists()
+        if fresh and any(d is not None for d in in_memory):
+            raise ConfigError(
+                f"train.output_dir: {run_dir} already holds a run; resume it with "
+                f"resume_from_checkpoint=True or choose another output_dir"
+            )
+        for stem, ds in (("train", self.train_dataset), ("eval", self.eval_dataset)):
+            if ds is not None:
+                key = "path" if stem == "train" else "eval_path"
+                data[key] = _dataset_path(ds, run_dir, stem, resume is not None)
+        cfg = resolve_paths(load_config(None, changes, preset=preset))
+        for stem, ds in (("train", self.train_dataset), ("eval", self.eval_dataset)):
+            if ds is not None and not isinstance(ds, (str, Path)):
+                _check_rows(cfg, stem)
+        return cfg
+
+    def train(self, resume_from_checkpoint: bool | str | Path | None = None) -> TrainResult:
+        """Run training to the end (or until a callback returns "stop"). With
+        `resume_from_checkpoint` (True: `output_dir`; or a run directory) the run continues
+        from its newest good checkpoint; only RESUME_SAFE keys may differ from its config."""
+        from rlvr.models import load_tokenizer
+        from rlvr.train.trainer import Given
+        from rlvr.train.trainer import train as run_training
+
+        resume = None
+        if resume_from_checkpoint:
+            target = self.output_dir if resume_from_checkpoint is True else resume_from_checkpoint
+            if target is None:
+                raise ConfigError("resume_from_checkpoint=True needs output_dir")
+            resume = Path(target).expanduser().resolve()
+            stored = _stored_config(resume)
+        cfg = self._build(resume)
+        if resume is not None:
+            check_resume_changes(stored, cfg)
+        self.config = cfg
+        tokenizer = self.tokenizer
+        if tokenizer is None and not isinstance(self.model_arg, (str, Path)):
+            try:
+                tokenizer = load_tokenizer(cfg.model.name_or_path)
+            except (OSError, ValueError) as e:
+                raise ConfigError(f"tokenizer: the model object needs tokenizer= ({e})") from None
+        if tokenizer is not None and tokenizer.pad_token is None:
+            tokenizer.pad_token = tokenizer.eos_token  # masks come from lengths: pad may be eos
+        given = Given(
+            model=None if isinstance(self.model_arg, (str, Path)) else self.model_arg,
+            tokenizer=tokenizer,
+            reward_functions=self.functions,
+            callbacks=self.callbacks,
+        )
+        run_dir = run_training(
+            cfg, resume_dir=resume, show_progress=self.show_progress, given=given
+        )
+        return self._result(Path(run_dir), given)
+
+    def _result(self, run_dir: Path, given) -> TrainResult:
+        summary_path = run_dir / "summary.json"
+        summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
+        metrics_path = run_dir / "metrics.jsonl"
+        metrics = [
+            json.loads(line) for line in metrics_path.read_text().splitlines() if line.strip()
+        ]
+        return TrainResult(run_dir, summary, metrics, self._final_model(run_dir, given))
+
+    def _final_model(self, run_dir: Path, given):
+        from rlvr.models import load_model
+        from rlvr.run.checkpoint import latest_good_checkpoint
+
+        cfg = self.config
+        if given.model is not None and cfg.model.lora_rank == 0:
+            return given.model  # trained in place
+        checkpoint = latest_good_checkpoint(run_dir)
+        if checkpoint is None:
+            return None
+        if (checkpoint / "adapter_config.json").is_file():
+            import peft
+
+            base = json.loads((checkpoint / "adapter_config.json").read_text())
+            return peft.PeftModel.from_pretrained(
+                load_model(base["base_model_name_or_path"]), str(checkpoint)
+            ).eval()
+        return load_model(str(checkpoint), dtype=cfg.model.dtype).eval()
+
+
+def train(
+    model: Any = "rlvr-tiny",
+    reward_funcs: Sequence[str | Callable] | str | Callable | None = None,
+    reward_weights: Sequence[float] | None = None,
+    train_dataset: Any = None,
+    eval_dataset: Any = None,
+    preset: str = "dapo",
+    config: Config | Mapping[str, Any] | None = None,
+    callbacks: Sequence[Callable] = (),
+    output_dir: str | Path | None = None,
+    tokenizer: Any = None,
+    *,
+    resume_from_checkpoint: bool | str | Path | None = None,
+    show_progress: bool = True,
+) -> TrainResult:
+    """Train a policy with GRPO/DAPO and return a `TrainResult`.
+
+    model: "rlvr-tiny", a local directory, a Hub id, or a PreTrainedModel (then pass its
+        `tokenizer` unless `model.name_or_path` has one).
+    reward_funcs: callables with TRL's signature `fn(prompts, completions, completion_ids,
+        **kwargs) -> list[float | None]` and/or reward names ("math", "format", "code",
+        "module:function", "file.py:function"). The first is the accuracy reward; None keeps
+        the config's (the built-in task's verifier by default).
+    reward_weights: one weight per reward function (default 1.0 each).
+    train_dataset / eval_dataset: a list of dicts, a `datasets.Dataset`, or a path (jsonl,
+        parquet, a saved dataset); rows hold the prompt ("prompt": a string or chat messages)
+        and the reference ("answer") unless `data.prompt_field` / `data.answer_field` say
+        otherwise. None: the config's data (the built-in task by default).
+    preset: "dapo" (default), "grpo" or "dr_grpo" (a Config passed as `config` keeps its own).
+    config: changes to the config, as {"rollout.group_size": 8}, {"rollout": {...}}, or a
+        Config.
+    callbacks: each called as `fn(step, metrics)` after every step; returning "stop" ends
+        the run (with the final checkpoint and evaluation).
+    output_dir: the run directory (default runs/<timestamp>).
+    resume_from_checkpoint: True (continue the run in `output_dir`) or a run directory.
+    """
+    trainer = Trainer(
+        model,
+        reward_funcs,
+        reward_weights,
+        train_dataset,
+        eval_dataset,
+        preset,
+        config,
+        callbacks,
+        output_dir,
+        tokenizer,
+        show_progress=show_progress,
+    )
+    return trainer.train(resume_from_checkpoint=resume_from_checkpoint)
