@@ -10,13 +10,23 @@ from torch.testing import assert_close
 
 from rlvr.algos import (
     ADVANTAGES,
+    TOKEN_LEVEL,
+    AdvantageInputs,
     dr_grpo_advantages,
     equal_reward_groups,
+    gae,
     group_advantages,
+    masked_whiten,
     rloo_advantages,
 )
 
 from .helpers import PROPS, loop_group_advantages, loop_rloo
+
+# The registry's group estimators as plain (rewards, group_size) callables.
+GROUP = [
+    lambda r, G, name=name: ADVANTAGES[name](AdvantageInputs(rewards=r, group_size=G))
+    for name in sorted(set(ADVANTAGES) - TOKEN_LEVEL)
+]
 
 
 def _rewards(seed, groups, G, *, discrete):
@@ -87,7 +97,7 @@ def test_grpo_invariant_to_shift_and_positive_scale_per_group(
     assert_close(rloo_advantages(r3, G), rloo_advantages(r, G), rtol=0, atol=1e-9)
 
 
-@pytest.mark.parametrize("fn", [*ADVANTAGES.values(), lambda r, G: group_advantages(r, G, eps=0.0)])
+@pytest.mark.parametrize("fn", [*GROUP, lambda r, G: group_advantages(r, G, eps=0.0)])
 @pytest.mark.parametrize("value", [0.0, 1.0, 0.1, -3.7, 1e8])
 def test_all_equal_group_gives_exact_zeros(fn, value):
     # 0.1 * 3 / 3 != 0.1 in floats: the zeros must not depend on the mean rounding back.
@@ -113,15 +123,37 @@ def test_population_std_and_integer_rewards():
 
 
 def test_registry():
-    assert set(ADVANTAGES) == {"grpo", "dr_grpo", "rloo"}
+    assert set(ADVANTAGES) == {"grpo", "dr_grpo", "rloo", "gae", "reinforce_pp"}
     r = torch.tensor([1.0, 0.0, 0.0, 1.0], dtype=torch.float64)
-    assert_close(ADVANTAGES["grpo"](r, 4), group_advantages(r, 4))
-    assert_close(ADVANTAGES["dr_grpo"](r, 4), r - 0.5)
+
+    def call(name, **kw):
+        return ADVANTAGES[name](AdvantageInputs(rewards=r, group_size=4, **kw))
+
+    assert_close(call("grpo"), group_advantages(r, 4))
+    assert_close(call("grpo", std="population", eps=0.0), torch.tensor([1.0, -1, -1, 1]).double())
+    assert_close(call("dr_grpo"), r - 0.5)
     # leave-one-out: 1 - (0 + 0 + 1)/3 = 2/3 and 0 - (1 + 0 + 1)/3 = -2/3
-    assert_close(ADVANTAGES["rloo"](r, 4), torch.tensor([2, -2, -2, 2], dtype=torch.float64) / 3)
+    assert_close(call("rloo"), torch.tensor([2, -2, -2, 2], dtype=torch.float64) / 3)
 
 
-@pytest.mark.parametrize("fn", list(ADVANTAGES.values()))
+def test_registry_gae_is_whitened_gae():
+    g = torch.Generator().manual_seed(3)
+    tr, v = torch.randn(2, 4, 5, generator=g, dtype=torch.float64)
+    mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0], [0, 0, 0, 0, 0]])
+    x = AdvantageInputs(rewards=torch.zeros(4), token_rewards=tr, values=v, response_mask=mask,
+                        gamma=0.9, lam=0.8)  # fmt: skip
+    raw, _ = gae(tr, v, mask, gamma=0.9, lam=0.8)
+    got = ADVANTAGES["gae"](x)
+    assert_close(got, masked_whiten(raw, mask))
+    assert abs(float(got[mask.bool()].mean())) < 1e-12
+    with pytest.raises(ValueError, match="advantage 'gae' needs values"):
+        ADVANTAGES["gae"](AdvantageInputs(rewards=torch.zeros(4), token_rewards=tr,
+                                          response_mask=mask))  # fmt: skip
+    with pytest.raises(ValueError, match="'reinforce_pp' needs token_rewards, response_mask"):
+        ADVANTAGES["reinforce_pp"](AdvantageInputs(rewards=torch.zeros(4)))
+
+
+@pytest.mark.parametrize("fn", GROUP)
 def test_errors(fn):
     with pytest.raises(ValueError, match=r"index 2 \(nan\)"):
         fn(torch.tensor([0.0, 1.0, float("nan"), 1.0]), 2)

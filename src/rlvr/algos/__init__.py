@@ -4,53 +4,82 @@ This package imports torch and the standard library only. docs/algorithms.md hol
 each function's docstring repeats its own, with the paper and the edge cases. Tensors are
 (B, T) = responses x completion tokens; a group's G responses are contiguous rows.
 
-One dict per family lists the valid names for the config layer: ADVANTAGES, KL_ESTIMATORS,
-AGGREGATIONS. There is no POLICY_LOSSES dict: the one loss, `policy_loss`, covers PPO-clip,
+One dict per family lists the valid names for the config layer: ADVANTAGES (each entry takes an
+AdvantageInputs), KL_ESTIMATORS, AGGREGATIONS. There is no POLICY_LOSSES dict: the one loss, `policy_loss`, covers PPO-clip,
 GRPO, DAPO, Dr. GRPO and GSPO through its keyword arguments (`ratio`, `agg`, clip bounds).
 """
 
 from .advantages import (
     ADVANTAGES,
+    TOKEN_LEVEL,
+    AdvantageInputs,
     AdvantageScale,
     StdKind,
     dr_grpo_advantages,
     equal_reward_groups,
+    gae_advantages,
     group_advantages,
+    reinforce_pp_advantages,
     rloo_advantages,
 )
 from .aggregate import AGGREGATIONS, AggMode, aggregate, sample_mean, token_mean, token_sum_norm
+from .gae import GlobalSum, discounted_returns, gae, masked_moments, masked_whiten
 from .kl import KL_ESTIMATORS, KLKind, kl_estimate, kl_k1, kl_k2, kl_k3
+from .kl_reward import (
+    AdaptiveKLController,
+    FixedKLController,
+    KLController,
+    kl_penalized_rewards,
+    last_valid_index,
+)
 from .losses import LossOutput, Ratio, policy_loss
 from .sampling import DynamicSamplingBuffer, DynamicSamplingResult, keep_groups, refill_size
 from .shaping import overlong_filter_mask, soft_overlong_penalty
+from .value import explained_variance, value_loss
 
 __all__ = [
     "ADVANTAGES",
     "AGGREGATIONS",
     "KL_ESTIMATORS",
+    "TOKEN_LEVEL",
+    "AdaptiveKLController",
+    "AdvantageInputs",
     "AdvantageScale",
     "AggMode",
     "DynamicSamplingBuffer",
     "DynamicSamplingResult",
+    "FixedKLController",
+    "GlobalSum",
+    "KLController",
     "KLKind",
     "LossOutput",
     "Ratio",
     "StdKind",
     "aggregate",
+    "discounted_returns",
     "dr_grpo_advantages",
     "equal_reward_groups",
+    "explained_variance",
+    "gae",
+    "gae_advantages",
     "group_advantages",
     "keep_groups",
     "kl_estimate",
     "kl_k1",
     "kl_k2",
     "kl_k3",
+    "kl_penalized_rewards",
+    "last_valid_index",
+    "masked_moments",
+    "masked_whiten",
     "overlong_filter_mask",
     "policy_loss",
     "refill_size",
+    "reinforce_pp_advantages",
     "rloo_advantages",
     "sample_mean",
     "soft_overlong_penalty",
     "token_mean",
     "token_sum_norm",
+    "value_loss",
 ]

@@ -1,18 +1,24 @@
-"""Outcome advantages from the scalar rewards of each group (docs/algorithms.md#group-advantages).
+"""Advantage estimators (docs/algorithms.md#group-advantages, docs/algorithms.md#ppo).
 
-A group is the G responses sampled for one prompt; they are contiguous in `rewards`, so
-rewards[k*G:(k+1)*G] is group k. Every function returns one advantage per response, shape
-(N,); the caller broadcasts it over the response's tokens (policy_loss accepts (B,) as is).
-Advantages are computed once per rollout from whole groups, never per mini-batch.
+Outcome advantages from the scalar rewards of each group: a group is the G responses sampled
+for one prompt; they are contiguous in `rewards`, so rewards[k*G:(k+1)*G] is group k. These
+return one advantage per response, shape (N,); the caller broadcasts it over the response's
+tokens (policy_loss accepts (B,) as is). Token-level estimators (GAE, REINFORCE++) return
+(N, T). Advantages are computed once per rollout from whole groups, never per mini-batch.
+
+`ADVANTAGES` maps every name to fn(AdvantageInputs) -> (N,) or (N, T).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
 from torch import Tensor
+
+from .gae import GlobalSum, discounted_returns, gae, masked_whiten
 
 AdvantageScale = Literal["std", "none"]
 StdKind = Literal["unbiased", "population"]
@@ -99,8 +105,7 @@ def group_advantages(
 def dr_grpo_advantages(rewards: Tensor, group_size: int) -> Tensor:
     """Dr. GRPO advantage A_i = R_i - mean(R_group) (arXiv 2503.20783 §3.2).
 
-    Same as group_advantages(rewards, group_size, scale="none"); kept as a named function
-    so ADVANTAGES maps every name to a plain (rewards, group_size) callable.
+    Same as group_advantages(rewards, group_size, scale="none"), under its paper's name.
     """
     return group_advantages(rewards, group_size, scale="none")
 
@@ -133,12 +138,70 @@ def equal_reward_groups(rewards: Tensor, group_size: int) -> Tensor:
     return _equal_groups(_grouped(rewards, group_size)).squeeze(1)
 
 
-ADVANTAGES: dict[str, Callable[[Tensor, int], Tensor]] = {
-    # GRPO: (R - mean) / (unbiased std + 1e-6), per group.
-    "grpo": group_advantages,
+@dataclass(frozen=True)
+class AdvantageInputs:
+    """Everything an advantage estimator may read; each uses what its formula needs.
+
+    rewards: (N,) scalar reward per response, groups of `group_size` contiguous.
+    group_size: G.
+    token_rewards: (N, T) per-token rewards (`kl_penalized_rewards`): GAE, REINFORCE++.
+    values: (N, T) the critic's predictions at rollout time: GAE.
+    response_mask: (N, T) valid tokens: GAE, REINFORCE++.
+    gamma, lam: discount and GAE lambda.
+    std, eps: the group std estimator and its epsilon (grpo).
+    global_sum: sums floats over every rank's share of the batch, so that batch-level
+        normalisation (GAE whitening, REINFORCE++) uses the whole batch; None = this is it.
+    """
+
+    rewards: Tensor
+    group_size: int = 1
+    token_rewards: Tensor | None = None
+    values: Tensor | None = None
+    response_mask: Tensor | None = None
+    gamma: float = 1.0
+    lam: float = 0.95
+    std: StdKind = "unbiased"
+    eps: float = 1e-6
+    global_sum: GlobalSum | None = None
+
+    def need(self, *names: str, by: str) -> list[Tensor]:
+        missing = [n for n in names if getattr(self, n) is None]
+        if missing:
+            raise ValueError(f"advantage {by!r} needs {', '.join(missing)}")
+        return [getattr(self, n) for n in names]
+
+
+def gae_advantages(x: AdvantageInputs) -> Tensor:
+    """PPO: GAE over each response's tokens (`gae`), whitened over the valid tokens of the
+    whole batch (verl `masked_whiten`: unbiased variance). (N, T). The critic's targets,
+    R = A + V before whitening, come from `gae` itself."""
+    r, v, m = x.need("token_rewards", "values", "response_mask", by="gae")
+    adv, _ = gae(r, v, m, gamma=x.gamma, lam=x.lam)
+    return masked_whiten(adv, m, global_sum=x.global_sum)
+
+
+def reinforce_pp_advantages(x: AdvantageInputs) -> Tensor:
+    """REINFORCE++ (Hu 2025, arXiv 2501.03262; OpenRLHF): the discounted return of the
+    KL-penalised token rewards, G_t = sum_{k>=t} gamma^(k-t) r_k, normalised by the mean
+    and population std of every valid token of the global batch. No critic. (N, T)."""
+    r, m = x.need("token_rewards", "response_mask", by="reinforce_pp")
+    returns = discounted_returns(r, m, gamma=x.gamma)
+    return masked_whiten(returns, m, unbiased=False, global_sum=x.global_sum)
+
+
+ADVANTAGES: dict[str, Callable[[AdvantageInputs], Tensor]] = {
+    # GRPO: (R - mean) / (std + eps), per group.
+    "grpo": lambda x: group_advantages(x.rewards, x.group_size, std=x.std, eps=x.eps),
     # Dr. GRPO: R - mean, no std division.
-    "dr_grpo": dr_grpo_advantages,
+    "dr_grpo": lambda x: dr_grpo_advantages(x.rewards, x.group_size),
     # RLOO: R minus the mean of the other G-1 rewards of the group.
-    "rloo": rloo_advantages,
+    "rloo": lambda x: rloo_advantages(x.rewards, x.group_size),
+    # PPO: GAE on per-token rewards and critic values, whitened over the batch.
+    "gae": gae_advantages,
+    # REINFORCE++: discounted per-token returns, normalised over the batch.
+    "reinforce_pp": reinforce_pp_advantages,
 }
-"""Advantage estimators by name; each is called as fn(rewards (N,), group_size) -> (N,)."""
+"""Advantage estimators by name; each is called as fn(AdvantageInputs) -> (N,) or (N, T)."""
+
+TOKEN_LEVEL = frozenset({"gae", "reinforce_pp"})
+"""Estimators that read per-token rewards (the score plus the per-token KL penalty)."""
