@@ -26,6 +26,7 @@ from rlvr.schema import (  # noqa: F401 (re-exported: rlvr.config is the public 
     AlgoConfig,
     Config,
     ConfigError,
+    CriticConfig,
     DataConfig,
     ModelConfig,
     OptimConfig,
@@ -200,7 +201,13 @@ def _check(ok: bool, key: str, expected: str, value: Any) -> None:
 def validate(cfg: Config) -> None:
     """Range checks that need no model or data (those are checked at load, also before work)."""
     r, a, o, t = cfg.rollout, cfg.algo, cfg.optim, cfg.train
-    _check(r.group_size >= 2, "rollout.group_size", ">= 2 (a group needs a baseline)", r.group_size)
+    token_level = a.advantage in ("gae", "reinforce_pp")  # their baseline is not the group
+    _check(
+        r.group_size >= (1 if token_level else 2),
+        "rollout.group_size",
+        ">= 2 (a group needs a baseline)" if not token_level else ">= 1",
+        r.group_size,
+    )
     _check(r.prompts_per_step >= 1, "rollout.prompts_per_step", ">= 1", r.prompts_per_step)
     _check(r.max_new_tokens >= 1, "rollout.max_new_tokens", ">= 1", r.max_new_tokens)
     _check(r.temperature > 0, "rollout.temperature", "> 0", r.temperature)
@@ -217,6 +224,7 @@ def validate(cfg: Config) -> None:
     _check(a.dual_clip is None or a.dual_clip > 1, "algo.dual_clip", "none or > 1", a.dual_clip)
     _check(a.kl_coef >= 0, "algo.kl_coef", ">= 0", a.kl_coef)
     _check(a.mu >= 1, "algo.mu", ">= 1", a.mu)
+    _validate_ppo(cfg)
     _check(a.mini_batches >= 1, "algo.mini_batches", ">= 1", a.mini_batches)
     _check(
         r.prompts_per_step % a.mini_batches == 0,
@@ -318,6 +326,34 @@ def validate(cfg: Config) -> None:
                 ok = False
             if not ok:
                 raise ConfigError(f"data.{key}: {value} does not exist")
+
+
+def _validate_ppo(cfg: Config) -> None:
+    """The per-token reward, KL controller and critic keys (docs/algorithms.md#ppo)."""
+    a, c = cfg.algo, cfg.critic
+    _check(
+        not a.kl_in_reward or a.advantage in ("gae", "reinforce_pp"),
+        "algo.kl_in_reward",
+        "false unless algo.advantage is gae or reinforce_pp (group advantages read only the score)",
+        a.kl_in_reward,
+    )
+    _check(0 <= a.gamma <= 1, "algo.gamma", "in [0, 1]", a.gamma)
+    _check(0 <= a.lam <= 1, "algo.lam", "in [0, 1]", a.lam)
+    _check(a.kl_target is None or a.kl_target > 0, "algo.kl_target", "none or > 0", a.kl_target)
+    _check(
+        a.kl_target is None or a.kl_in_reward,
+        "algo.kl_target",
+        "none unless algo.kl_in_reward (the adaptive controller steers the reward's beta)",
+        a.kl_target,
+    )
+    _check(a.kl_horizon > 0, "algo.kl_horizon", "> 0", a.kl_horizon)
+    _check(c.lr > 0, "critic.lr", "> 0", c.lr)
+    _check(c.weight_decay >= 0, "critic.weight_decay", ">= 0", c.weight_decay)
+    _check(c.warmup_steps >= 0, "critic.warmup_steps", ">= 0", c.warmup_steps)
+    _check(c.max_grad_norm >= 0, "critic.max_grad_norm", ">= 0", c.max_grad_norm)
+    _check(
+        c.value_clip is None or c.value_clip > 0, "critic.value_clip", "none or > 0", c.value_clip
+    )
 
 
 def to_dict(cfg: Config) -> dict[str, Any]:

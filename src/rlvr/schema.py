@@ -112,7 +112,9 @@ class RolloutConfig:
 class AlgoConfig:
     """The policy-gradient algorithm (docs/algorithms.md#config-keys).
 
-    advantage: grpo (r - mean)/(std + eps), dr_grpo (r - mean), rloo (leave-one-out).
+    advantage: grpo (r - mean)/(std + eps), dr_grpo (r - mean), rloo (leave-one-out), gae (PPO:
+        GAE over a critic's values, whitened over the batch; needs the critic section),
+        reinforce_pp (REINFORCE++: discounted per-token returns normalised over the batch).
     std: std estimator for grpo advantages: unbiased (torch.std, /(G-1)) or population (/G).
     clip_low: eps_low; the ratio's lower bound is 1 - clip_low.
     clip_high: eps_high; the ratio's upper bound is 1 + clip_high (DAPO clip-higher: 0.28).
@@ -121,6 +123,12 @@ class AlgoConfig:
     agg: loss aggregation: sample_mean (GRPO), token_mean (DAPO), token_sum_norm (Dr. GRPO).
     kl_coef: beta, weight of the KL penalty to the reference model in the loss (0 = no reference).
     kl_kind: KL estimator: k1, k2, k3.
+    kl_in_reward: put the KL into the per-token reward (r_t = -kl_coef * KL_t, the score on the
+        last token: PPO, REINFORCE++) instead of the loss; needs advantage gae or reinforce_pp.
+    kl_target: adaptive kl_coef (Ziegler et al.): the per-token KL it steers towards (none = fixed).
+    kl_horizon: adaptive kl_coef's horizon in samples: beta *= 1 + clip(KL/target - 1, +-0.2) * N / horizon.
+    gamma: discount of the per-token rewards (gae, reinforce_pp).
+    lam: GAE lambda (gae): 1 = Monte Carlo returns minus V, 0 = one-step TD errors.
     dynamic_sampling: keep only groups with 0 < #correct < G, refilling from more generation batches.
     max_gen_batches: bound on generation batches per step under dynamic sampling.
     refill: dynamic sampling's refill batches: adaptive (about 1.25 x missing / keep-rate prompts,
@@ -133,7 +141,7 @@ class AlgoConfig:
     log_ratio_clamp: clamp |log rho| to this value (none = no clamp); clamped values are counted.
     """
 
-    advantage: Literal["grpo", "dr_grpo", "rloo"] = "grpo"
+    advantage: Literal["grpo", "dr_grpo", "rloo", "gae", "reinforce_pp"] = "grpo"
     std: Literal["unbiased", "population"] = "unbiased"
     clip_low: float = 0.2
     clip_high: float = 0.2
@@ -142,6 +150,11 @@ class AlgoConfig:
     agg: Literal["sample_mean", "token_mean", "token_sum_norm"] = "sample_mean"
     kl_coef: float = 0.0
     kl_kind: Literal["k1", "k2", "k3"] = "k3"
+    kl_in_reward: bool = False
+    kl_target: float | None = None
+    kl_horizon: float = 10000.0
+    gamma: float = 1.0
+    lam: float = 0.95
     dynamic_sampling: bool = False
     max_gen_batches: int = 4
     refill: Literal["adaptive", "full"] = "adaptive"
@@ -208,6 +221,27 @@ class OptimConfig:
 
 
 @dataclass(frozen=True)
+class CriticConfig:
+    """PPO's value model (used when algo.advantage is gae); trains with algo.mu and mini_batches.
+
+    model: none = a copy of the policy's starting weights (model.name_or_path) under a value
+        head; or a causal LM path / hub id whose backbone carries the head (same tokenizer).
+    lr: the critic's AdamW learning rate (constant).
+    weight_decay: the critic's AdamW weight decay.
+    warmup_steps: the first rollout steps train only the critic (the policy is not updated).
+    max_grad_norm: the critic's gradient clipping by global norm (0 = off).
+    value_clip: c of the clipped value loss: V kept within V_old +- c (none = unclipped).
+    """
+
+    model: str | None = None
+    lr: float = 1e-5
+    weight_decay: float = 0.0
+    warmup_steps: int = 0
+    max_grad_norm: float = 1.0
+    value_clip: float | None = 0.5
+
+
+@dataclass(frozen=True)
 class TrainConfig:
     """The run: length, seed, evaluation, logging, checkpoints.
 
@@ -247,7 +281,7 @@ class TrainConfig:
 
 @dataclass(frozen=True)
 class Config:
-    """A whole run. Sections: model, data, rollout, algo, reward, optim, train."""
+    """A whole run. Sections: model, data, rollout, algo, reward, optim, critic, train."""
 
     preset: str = "dapo"
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -256,6 +290,7 @@ class Config:
     algo: AlgoConfig = field(default_factory=AlgoConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
+    critic: CriticConfig = field(default_factory=CriticConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
 
 
@@ -294,6 +329,38 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
             "clip_high": 0.2,
             "kl_coef": 0.0,
             "agg": "token_sum_norm",
+        },
+    },
+    # PPO as verl and OpenRLHF run it for LLMs: one sample per prompt, GAE over a critic's
+    # values (gamma 1, lam 0.95), k1 KL in the per-token reward, token-mean loss.
+    "ppo": {
+        "rollout": {"group_size": 1, "prompts_per_step": 128},
+        "algo": {
+            "advantage": "gae",
+            "clip_low": 0.2,
+            "clip_high": 0.2,
+            "agg": "token_mean",
+            "kl_coef": 0.001,
+            "kl_kind": "k1",
+            "kl_in_reward": True,
+            "gamma": 1.0,
+            "lam": 0.95,
+            "mini_batches": 2,
+        },
+    },
+    # REINFORCE++ (OpenRLHF): PPO's per-token KL reward and clipped loss without a critic.
+    "reinforce_pp": {
+        "rollout": {"group_size": 1, "prompts_per_step": 128},
+        "algo": {
+            "advantage": "reinforce_pp",
+            "clip_low": 0.2,
+            "clip_high": 0.2,
+            "agg": "token_mean",
+            "kl_coef": 0.001,
+            "kl_kind": "k1",
+            "kl_in_reward": True,
+            "gamma": 1.0,
+            "mini_batches": 2,
         },
     },
 }
