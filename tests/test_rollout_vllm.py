@@ -1,19 +1,54 @@
-"""The vllm engine: a clear failure where it cannot run; the real checks need a GPU + vllm."""
+"""The vllm engine: what can be checked without a GPU (refusals by name, seeds, dtype, the
+launch environment, RNG fencing, the wake/sleep cycle, the version pin), and with one
+(`HAS_GPU_VLLM`): log-probs against the trainer's. Weight sync: tests/test_weight_sync.py."""
 
 import importlib.util
+import random
+from pathlib import Path
 
+import numpy as np
 import pytest
+import tomllib
 import torch
+from packaging.specifiers import SpecifierSet
 
-from rlvr.rollout import ENGINES, SamplingParams
+from rlvr.config import Config, ConfigError, validate
+from rlvr.rollout import ENGINES, SamplingParams, derive_seed
+from rlvr.rollout.vllm import (
+    VLLM_RANGE,
+    Residency,
+    VLLMEngineError,
+    check_environment,
+    check_version,
+    launch_env,
+    preserved_rng,
+    sample_seeds,
+    vllm_dtype,
+)
+from rlvr.schema import ModelConfig, RolloutConfig
 
 HAS_GPU_VLLM = torch.cuda.is_available() and importlib.util.find_spec("vllm") is not None
+ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU message")
 def test_fails_at_start_without_a_gpu(tiny_model, tokenizer):
-    with pytest.raises(RuntimeError, match=r"rollout\.engine=vllm needs a CUDA GPU"):
+    with pytest.raises(VLLMEngineError, match=r"rollout\.engine=vllm needs a CUDA GPU"):
         ENGINES["vllm"](tiny_model, pad_id=tokenizer.pad_token_id, eos_ids=[tokenizer.eos_token_id])
+
+
+def test_several_ranks_without_cuda_are_refused_by_name():
+    with pytest.raises(VLLMEngineError, match=r"needs a CUDA GPU on every rank \(2 ranks\)"):
+        check_environment(torch.device("cpu"), world_size=2)
+
+
+def test_config_refuses_vllm_on_the_cpu_by_name():
+    cfg = Config(model=ModelConfig(device="cpu"), rollout=RolloutConfig(engine="vllm"))
+    with pytest.raises(
+        ConfigError, match=r"^rollout\.engine: got 'vllm', expected .*model\.device=cpu"
+    ):
+        validate(cfg)
+    validate(Config(model=ModelConfig(device="cuda"), rollout=RolloutConfig(engine="vllm")))
 
 
 def test_train_refuses_vllm_on_cpu_before_any_work(tiny_model_dir, tmp_path, capsys):
@@ -32,18 +67,194 @@ def test_train_refuses_vllm_on_cpu_before_any_work(tiny_model_dir, tmp_path, cap
         ]
     )
     assert rc == 2
-    assert "needs a CUDA GPU" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "rollout.engine=vllm needs a CUDA GPU" in err
+    assert "Traceback" not in err
+
+
+def test_versions_outside_the_range_are_refused():
+    for ok in ("0.22.0", "0.27.1", "0.33.0"):
+        check_version(ok)
+    for bad in ("0.10.2", "0.21.0", "0.34.0", "1.0.0"):
+        with pytest.raises(
+            VLLMEngineError, match=rf"vllm {bad} is installed; rlvr supports vllm>=0\.22,<0\.34"
+        ):
+            check_version(bad)
+
+
+def test_the_extra_pins_the_range_the_engine_checks():
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]
+    assert extras["vllm"] == ["vllm" + ",".join(VLLM_RANGE)]
+    pin = SpecifierSet(extras["vllm"][0].removeprefix("vllm"))
+    assert "0.22.0" in pin and "0.33.0" in pin
+    assert "0.21.0" not in pin and "0.34.0" not in pin
+
+
+def test_readme_states_the_range_and_the_torch_it_needs():
+    readme = (ROOT / "README.md").read_text()
+    assert "vllm" + ",".join(VLLM_RANGE) in readme
+    assert "torch 2.14.0" in readme and "unverified on hardware" in readme
+
+
+def _collect_params(step: int, batch: int, prompts: list[int], G: int) -> SamplingParams:
+    """SamplingParams as rlvr.train.collect builds them (per-prompt seeds on)."""
+    return SamplingParams(
+        n=G,
+        max_new_tokens=8,
+        seed=derive_seed(0, "gen", step, batch),
+        row_seeds=tuple(derive_seed(0, "gen", step, batch, p, g) for g, p in enumerate(prompts)),
+    )
+
+
+def test_every_prompt_sample_seed_is_distinct_within_and_across_steps():
+    G, seen, total = 16, set(), 0
+    for step in range(60):
+        for batch in range(3):  # dynamic sampling's refills
+            prompts = [(step * 7 + batch * 3 + k) % 50 for k in range(32)]  # prompts repeat
+            seeds = sample_seeds(_collect_params(step, batch, prompts, G), len(prompts))
+            flat = [s for row in seeds for s in row]
+            assert len(set(flat)) == len(flat) == 32 * G  # within the batch
+            assert all(0 <= s < 2**63 for s in flat)
+            seen.update(flat)
+            total += len(flat)
+    assert len(seen) == total  # 92160 seeds, none repeated across steps
+
+
+def test_seeds_do_not_shift_between_neighbouring_prompts():
+    """vLLM's n=G, seed=s gives sample j the seed s + j: with prompt seeds s_i = s + i, sample
+    j of prompt i and sample j - 1 of prompt i + 1 shared a stream. Not here."""
+    params = SamplingParams(n=4, max_new_tokens=8, seed=5)
+    seeds = sample_seeds(params, 3)
+    assert seeds[0][1] != seeds[1][0] and seeds[1][1] != seeds[2][0]
+    assert len({s for row in seeds for s in row}) == 12
+
+
+def test_a_samples_seed_does_not_depend_on_its_batch():
+    """Data parallelism: a rank's share of the prompts samples what one process would."""
+    prompts = list(range(8))
+    whole = sample_seeds(_collect_params(3, 0, prompts, 4), 8)
+    params = _collect_params(3, 0, prompts, 4)
+    from dataclasses import replace
+
+    half = sample_seeds(replace(params, row_seeds=params.row_seeds[4:]), 4)
+    assert half == whole[4:]
+
+
+def test_repeated_row_seeds_are_refused():
+    params = SamplingParams(n=2, max_new_tokens=4, row_seeds=(7, 7))
+    with pytest.raises(ValueError, match="row_seeds repeat a seed"):
+        sample_seeds(params, 2)
+
+
+def test_dtype_follows_the_training_precision():
+    assert vllm_dtype(torch.float32, "bfloat16") == "bfloat16"
+    assert vllm_dtype(torch.float32, "none") == "float32"
+    assert vllm_dtype(torch.bfloat16, "none") == "bfloat16"
+    assert vllm_dtype(torch.float16, "none") == "float16"
+    assert vllm_dtype(torch.float32, "bfloat16", configured="float32") == "float32"
+
+
+def test_launch_environment_is_rank_aware(monkeypatch):
+    monkeypatch.delenv("MASTER_ADDR", raising=False)
+    one = launch_env(torch.device("cuda", 3), rank=0, local_rank=0, world_size=1)
+    assert one["LOCAL_RANK"] == "3" and one["WORLD_SIZE"] == "1" and one["RANK"] == "0"
+    assert one["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0" and int(one["MASTER_PORT"]) > 0
+    monkeypatch.setenv("MASTER_ADDR", "10.0.0.1")
+    two = launch_env(torch.device("cuda", 1), rank=3, local_rank=1, world_size=4)
+    assert (two["RANK"], two["LOCAL_RANK"], two["WORLD_SIZE"]) == ("3", "1", "4")
+    assert "MASTER_PORT" not in two  # torchrun's
+
+
+def test_rng_states_are_restored_after_a_reseeding_block():
+    random.seed(1)
+    np.random.seed(1)
+    torch.manual_seed(1)
+    with preserved_rng(torch.device("cpu")):
+        random.seed(0)  # what vLLM's worker does at start
+        np.random.seed(0)
+        torch.manual_seed(0)
+        torch.rand(3)
+    after = (random.random(), np.random.rand(), torch.rand(1).item())
+    random.seed(1)
+    np.random.seed(1)
+    torch.manual_seed(1)
+    assert after == (random.random(), np.random.rand(), torch.rand(1).item())
+
+
+class RecordingLLM:
+    """Stands in for vLLM's LLM: records sleep and wake calls."""
+
+    def __init__(self):
+        self.calls = []
+
+    def sleep(self, level):
+        self.calls.append(("sleep", level))
+
+    def wake_up(self, tags=None):
+        self.calls.append(("wake", tuple(tags)))
+
+
+def _steps(level: int, steps: int = 3):
+    llm, pushes = RecordingLLM(), []
+    res = Residency(llm, lambda only: pushes.append(only), level, {"q"})
+    res.push(None)  # construction: everything
+    res.sleep()
+    for _ in range(steps):
+        res.wake(["weights", "kv_cache"])  # generate
+        res.wake(["weights", "kv_cache"])  # a refill batch: already awake
+        res.sleep()  # release: rollouts in, update next
+        res.weights_changed()  # sync after the optimiser step
+    return llm.calls, pushes
+
+
+def test_one_wake_sleep_cycle_a_step_level1_pushes_only_what_changed():
+    calls, pushes = _steps(level=1)
+    assert calls[0] == ("sleep", 1)
+    step = [("wake", ("kv_cache",)), ("sleep", 1), ("wake", ("weights",))]
+    assert calls[1:] == [("wake", ("weights", "kv_cache")), *step[1:], *step, *step]
+    assert pushes == [None, {"q"}, {"q"}, {"q"}]
+
+
+def test_one_wake_sleep_cycle_a_step_level2_pushes_all_once_a_step():
+    calls, pushes = _steps(level=2)
+    assert calls.count(("sleep", 2)) == 4  # construction + one a step
+    assert pushes == [None, None, None, None, None]  # construction, first wake, one a step
+
+
+def trainer_log_probs(model, rollout, pad_id: int, temperature: float = 1.0) -> torch.Tensor:
+    """(B, T) the trainer's log-probs of a rollout's responses (rlvr.train.batch)."""
+    from rlvr.train.batch import Sample, collate, token_log_probs
+
+    samples = [
+        Sample(
+            prompt_ids=rollout.prompt_ids[i],
+            completion_ids=rollout.completion_ids[i, : int(n)].tolist(),
+            truncated=bool(rollout.truncated[i]),
+            reward=0.0,
+            correct=False,
+            group=0,
+        )
+        for i, n in enumerate(rollout.lengths)
+    ]
+    device = next(model.parameters()).device
+    with torch.no_grad():
+        lp, _ = token_log_probs(model, collate(samples, pad_id, device), temperature=temperature)
+    return lp.cpu()
 
 
 @pytest.mark.skipif(not HAS_GPU_VLLM, reason="needs a CUDA GPU and vllm")
-def test_greedy_tokens_match_the_fast_engine(tokenizer):
+def test_log_probs_match_the_trainer(tokenizer):
+    """Tokens may differ between engines at near-ties; vLLM's log-probs of its own samples
+    must match the trainer's forward on the same sequences (fp32 both)."""
     from rlvr.models import load_model
 
     model = load_model("rlvr-tiny", device="cuda").eval()
     kw = dict(pad_id=tokenizer.pad_token_id, eos_ids=[tokenizer.eos_token_id])
     prompts = [tokenizer("Compute 12+34.")["input_ids"], tokenizer("Compute 50-7.")["input_ids"]]
-    params = SamplingParams(n=1, max_new_tokens=24, greedy=True)
-    a = ENGINES["vllm"](model, **kw).generate(prompts, params)
-    b = ENGINES["fast"](model, **kw).generate(prompts, params)
-    assert a.lengths.tolist() == b.lengths.tolist()
-    assert torch.equal(a.completion_ids, b.completion_ids)
+    params = SamplingParams(n=4, max_new_tokens=24, seed=1)
+    out = ENGINES["vllm"](model, **kw).generate(prompts, params)
+    ours = trainer_log_probs(model, out, tokenizer.pad_token_id)
+    mask = out.response_mask.bool()[:, : ours.shape[1]]
+    assert (ours[mask] - out.sampling_log_probs[:, : ours.shape[1]][mask]).abs().max() < 1e-3

@@ -308,6 +308,12 @@ def validate(cfg: Config) -> None:
     _check(
         r.engine in ENGINES, "rollout.engine", f"one of {', '.join(map(repr, ENGINES))}", r.engine
     )
+    _check(
+        r.engine != "vllm" or m.device != "cpu",
+        "rollout.engine",
+        "fast or hf with model.device=cpu (vllm runs on a CUDA GPU)",
+        r.engine,
+    )
     if cfg.data.path is None:
         from rlvr.tasks import TASKS
 

@@ -85,7 +85,8 @@ class DataConfig:
 class RolloutConfig:
     """Sampling: how many responses, how long, at what temperature.
 
-    engine: "fast" (own decode loop: prompt prefilled once per group, static KV cache) or "hf" (generate).
+    engine: "fast" (own decode loop: prompt prefilled once per group, static KV cache), "hf"
+        (generate) or "vllm" (vLLM colocated on the GPU; the `vllm` extra).
     prompts_per_step: prompts whose groups enter one rollout batch (after dynamic sampling).
     group_size: G, responses sampled per prompt.
     max_new_tokens: generation cap L_max in tokens; a response without EOS by then is truncated.
@@ -95,6 +96,8 @@ class RolloutConfig:
     min_new_tokens: suppress EOS before this many tokens (benchmarks force lengths with it; 0 = off).
     seed_per_prompt: draw each prompt's samples from its own seed, whatever else shares the batch
         (always on under torchrun, so N ranks sample what one process would).
+    vllm_dtype: the vllm engine's dtype: auto (bfloat16 under model.autocast=bfloat16, else
+        model.dtype), float32, bfloat16 or float16.
     """
 
     engine: str = "fast"
@@ -106,6 +109,7 @@ class RolloutConfig:
     top_k: int = 0
     min_new_tokens: int = 0
     seed_per_prompt: bool = False
+    vllm_dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
 
 
 @dataclass(frozen=True)

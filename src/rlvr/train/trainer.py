@@ -33,6 +33,7 @@ from rlvr.models import autocast, eos_ids, load_tokenizer
 from rlvr.prompts import PromptSource, load_prompts
 from rlvr.rewards.scoring import Scorer
 from rlvr.rollout import ENGINES
+from rlvr.rollout.vllm import VLLMEngineError
 from rlvr.run.checkpoint import (
     load_trainer_state,
     resume_checkpoint,
@@ -70,6 +71,13 @@ class Given:
     callbacks: tuple[Callable, ...] = ()
 
 
+def release_engine(engine) -> None:
+    """An engine with its own GPU memory (vllm) gives it back once its rollouts are in."""
+    release = getattr(engine, "release", None)
+    if release is not None:
+        release()
+
+
 @dataclass
 class Run:
     """Everything a step needs, built once by `setup`."""
@@ -91,7 +99,7 @@ class Run:
 
     def evaluate(self) -> dict[str, float]:
         with gathered(self.policy.model), autocast(self.cfg.model.autocast, self.device):
-            return evaluate(
+            result = evaluate(
                 self.engine,
                 self.tokenizer,
                 self.scorer,
@@ -99,6 +107,8 @@ class Run:
                 params=eval_params(self.cfg),
                 d=self.d,
             )
+        release_engine(self.engine)
+        return result
 
     def save(self, step: int, eval_before: dict) -> Path | None:
         """Checkpoint written by rank 0 (FSDP2 first gathers the shards); the others wait."""
@@ -134,6 +144,7 @@ def run_step(step: int, run: Run) -> tuple[dict[str, float], list[dict]]:
         got = collect(
             step, cfg, run.engine, run.tokenizer, run.scorer, run.source.train, run.sampler, run.d
         )
+        release_engine(run.engine)
         samples = got.samples  # this rank's share of the kept groups
         assign_advantages(samples, cfg)
         t0 = time.perf_counter()
@@ -224,11 +235,22 @@ def setup(
         optimizer, lambda s: min(1.0, (s + 1) / o.warmup_steps) if o.warmup_steps else 1.0
     )
     engine_kw = {"backend": backend} if cfg.rollout.engine == "fast" else {}
+    if cfg.rollout.engine == "vllm":  # this rank's GPU, its place among the ranks, numerics
+        engine_kw = dict(
+            device=device,
+            autocast=cfg.model.autocast,
+            dtype=cfg.rollout.vllm_dtype,
+            rank=d.rank,
+            local_rank=d.local_rank,
+            world_size=d.world_size,
+        )
     try:
         engine = ENGINES[cfg.rollout.engine](
             model, pad_id=tokenizer.pad_token_id, eos_ids=eos_ids(tokenizer, model), **engine_kw
         )
-    except RuntimeError as e:  # e.g. vllm without a GPU
+    except VLLMEngineError as e:  # no GPU, no or unsupported vllm, vLLM failed to start
+        raise ConfigError(str(e)) from None
+    except RuntimeError as e:
         raise ConfigError(f"rollout.engine: {e}") from None
     run = Run(
         cfg=cfg,
