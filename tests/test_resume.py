@@ -192,3 +192,118 @@ def test_killed_before_the_first_checkpoint_starts_over(reference_run, tiny_mode
     assert res.returncode == 0, res.stderr
     assert "starting the run over from step 0" in res.stderr
     _same_run(reference_run, run)
+
+
+@pytest.mark.parametrize("damage", ["garbage_manifest", "empty_files_manifest"])
+def test_malformed_newest_manifest_falls_back(reference_run, tiny_model_dir, tmp_path, damage):
+    run = tmp_path / "run"
+    res = _run(_args(tiny_model_dir, run, steps=3))
+    assert res.returncode == 0, res.stderr
+    manifest = run / "checkpoints" / "step-000003" / "manifest.json"
+    manifest.write_bytes(
+        b"\x89\xff\x00binary" if damage == "garbage_manifest" else b'{"files": {}}'
+    )
+    res = _resume(run, f"--max-steps={STEPS}")
+    assert res.returncode == 0, res.stderr
+    assert "refusing checkpoint" in res.stderr and "manifest.json" in res.stderr
+    assert "from step-000002" in res.stderr
+    _same_run(reference_run, run)
+
+
+def test_all_checkpoints_corrupt_refuses_to_resume(tiny_model_dir, tmp_path):
+    """Never starts over silently, never deletes: one error line naming the run and each
+    checkpoint's reason, exit 2, every file as it was."""
+    run = tmp_path / "run"
+    res = _run(_args(tiny_model_dir, run, steps=3))
+    assert res.returncode == 0, res.stderr
+    (run / "checkpoints" / "step-000003" / "manifest.json").write_bytes(b"\xff\xfe")
+    weights = run / "checkpoints" / "step-000002" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])
+    before = _files(run)
+    res = _resume(run, f"--max-steps={STEPS}")
+    assert res.returncode == 2, res.stderr
+    errors = [line for line in res.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, res.stderr
+    assert f"--resume {run}: no checkpoint verifies" in errors[0]
+    assert "step-000003: manifest.json is not UTF-8 text" in errors[0]
+    assert "step-000002: file model.safetensors has 100 bytes" in errors[0]
+    assert "starting the run over" not in res.stderr
+    assert _files(run) == before
+
+
+def _files(run):
+    """Every file of a run and its bytes (the lock file holds the last holder's pid)."""
+    return {p: p.read_bytes() for p in run.rglob("*") if p.is_file() and p.name != "rlvr.lock"}
+
+
+def test_partial_last_metrics_line_does_not_block_resume(reference_run, tiny_model_dir, tmp_path):
+    run = tmp_path / "run"
+    res = _run(_args(tiny_model_dir, run, steps=3))
+    assert res.returncode == 0, res.stderr
+    with open(run / "metrics.jsonl", "ab") as f:  # a crash in the middle of writing step 4
+        f.write(b'{"step": 4, "loss": 0.12')
+    res = _resume(run, f"--max-steps={STEPS}")
+    assert res.returncode == 0, res.stderr
+    assert "metrics.jsonl:4: dropping an incomplete last line" in res.stderr
+    _same_run(reference_run, run)
+
+
+def test_a_live_run_directory_is_locked(tiny_model_dir, tmp_path):
+    """`--resume` of a live run and a second run on its directory are refused naming the
+    holder's pid; two runs started together on one new directory: exactly one runs."""
+    run = tmp_path / "run"
+    proc = subprocess.Popen(
+        _args(tiny_model_dir, run, steps=200), stderr=subprocess.PIPE, text=True
+    )
+    try:
+        _wait_for_lines(run / "metrics.jsonl", 1, proc)
+        for res in (_resume(run), _run(_args(tiny_model_dir, run))):
+            assert res.returncode == 2, res.stderr
+            assert f"{run} is in use by another rlvr run (pid {proc.pid})" in res.stderr
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=120)
+    assert proc.returncode == 0
+    twin = tmp_path / "twin"
+    both = [
+        subprocess.Popen(_args(tiny_model_dir, twin, steps=2), stderr=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]
+    errs = [p.communicate(timeout=300)[1] for p in both]
+    codes = sorted(p.returncode for p in both)
+    assert codes == [0, 2], errs
+    loser = errs[[p.returncode for p in both].index(2)]
+    assert "is in use by another rlvr run" in loser or "already holds a run" in loser
+    assert len((twin / "metrics.jsonl").read_text().splitlines()) == 2
+
+
+def test_disk_full_during_a_save_then_resume(reference_run, tiny_model_dir, tmp_path):
+    """A real 900 kB tmpfs holds two of the tiny run's ~310 kB checkpoints and its logs but
+    not a third: the save of step 3 fails naming the cause, leaves no staging directory, and
+    after the disk grows the run resumes from step 2 and ends as the uninterrupted one."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root (CI runs as root)")
+    mount = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=900k", "tmpfs", str(disk)], capture_output=True
+    )
+    if mount.returncode:
+        pytest.skip(f"mount -t tmpfs is not permitted here: {mount.stderr.decode().strip()}")
+    try:
+        run = disk / "run"
+        res = _run(_args(tiny_model_dir, run))
+        assert res.returncode == 2, res.stderr
+        assert f"error: checkpoint step 3: no space left on device at {run / 'checkpoints'}" in (
+            res.stderr
+        )
+        assert "need ~" in res.stderr
+        names = sorted(p.name for p in (run / "checkpoints").iterdir())
+        assert names == ["step-000001", "step-000002"]
+        subprocess.run(["mount", "-o", "remount,size=20m", str(disk)], check=True)
+        res = _resume(run)
+        assert res.returncode == 0, res.stderr
+        assert "from step-000002" in res.stderr
+        _same_run(reference_run, run)
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], capture_output=True)
