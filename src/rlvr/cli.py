@@ -6,12 +6,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 from pathlib import Path
 
 from rlvr.ablate import cmd_ablate
+from rlvr.api import RESUME_SAFE, resolve_paths
 from rlvr.config import ConfigError, help_text, load_config, parse_overrides
+from rlvr.data import DatasetError
+from rlvr.evaluate import cmd_eval
 from rlvr.plots import cmd_plot
+from rlvr.rewards.combine import RewardError
 from rlvr.run.checkpoint import CheckpointError
 from rlvr.run.distributed import torchrun_rank
 from rlvr.run.health import TrainingHealthError
@@ -46,22 +51,24 @@ def _train_parser() -> argparse.ArgumentParser:
     return p
 
 
-# Keys a resumed run may change: none of them changes the math of the steps still to come.
-RESUME_SAFE = {
-    ("train", "max_steps"),
-    ("train", "save_every"),
-    ("train", "keep_checkpoints"),
-    ("train", "log_samples"),
-    ("train", "threads"),
-    ("train", "eval_every"),
-}
+# `--section.key=value`: taken out before argparse, which reads any argument holding a space
+# as a positional one (the config file), so `--data.prompt_template={question} Answer now.`
+# as one argv element stays an override.
+_OVERRIDE = re.compile(r"--?[A-Za-z_]\w*\.[A-Za-z_]\w*=")
+
+
+def split_overrides(argv: list[str]) -> tuple[list[str], list[str]]:
+    """(override arguments, the rest)."""
+    overrides = [a for a in argv if _OVERRIDE.match(a)]
+    return overrides, [a for a in argv if not _OVERRIDE.match(a)]
 
 
 def cmd_train(argv: list[str]) -> int:
-    args, rest = _train_parser().parse_known_args(argv)
+    overrides_argv, rest_argv = split_overrides(argv)
+    args, rest = _train_parser().parse_known_args(rest_argv)
     if args.nproc > 1 and "WORLD_SIZE" not in os.environ:
         return _launch_torchrun(args.nproc, argv)
-    overrides = parse_overrides(rest)
+    overrides = parse_overrides(overrides_argv + rest)
     for key, section, value in (
         ("max_steps", "train", args.max_steps),
         ("seed", "train", args.seed),
@@ -88,7 +95,7 @@ def cmd_train(argv: list[str]) -> int:
                 f"(it would change the run's math); allowed: "
                 f"{', '.join(f'{s}.{k}' for s, k in sorted(RESUME_SAFE))}"
             )
-        overrides.setdefault("train", {})["output_dir"] = str(run_dir)
+        overrides.setdefault("train", {})["output_dir"] = str(run_dir.resolve())
         cfg = load_config(run_dir / "config.yaml", overrides)
         train(
             cfg,
@@ -97,7 +104,8 @@ def cmd_train(argv: list[str]) -> int:
             destroy_process_group=not torchrun_rank(),  # main() ends a rank with os._exit
         )
         return 0
-    cfg = load_config(args.config, overrides, preset=args.preset)
+    # local paths made absolute: config.yaml then resumes from any working directory
+    cfg = resolve_paths(load_config(args.config, overrides, preset=args.preset))
     run_dir = train(
         cfg, show_progress=not args.no_progress, destroy_process_group=not torchrun_rank()
     )
@@ -149,56 +157,6 @@ def _launch_torchrun(nproc: int, argv: list[str]) -> int:
     if loopback and "GLOO_SOCKET_IFNAME" not in env:  # gloo binds by hostname too
         env["GLOO_SOCKET_IFNAME"] = loopback[0]
     return subprocess.call(cmd, env=env)
-
-
-def cmd_eval(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(
-        prog="rlvr eval",
-        description="avg@k, pass@k and greedy accuracy "
-        "of a model on a built-in task's held-out split",
-    )
-    p.add_argument("--model", required=True, help="model directory, checkpoint, or rlvr-tiny")
-    p.add_argument("--task", required=True, help="built-in task name")
-    p.add_argument("--k", type=int, default=4, help="sampled answers per prompt")
-    p.add_argument("--num-prompts", type=int, default=256)
-    p.add_argument("--max-new-tokens", type=int, default=None)
-    p.add_argument("--temperature", type=float, default=1.0)
-    args = p.parse_args(argv)
-    from rlvr.models import eos_ids, load_model, load_tokenizer
-    from rlvr.prompts import load_prompts
-    from rlvr.rewards.scoring import Scorer
-    from rlvr.rollout import ENGINES
-    from rlvr.train.evaluation import eval_params, evaluate
-
-    overrides = {
-        "model": {"name_or_path": args.model},
-        "data": {"task": args.task},
-        "train": {"eval_size": args.num_prompts, "eval_samples": args.k},
-        "rollout": {"temperature": args.temperature},
-    }
-    if args.max_new_tokens:
-        overrides["rollout"]["max_new_tokens"] = args.max_new_tokens
-    cfg = load_config(None, overrides)
-    tokenizer = load_tokenizer(args.model)
-    model = load_model(args.model).eval()
-    source = load_prompts(cfg, tokenizer, getattr(model.config, "max_position_embeddings", None))
-    scorer = Scorer.build(cfg, source.task)
-    engine = ENGINES[cfg.rollout.engine](
-        model, pad_id=tokenizer.pad_token_id, eos_ids=eos_ids(tokenizer, model)
-    )
-    sampled = evaluate(engine, tokenizer, scorer, source.eval, params=eval_params(cfg))
-    greedy = evaluate(
-        engine, tokenizer, scorer, source.eval, params=eval_params(cfg, greedy=True, n=1)
-    )
-    result = {
-        f"avg@{args.k}": sampled["accuracy"],
-        f"pass@{args.k}": sampled["pass_at_k"],
-        "greedy_accuracy": greedy["accuracy"],
-        "num_prompts": sampled["num_prompts"],
-        "mean_length": sampled["mean_length"],
-    }
-    print(json.dumps(result, indent=2))
-    return 0
 
 
 def cmd_export(argv: list[str]) -> int:
@@ -269,8 +227,8 @@ def _main(argv: list[str] | None) -> int:
             return 2
         print(
             "usage: rlvr {train,eval,export,plot,ablate} ...\n\n  train   train a policy with GRPO/DAPO "
-            "(no arguments: the built-in offline demo)\n  eval    held-out accuracy of a model "
-            "on a built-in task\n  export  a run's model as a plain Hugging Face model "
+            "(no arguments: the built-in offline demo)\n  eval    avg@k, pass@k, greedy accuracy "
+            "of a model, run or checkpoint on a task or dataset\n  export  a run's model as a plain Hugging Face model "
             "(--merge folds in LoRA)\n  plot    training curves (PNG) from run directories\n"
             "  ablate  DAPO's ablation ladder (naive GRPO ... DAPO) over seeds, with a report\n"
             "\nrlvr COMMAND --help for details."
@@ -278,9 +236,12 @@ def _main(argv: list[str] | None) -> int:
         return 0
     try:
         return COMMANDS[argv[0]](argv[1:])
-    except (ConfigError, FileNotFoundError, CheckpointError) as e:
+    except (ConfigError, FileNotFoundError, CheckpointError, DatasetError) as e:
         sys.stderr.write(f"error: {e}\n")  # plain text: a message may hold [brackets]
         return 2
+    except RewardError as e:  # under reward.on_error=raise; on_error=zero scores it 0
+        sys.stderr.write(f"error: {e} (reward.on_error=zero scores such samples 0)\n")
+        return 1
     except TrainingHealthError as e:
         sys.stderr.write(f"error: {e}\n")
         return 1

@@ -121,6 +121,41 @@ def _get(row: dict, dotted: str, where: str):
     return value
 
 
+def _has(row: dict, dotted: str) -> bool:
+    value: Any = row
+    for part in dotted.split("."):
+        if not isinstance(value, dict) or part not in value:
+            return False
+        value = value[part]
+    return True
+
+
+_LIKELY = {
+    "prompt": ("prompt", "question", "problem", "query", "input", "instruction", "messages"),
+    "answer": ("answer", "solution", "ground_truth", "target", "label", "output", "reference"),
+}
+
+
+def _missing_hint(row: dict, role: str, name: str) -> str:
+    """What to do about a missing prompt/answer column: the row's columns, the likeliest one
+    as a `--data.{role}_field=...` setting, and a format preset whose fields the row has."""
+    columns = ", ".join(map(str, row)) or "none"
+    text = f"missing; the row's columns are: {columns}."
+    likely = [c for c in _LIKELY[role] if c in row and c != name]
+    if likely:
+        text += f" Name the {role} column with --data.{role}_field={likely[0]}"
+    presets = [
+        p
+        for p, f in PRESETS.items()
+        if p != "none" and _has(row, f["prompt_field"]) and _has(row, f["answer_field"])
+    ]
+    if presets:
+        text += (" or" if likely else "") + f" use the format preset --data.preset={presets[0]}"
+    elif not likely:
+        text += f" Name the {role} column with --data.{role}_field=COLUMN"
+    return text
+
+
 def _check_prompt(value, where: str, name: str):
     if isinstance(value, str):
         if not value.strip():
@@ -191,6 +226,9 @@ def load_prompt_dataset(
     for where, row in _rows(path, split):
         if not isinstance(row, dict):
             raise DatasetError(where, None, f"expected an object, got {type(row).__name__}")
+        for role, name in (("prompt", prompt_field), ("answer", answer_field)):
+            if not _has(row, name):
+                raise DatasetError(where, name, _missing_hint(row, role, name))
         prompt, messages = _check_prompt(_get(row, prompt_field, where), where, prompt_field)
         answer, extra = _check_answer(_get(row, answer_field, where), where, answer_field, preset)
         if dedup:

@@ -52,7 +52,9 @@ def make_reward(name: str, **params) -> Callable:
         return functools.partial(fn, **params) if params else fn
     if name not in FACTORIES:
         raise ValueError(
-            f"unknown reward {name!r}; valid: {sorted(FACTORIES)} or 'module:function'"
+            f"unknown reward {name!r}; valid: {sorted(FACTORIES)} or 'module:function' (a "
+            "function defined in a script and passed to rlvr.train is recorded by its name: "
+            "pass it again through rlvr.train, or name another reward here)"
         )
     factory = FACTORIES[name]
     valid = [p for p in inspect.signature(factory).parameters if p != "kwargs"]

@@ -1,5 +1,10 @@
 """Per-step metrics: metrics.jsonl (one JSON object per step), samples.jsonl, TensorBoard,
-and a rich progress bar. Only the writing lives here; the trainer computes the numbers."""
+and a rich progress bar. Only the writing lives here; the trainer computes the numbers.
+
+Sample completions (prompt, completion, answer, reward) go to samples.jsonl, to TensorBoard
+as a text table per step (tag `samples`), and to W&B / trackio as a table when enabled. At
+the end of the run, reward failures scored 0 (`reward.on_error=zero`) are totalled on screen.
+"""
 
 from __future__ import annotations
 
@@ -68,6 +73,8 @@ class RunLogger:
         )
         self._task = self.progress.add_task("train", total=total_steps, info="")
         self._start = time.time()
+        self._failures: dict[str, float] = {}  # reward name -> samples scored 0, whole run
+        self._responses = 0.0
 
     def __enter__(self) -> RunLogger:
         self.progress.start()
@@ -90,9 +97,19 @@ class RunLogger:
                 self._tb.add_scalar(k, v, step)
         for tracker in self._trackers:
             tracker.log(numbers, step=step)
+        self._responses += metrics.get("responses", 0)
+        for k, v in numbers.items():
+            if k.startswith("failures/"):
+                name = k.split("/", 1)[1]
+                self._failures[name] = self._failures.get(name, 0.0) + v
+        trained = (
+            f"ent {metrics['entropy']:.3f}"
+            if "entropy" in metrics
+            else f"no update ({metrics.get('update/skip_reason', 'nothing kept')})"
+        )
         info = (
             f"reward {metrics.get('reward/mean', 0):+.3f}  acc {metrics.get('accuracy', 0):.3f}"
-            f"  ent {metrics.get('entropy', 0):.3f}  tok/s {metrics.get('tokens_per_s', 0):.0f}"
+            f"  {trained}  tok/s {metrics.get('tokens_per_s', 0):.0f}"
         )
         if "eval/accuracy" in metrics:
             info += f"  eval {metrics['eval/accuracy']:.3f}"
@@ -102,11 +119,29 @@ class RunLogger:
         for r in rows:
             self._samples.write(json.dumps({"step": step, **r}) + "\n")
         self._samples.flush()
+        if not rows:
+            return
+        if self._tb is not None:
+            self._tb.add_text("samples", samples_markdown(rows), step)
+        for tracker in self._trackers:
+            table = getattr(tracker, "Table", None)
+            if table is not None:
+                data = [[r.get(c) for c in SAMPLE_COLUMNS] for r in rows]
+                tracker.log({"samples": table(columns=list(SAMPLE_COLUMNS), data=data)}, step=step)
 
     def message(self, text: str) -> None:
         self.progress.console.print(text)
 
     def close(self) -> None:
+        failed = {k: v for k, v in self._failures.items() if v}
+        if failed:
+            of = f" of {self._responses:.0f} responses" if self._responses else ""
+            parts = ", ".join(f"{k!r} {v:.0f}" for k, v in failed.items())
+            self.progress.console.print(
+                f"[yellow]reward failures over the run, scored 0 (reward.on_error=zero): "
+                f"{parts}{of}; samples.jsonl and the step metrics failures/* show where"
+            )
+            self._failures = {}
         self.progress.stop()
         for f in (self._metrics, self._samples):
             if not f.closed:
@@ -117,6 +152,23 @@ class RunLogger:
         for tracker in self._trackers:
             tracker.finish()
         self._trackers = []
+
+
+SAMPLE_COLUMNS = ("prompt", "completion", "answer", "reward", "correct", "length")
+
+
+def _cell(value: Any) -> str:
+    text = f"{value:.3f}" if isinstance(value, float) else str(value)
+    text = text.replace("|", "\\|").replace("\n", "<br>")  # one table row per sample
+    return text if len(text) <= 2000 else text[:2000] + "..."
+
+
+def samples_markdown(rows: list[dict[str, Any]]) -> str:
+    """A Markdown table of sample completions, as TensorBoard's text plugin renders it."""
+    head = "| " + " | ".join(SAMPLE_COLUMNS) + " |\n|" + "---|" * len(SAMPLE_COLUMNS) + "\n"
+    return head + "".join(
+        "| " + " | ".join(_cell(r.get(c, "")) for c in SAMPLE_COLUMNS) + " |\n" for r in rows
+    )
 
 
 class NullLogger:

@@ -119,6 +119,7 @@ class Tally:
             "response/truncation_rate": total["truncated"] / n,
             "response/repeat_frac": total["repeat"] / n,
             "generated_tokens": total["tokens"],
+            "responses": total["n"],
         }
         return out
 

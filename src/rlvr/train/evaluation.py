@@ -38,12 +38,14 @@ def evaluate(
     params: SamplingParams,
     chunk_prompts: int = 64,
     d: Dist | None = None,
+    records: list[dict] | None = None,
 ) -> dict[str, float]:
     """Sample `params.n` answers per held-out prompt; accuracy is their mean (avg@n), pass_at_k
     the share of prompts with at least one correct answer. Greedy when `params.greedy`.
 
     Every prompt draws from its own seed (its index in `prompts`), so the result does not
-    depend on chunking or on how many ranks share the prompts (rank r takes every r-th)."""
+    depend on chunking or on how many ranks share the prompts (rank r takes every r-th).
+    `records`, when given, receives one dict per answer (prompt, completion, reward, ...)."""
     d = d or Dist()
     if not prompts:
         return {}
@@ -55,7 +57,23 @@ def evaluate(
         sub = replace(params, row_seeds=tuple(derive_seed(params.seed, "eval", i) for i in idx))
         rollout = engine.generate([p.ids for p in chunk], sub)
         rows = [p for p in chunk for _ in range(params.n)]
-        _, correct = scorer.accuracy(rows, decode_completions(tokenizer, rollout), rollout)
+        completions = decode_completions(tokenizer, rollout)
+        values, correct = scorer.accuracy(rows, completions, rollout)
+        if records is not None:
+            records += [
+                {
+                    "prompt_index": idx[i // params.n],
+                    "sample": i % params.n,
+                    "prompt": p.text,
+                    "completion": completions[i],
+                    "answer": p.answer,
+                    "reward": float(values[i]),
+                    "correct": bool(correct[i]),
+                    "length": int(rollout.lengths[i]),
+                    "truncated": bool(rollout.truncated[i]),
+                }
+                for i, p in enumerate(rows)
+            ]
         correct = correct.view(len(chunk), params.n).float()
         sums[0] += float(correct.sum())
         sums[1] += float(correct.max(dim=1).values.sum())
