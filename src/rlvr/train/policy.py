@@ -7,8 +7,8 @@ weights is held; checkpoints hold the adapter only, and `rlvr export --merge` fo
 from __future__ import annotations
 
 import contextlib
-from copy import deepcopy
 from collections.abc import Iterator
+from copy import deepcopy
 from dataclasses import dataclass
 from pathlib import Path
 
