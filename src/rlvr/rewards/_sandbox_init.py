@@ -1,35 +1,65 @@
-"""Sandbox launcher: runs before the untrusted program, sets up its jail, then execs it.
+"""Sandbox launcher: runs before the untrusted program, builds its jail, then execs it.
 
-Started by `rlvr.rewards.sandbox` as `python -I -S _sandbox_init.py CONFIG_JSON`, inside
-`unshare --net --mount --pid --fork --kill-child` (plus `--user --map-root-user` when not
-root). It imports only the standard library. Steps, all before any untrusted byte runs:
+Started by `rlvr.rewards.sandbox` as `python -I -S _sandbox_init.py CONFIG_JSON` with the
+write end of a status pipe (fd `status_fd`). It imports only the standard library. The same
+steps work as root and as any other user, because the user namespace comes first:
 
-  1. make every mount private, so nothing below leaks to the host;
-  2. mount a small tmpfs as the new root, bind the Python installation, /usr, /lib*, and
-     /dev/{null,zero,urandom} into it read-only and nosuid, and mount a second size-limited
-     tmpfs at /tmp (the program's working directory, the only writable place);
-  3. chroot into it, chdir /tmp;
-  4. set the resource limits;
-  5. drop privileges: as real root, switch to an unprivileged uid/gid that owns no files and
-     no other process (RLIMIT_NPROC then counts only this sandbox); inside a user namespace,
-     enter a second, nested user namespace, which leaves no capability over the mounts;
-     then PR_SET_NO_NEW_PRIVS, so no setuid binary can give privileges back;
-  6. fork (see main) and exec the program with an empty environment.
-mode "none" (no namespaces) does only steps 4 and 6, in a plain temporary directory.
+  A (this process, in the trainer's namespaces) arms a parent-death signal, reads the
+  program's files into memory and forks a helper H that stays behind;
+  A: unshare(user, mount, pid, network, IPC, UTS, cgroup); H writes A's uid/gid maps from
+     the parent namespace (uid 1000 inside maps to a fresh uid as root, to the caller's own
+     uid otherwise) and exits; A then forks C, pid 1 of the new pid namespace, and watches:
+     when the trainer dies A kills C, and A's own parent-death signal does the same;
+  C: re-arms the parent-death signal after each credential change, switches to uid/gid 1000
+     (as root also clearing supplementary groups), forbids nested user namespaces, mounts a
+     tmpfs root with the Python installation, /usr, /lib* and /dev/{null,zero,urandom} bound
+     read-only and nosuid, a size-limited tmpfs at /tmp (the only writable place), writes the
+     files there, pivots into the new root and detaches the old one (no path leads back to
+     the host; no /proc), drops every capability, sets the resource limits and
+     PR_SET_NO_NEW_PRIVS, reports "ready", and forks D, which execs the program with an
+     empty environment. C enforces the wall clock: when D outlives `timeout_s`, C exits,
+     and the kernel kills every process left in the namespace (setsid or double-forked
+     ones included); when D exits first, C reports its status and exits the same way.
+
+Status lines (only this code writes the pipe; it is close-on-exec, and the program has no
+/proc to reopen it): "pid <C's pid>", "ready", then "exit <code>" (negative: killed by that signal) or
+"timeout"; "error <why>" when a setup step fails. The trainer trusts these lines, never the
+program's exit status or output, to tell a failed jail from a failed program.
+
+mode "none" (explicit opt-out): A writes the files to a plain temporary directory, sets the
+limits, reports "ready" and execs the program itself.
 """
 
 import ctypes
 import json
 import os
+import platform
 import resource
+import select
+import signal
 import sys
+import time
 
-MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT = 1, 2, 4, 32
-MS_BIND, MS_REC, MS_PRIVATE = 4096, 16384, 1 << 18
-CLONE_NEWUSER = 0x10000000
-PR_SET_NO_NEW_PRIVS = 38
+CLONE_NEWNS, CLONE_NEWCGROUP, CLONE_NEWUTS = 0x20000, 0x2000000, 0x4000000
+CLONE_NEWIPC, CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = (
+    0x8000000,
+    0x10000000,
+    0x20000000,
+    0x40000000,
+)
+NAMESPACES = CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC
+NAMESPACES |= CLONE_NEWUTS | CLONE_NEWCGROUP
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT = 1, 2, 4, 8, 32
+MS_NOATIME, MS_NODIRATIME, MS_BIND, MS_REC = 1024, 2048, 4096, 16384
+MS_PRIVATE, MS_RELATIME, MS_STRICTATIME = 1 << 18, 1 << 21, 1 << 24
+MNT_DETACH = 2
+PR_SET_PDEATHSIG, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS = 1, 24, 38
+PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 47, 4
+SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "ppc64le": 203, "s390x": 217}
+INNER_ID = 1000  # the program's uid and gid inside the namespace
 
 libc = ctypes.CDLL(None, use_errno=True)
+STATUS = -1
 
 
 def _call(name, *args):
@@ -38,91 +68,267 @@ def _call(name, *args):
         raise OSError(err, f"{name}{args!r}: {os.strerror(err)}")
 
 
+def report(line):
+    os.write(STATUS, (line.replace("\n", " ") + "\n").encode())
+
+
+def _die_with_parent(parent_alive):
+    """SIGKILL this process when its parent exits (re-armed after every credential change,
+    which clears it); exit now if the parent is already gone."""
+    _call("prctl", PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if not parent_alive():
+        os._exit(1)
+
+
 def _mount(src, dst, fstype, flags, data=None):
     enc = [None if x is None else x.encode() for x in (src, dst, fstype, data)]
     _call("mount", enc[0], enc[1], enc[2], ctypes.c_ulong(flags), enc[3])
 
 
-def _bind_ro(src, root):
+def _kept_flags(fd):
+    """The source mount's flags that a remount inside a user namespace must keep."""
+    f = os.statvfs(fd).f_flag
+    flags = MS_NOEXEC if f & os.ST_NOEXEC else 0
+    flags |= MS_NODEV if f & os.ST_NODEV else 0
+    flags |= MS_NODIRATIME if f & os.ST_NODIRATIME else 0
+    if f & os.ST_NOATIME:
+        return flags | MS_NOATIME
+    return flags | (MS_RELATIME if f & os.ST_RELATIME else MS_STRICTATIME)
+
+
+def _open_sources(paths):
+    """O_PATH descriptors of the bind sources, opened with the caller's credentials (its
+    uid may traverse /root, say, where the sandbox's own uid may not)."""
+    out = {}
+    for p in paths:
+        is_dir = os.path.isdir(p)
+        out[p] = (os.open(p, os.O_PATH | (os.O_DIRECTORY if is_dir else 0)), is_dir)
+    return out
+
+
+def _bind_ro(src, fd, is_dir, root):
     dst = root + src
-    if os.path.isdir(src):
+    if is_dir:
         os.makedirs(dst, exist_ok=True)
+        os.fchdir(fd)
+        source = "."  # the directory fd, whatever the path to it
     else:
         os.makedirs(os.path.dirname(dst), exist_ok=True)
         open(dst, "a").close()
-    _mount(src, dst, None, MS_BIND | MS_REC)
-    flags = MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID
+        source = src
+    _mount(source, dst, None, MS_BIND | MS_REC)
+    flags = MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | _kept_flags(fd)
     if not src.startswith("/dev/"):
         flags |= MS_NODEV
     _mount(None, dst, None, flags)
 
 
-def _jail(cfg):
+def _enter_namespaces(cfg):
+    """unshare every namespace, then have a helper left outside write the id maps."""
+    parent = os.getpid()
+    r, w = os.pipe()
+    helper = os.fork()
+    if helper == 0:
+        os.close(w)
+        try:
+            if os.read(r, 1) == b"1":
+                _write_maps(parent, cfg["outer_uid"], cfg["outer_gid"], cfg["deny_setgroups"])
+                os._exit(0)
+        except BaseException as e:
+            report(f"error writing the uid/gid maps: {type(e).__name__}: {e}")
+        os._exit(1)
+    os.close(r)
+    try:
+        _call("unshare", NAMESPACES)
+        os.write(w, b"1")
+    finally:
+        os.close(w)
+    _, status = os.waitpid(helper, 0)
+    if status != 0:
+        raise RuntimeError("the uid/gid maps were not written")
+
+
+def _write_maps(pid, uid, gid, deny_setgroups):
+    def put(name, text):
+        with open(f"/proc/{pid}/{name}", "w") as f:
+            f.write(text)
+
+    if deny_setgroups:  # required before an unprivileged gid_map
+        put("setgroups", "deny")
+    put("uid_map", f"{INNER_ID} {uid} 1\n")
+    put("gid_map", f"{INNER_ID} {gid} 1\n")
+
+
+def _no_nested_user_namespaces():
+    """Defence in depth: user namespaces created below this one would hand the program
+    capabilities (over nothing of the host, but more kernel to attack)."""
+    path = "/proc/sys/user/max_user_namespaces"
+    if os.path.exists(path):
+        with open(path, "w") as f:
+            f.write("0")
+
+
+def _jail(cfg, files, sources):
     root = cfg["root"]
     _mount(None, "/", None, MS_REC | MS_PRIVATE)
     _mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=755")
     for path in cfg["links"]:
         os.symlink(os.readlink(path), root + path)
     for path in cfg["binds"]:
-        _bind_ro(path, root)
+        fd, is_dir = sources[path]
+        _bind_ro(path, fd, is_dir, root)
+        os.close(fd)
     tmp = root + "/tmp"
     os.makedirs(tmp, exist_ok=True)
     _mount("tmpfs", tmp, "tmpfs", MS_NOSUID | MS_NODEV, f"size={cfg['tmp_bytes']},mode=700")
-    _install_files(cfg, tmp)
+    _write_files(files, tmp)
     _mount(None, root, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV, "size=1m,mode=755")
-    os.chroot(root)
+    os.chdir(root)
+    number = SYS_PIVOT_ROOT.get(platform.machine())
+    if number is None:
+        raise OSError(f"pivot_root: unknown syscall number on {platform.machine()}")
+    if libc.syscall(number, b".", b".") != 0:
+        raise OSError(ctypes.get_errno(), "pivot_root")
+    _call("umount2", b".", MNT_DETACH)  # the old root, stacked under the new one
     os.chdir("/tmp")
 
 
-def _install_files(cfg, workdir):
-    for name, src in cfg["files"].items():
-        dst = os.path.join(workdir, name)
-        with open(src, "rb") as f, open(dst, "wb") as g:
-            g.write(f.read())
-    uid = cfg["uid"]
-    if uid is not None:
-        os.chown(workdir, uid, uid)
-        for name in cfg["files"]:
-            os.chown(os.path.join(workdir, name), uid, uid)
+def _write_files(files, workdir):
+    for name, data in files.items():
+        with open(os.path.join(workdir, name), "wb") as f:
+            f.write(data)
 
 
-def _limits(lim):
+def _drop_capabilities():
+    for cap in range(64):
+        if libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
+            break  # EINVAL past the last capability this kernel knows
+    _call("prctl", PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
+    header = (ctypes.c_uint32 * 2)(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, this thread
+    _call("capset", header, (ctypes.c_uint32 * 6)())
+
+
+def _restrict(lim):
     for name, value in lim.items():
         resource.setrlimit(getattr(resource, name), (value, value))
+    _call("prctl", PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+
+
+def _exec(argv):
+    try:
+        os.execve(argv[0], argv, {})
+    except BaseException as e:
+        report(f"error exec {argv[0]}: {e}")
+    os._exit(97)
+
+
+def _init(cfg, files, lifeline):
+    """C: pid 1 of the new pid namespace. `lifeline` reads EOF once A is gone (A is outside
+    this pid namespace, so getppid() cannot tell). Never returns."""
+
+    def parent_alive():
+        return not select.select([lifeline], [], [], 0)[0]
+
+    try:
+        _die_with_parent(parent_alive)
+        sources = _open_sources(cfg["binds"])
+        if not cfg["deny_setgroups"]:
+            os.setgroups([])
+        os.setresgid(INNER_ID, INNER_ID, INNER_ID)
+        os.setresuid(INNER_ID, INNER_ID, INNER_ID)
+        _die_with_parent(parent_alive)
+        _no_nested_user_namespaces()
+        _jail(cfg, files, sources)
+        _drop_capabilities()
+        _restrict(cfg["limits"])
+    except BaseException as e:
+        report(f"error {type(e).__name__}: {e}")
+        os._exit(97)
+    report("ready")
+    pid = os.fork()
+    if pid == 0:
+        _exec(cfg["argv"])
+    _supervise(pid, cfg["timeout_s"])
+
+
+def _wait_exit(pid, timeout_s):
+    """True when `pid` exited within `timeout_s` (it is then still unreaped)."""
+    try:
+        fd = os.pidfd_open(pid)
+    except (AttributeError, OSError):  # kernels before 5.3: poll
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT):
+                return True
+            time.sleep(0.005)
+        return False
+    ready, _, _ = select.select([fd], [], [], timeout_s)
+    return bool(ready)
+
+
+def _supervise(pid, timeout_s):
+    # pid 1 of a namespace ignores signals it has no handler for, the program's included
+    if not _wait_exit(pid, timeout_s):
+        report("timeout")
+        os._exit(124)  # the kernel now kills every process in the namespace
+    _, status = os.waitpid(pid, 0)
+    report(f"exit {os.waitstatus_to_exitcode(status)}")
+    os._exit(0)
+
+
+def _pidfd(pid):
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):  # kernels before 5.3: poll every 50 ms
+        return None
+
+
+def _watch(child, parent):
+    """A: wait for C; if the trainer dies first, kill C (and with it the namespace)."""
+    parent_fd, child_fd = _pidfd(parent), _pidfd(child)
+    if os.getppid() != parent:
+        os.kill(child, signal.SIGKILL)
+    fds = [fd for fd in (parent_fd, child_fd) if fd is not None]
+    while True:
+        ready, _, _ = select.select(fds, [], [], 0.05)
+        if parent_fd in ready:
+            os.kill(child, signal.SIGKILL)
+        if os.waitpid(child, os.WNOHANG)[0] == child:
+            os._exit(0)
 
 
 def main():
+    global STATUS
     cfg = json.loads(sys.argv[1])
+    STATUS = cfg["status_fd"]
+    os.set_inheritable(STATUS, False)
+    parent = cfg["parent"]
+    _die_with_parent(lambda: os.getppid() == parent)
+    files = {}
+    for name, src in cfg["files"].items():
+        with open(src, "rb") as f:
+            files[name] = f.read()
     if cfg["mode"] == "none":
-        _install_files(cfg, cfg["workdir"])
+        _write_files(files, cfg["workdir"])
         os.chdir(cfg["workdir"])
-    else:
-        _jail(cfg)
-    _limits(cfg["limits"])
-    if cfg["mode"] == "root":
-        uid = cfg["uid"]
-        os.setgroups([])
-        os.setgid(uid)
-        os.setuid(uid)
-    elif cfg["mode"] == "userns":
-        _call("unshare", CLONE_NEWUSER)
-    _call("prctl", PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
-    if cfg["mode"] != "none":
-        # This process is pid 1 of the new pid namespace, which the kernel shields from
-        # signals it has no handler for (RLIMIT_CPU's SIGXCPU included): run the program as
-        # pid 2 and pass on its fate. When pid 1 exits, the kernel kills the whole namespace.
-        pid = os.fork()
-        if pid:
-            _, status = os.waitpid(pid, 0)
-            code = os.waitstatus_to_exitcode(status)
-            os._exit(code if code >= 0 else 128 - code)
-    os.execve(cfg["argv"][0], cfg["argv"], {})
+        _restrict(cfg["limits"])
+        report("ready")
+        _exec(cfg["argv"])
+    _enter_namespaces(cfg)
+    lifeline, keep = os.pipe()
+    child = os.fork()
+    if child == 0:
+        os.close(keep)
+        _init(cfg, files, lifeline)
+    os.close(lifeline)
+    report(f"pid {child}")  # for the trainer: when C is dead, so is every program process
+    _watch(child, parent)
 
 
 if __name__ == "__main__":
     try:
         main()
     except BaseException as e:
-        # exit status 97 tells the runner that the jail, not the program, failed
-        os.write(2, f"rlvr sandbox setup failed: {type(e).__name__}: {e}\n".encode())
+        if STATUS >= 0:
+            report(f"error {type(e).__name__}: {e}")
         os._exit(97)

@@ -27,7 +27,7 @@ _STARTUP_S = 30.0  # importing sympy on a loaded machine
 class _Worker:
     def __init__(self) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-I", str(_WORKER)],
+            [sys.executable, "-I", str(_WORKER), str(os.getpid())],  # it dies with this pid
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
@@ -65,6 +65,9 @@ timeouts = 0  # calls that ran past their limit, since import (a metric for the 
 
 def _get() -> _Worker:
     global _worker, _pid
+    if _worker is not None and _worker.proc.poll() is not None:  # killed from outside
+        _worker.kill()
+        _worker = None
     if _worker is None or _pid != os.getpid():  # after a fork the child starts its own
         _worker, _pid = _Worker(), os.getpid()
     if not _worker.ready:

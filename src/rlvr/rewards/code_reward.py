@@ -7,17 +7,14 @@ no code scores 0; a sample without tests gets None.
 Tests come from the dataset column `tests_field` (default "tests"), or, when that column is
 absent, from the reference `answer` parsed as JSON. Two formats:
   - assertions: a list of Python snippets (MBPP, HumanEval "check(...)"), or one snippet;
-    the solution and the snippets run in one sandboxed process, each snippet in the
-    solution's namespace, and a snippet passes when it raises nothing;
+    the snippets see the solution's top-level names, and one passes when it raises nothing;
   - stdin/stdout: {"inputs": [...], "outputs": [...]} (APPS, CodeContests) or a list of
     {"input": ..., "output": ...}; each case is its own sandboxed run, and passes when the
     output equals the expected one up to trailing whitespace on each line and at the end.
 
-Anti-hacking: in assertion mode the harness reaches the program through stdin (no file to
-read), and a passed test is reported by a random per-run token written to a duplicate of
-stdout taken before the solution runs. `sys.exit(0)`, `os._exit(0)` or printing "PASS" does
-not pass anything. A completion that inspects the harness's frames at run time can still
-forge a pass: the sandbox contains code, it does not make its verdict unforgeable.
+Anti-hacking: in assertion mode the solution and the tests run in two sandboxes and only
+values pass between them (`rlvr.rewards.code_harness` lists what that defeats); in stdin/stdout
+mode stdin is a pipe holding only the case's input, and this process compares the output.
 """
 
 from __future__ import annotations
@@ -25,28 +22,13 @@ from __future__ import annotations
 import json
 import os
 import re
-import secrets
 from concurrent.futures import ThreadPoolExecutor
 
+from rlvr.rewards.code_harness import run_assertions
 from rlvr.rewards.combine import completion_text
 from rlvr.rewards.sandbox import Limits, run_python
 
 _FENCE = re.compile(r"```([A-Za-z0-9_+-]*)[ \t]*\n(.*?)```", re.DOTALL)
-
-_HARNESS = """\
-import os, sys
-def _rlvr_run(token, solution, tests):
-    out = os.dup(1)
-    write = os.write
-    g = {"__name__": "solution", "__builtins__": __builtins__}
-    exec(compile(solution, "<solution>", "exec"), g)
-    for i, test in enumerate(tests):
-        try:
-            exec(compile(test, "<test %d>" % i, "exec"), g)
-        except BaseException:
-            continue
-        write(out, ("\\n%s:%d\\n" % (token, i)).encode())
-"""
 
 
 def extract_code(completion: str, *, require_fence: bool = True) -> str | None:
@@ -99,11 +81,7 @@ def run_tests(code: str, tests, *, limits: Limits | None = None, isolation: str 
             r = run_python(code, stdin=stdin, limits=limits, isolation=isolation)
             passed += r.returncode == 0 and not r.timed_out and _same_output(r.stdout, want)
         return passed, len(cases)
-    token = secrets.token_hex(16)
-    harness = _HARNESS + f"_rlvr_run({token!r}, {code!r}, {cases!r})\n"
-    r = run_python(harness, limits=limits, isolation=isolation, source_via_stdin=True)
-    hits = set(re.findall(rf"^{token}:(\d+)$", r.stdout, re.MULTILINE))
-    return len(hits & {str(i) for i in range(len(cases))}), len(cases)
+    return run_assertions(code, cases, limits=limits, isolation=isolation), len(cases)
 
 
 def make_code_reward(

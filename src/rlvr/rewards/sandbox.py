@@ -1,30 +1,38 @@
-"""Run untrusted Python in a sandbox: `run_python(source, stdin=...) -> SandboxResult`.
+"""Run untrusted Python in a sandbox: `run_python(source, stdin=...) -> SandboxResult`, or
+`SandboxProcess` for a program the caller talks to through pipes.
 
-What the sandbox guarantees (isolation "root" or "userns", i.e. Linux namespaces work):
-  - no network: a fresh network namespace with only a loopback that is down, so even
-    127.0.0.1 is unreachable;
-  - a private filesystem: the program is chrooted into a tmpfs that holds only the Python
-    installation, /usr and /lib* (read-only, nosuid) and /dev/{null,zero,urandom}; the
-    project, /home, /root, /etc, /proc and /work do not exist there. The only writable place
-    is its working directory /tmp, a tmpfs of `tmp_mb`; everything is gone after the run;
-  - its own pid namespace and process group: on exit or timeout the whole group is killed,
-    and the kernel kills every process left in the namespace;
-  - limits: CPU seconds, address space, open files, processes (RLIMIT_NPROC against a fresh
-    uid of its own as root, so a fork bomb stops at `max_procs`), file size (which also caps
-    stdout/stderr: they go to files, and a program that writes more gets SIGXFSZ);
-  - an empty environment, `python -I -S -B` (no site-packages, no user site, no .pyc);
-  - as root the program runs as an unprivileged uid that owns nothing; without root it runs
-    in a nested user namespace with no capabilities over its mounts, and with
-    PR_SET_NO_NEW_PRIVS either way.
+Isolation "namespaces" (the same for root and any other user; `_sandbox_init` lists the
+steps) guarantees:
+  - no network: a fresh network namespace whose loopback is down, so even 127.0.0.1 is
+    unreachable;
+  - a private filesystem: the root is a tmpfs that holds only the Python installation, /usr
+    and /lib* (read-only, nosuid) and /dev/{null,zero,urandom}; the project, /home, /root,
+    /etc, /proc and /work do not exist there, and the host's root is detached, not hidden.
+    The only writable place is the working directory /tmp, a tmpfs of `tmp_mb`;
+  - its own pid namespace: the trainer, its environment and every other process are
+    invisible and unreachable by signal; when the program exits, runs past `timeout_s`
+    (sleeping or not), or the trainer dies (even by SIGKILL), the namespace's init exits and
+    the kernel kills every process left in it, setsid and double-forked ones included;
+  - no privileges: uid 1000 in its own user namespace (as root, mapped to a fresh uid that
+    owns nothing; otherwise to the caller's uid), no capabilities, no nested user
+    namespaces, PR_SET_NO_NEW_PRIVS;
+  - limits: CPU seconds, address space, open files, processes (RLIMIT_NPROC counts the
+    namespace's own processes on Linux >= 5.14), file size (which also caps stdout and
+    stderr: they go to files, and a program that writes more gets SIGXFSZ);
+  - an empty environment, `python -I -S -B` (no site-packages, no user site, no .pyc).
 Limits of the guarantee: it is not a VM or seccomp jail: it shares the kernel, it can read
 the system's Python standard library and /usr, and a kernel bug could break out. CPU and
-memory are per process, so N processes may use N times the limits until the wall-clock
-timeout (default 5 s) kills them all.
+memory are per process, so N processes may use N times the limits until the wall clock ends.
 
-Isolation "none" (namespaces unavailable: some containers forbid unshare): limits, empty
-environment, fresh temporary directory and process group only; no network or filesystem
-isolation, and a fork bomb is bounded only by the user's RLIMIT_NPROC. "auto" uses the
-namespaces when a probe run succeeds and otherwise warns once and falls back to "none".
+Infrastructure failures (namespaces refused, a mount failing, the interpreter missing) raise
+`SandboxError`. The jail reports its state on a status pipe that only its own code holds,
+closed before the program starts, so nothing the program prints, writes or exits with can
+pass for a failed jail: once the jail reported "ready", the outcome is the program's.
+
+Isolation "auto" (the default) is "namespaces" where they work and otherwise refuses to run
+anything (`SandboxUnavailable`). "none" is the explicit opt-out: limits, an empty
+environment, a fresh directory and a process group only; the program runs as the caller,
+can read its files and /proc and reach the network, and its setsid children can outlive it.
 """
 
 from __future__ import annotations
@@ -33,7 +41,9 @@ import contextlib
 import json
 import math
 import os
+import re
 import secrets
+import select
 import shutil
 import signal
 import subprocess
@@ -41,19 +51,28 @@ import sys
 import tempfile
 import threading
 import time
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
 _INIT = Path(__file__).with_name("_sandbox_init.py")
-_SETUP_FAILED = 97
+SETUP_S = 30.0  # building the jail on a loaded machine; not part of the program's time
+_GRACE_S = 1.0  # the trainer's own deadline, after the jail's
+ISOLATIONS = ("auto", "namespaces", "none")
+
+
+class SandboxError(RuntimeError):
+    """The sandbox itself failed (not the program it runs)."""
+
+
+class SandboxUnavailable(SandboxError):
+    """Isolation was required but Linux namespaces do not work here."""
 
 
 @dataclass(frozen=True)
 class SandboxResult:
     """returncode: the program's exit status (negative: killed by that signal); stdout/stderr:
     decoded, at most `max_output_bytes` each; timed_out: killed by the wall-clock limit;
-    isolation: "root", "userns" or "none"."""
+    isolation: "namespaces" or "none"."""
 
     returncode: int
     stdout: str
@@ -101,6 +120,15 @@ def _layout() -> tuple[list[str], list[str]]:
     return links, binds
 
 
+def _nproc_is_per_namespace() -> bool:
+    """RLIMIT_NPROC counts per user namespace since Linux 5.14."""
+    try:
+        major, minor = (int(x) for x in os.uname().release.split(".")[:2])
+    except ValueError:
+        return False
+    return (major, minor) >= (5, 14)
+
+
 def _user_process_count() -> int:
     uid, n = os.getuid(), 0
     for d in os.listdir("/proc"):
@@ -110,102 +138,219 @@ def _user_process_count() -> int:
     return n
 
 
-def _run(mode: str, files: dict[str, str], argv_tail: list[str], stdin: str, lim: Limits):
-    exe, _ = _python()
-    tmp = tempfile.mkdtemp(prefix="rlvr-sandbox-")
-    try:
-        srcs = {}
-        for i, (name, text) in enumerate(files.items()):
-            srcs[name] = os.path.join(tmp, f"file{i}")
-            Path(srcs[name]).write_text(text)
-        procs = lim.max_procs
-        uid = None
-        if mode == "root":
-            uid = 1_000_000 + secrets.randbelow(1_000_000_000)
-        elif mode in ("userns", "none"):
-            procs += _user_process_count()  # RLIMIT_NPROC counts all of this user's processes
-        limits = {
+def _config(mode: str, tmp: str, files: dict[str, str], argv_tail, lim: Limits, status_fd: int):
+    srcs = {}
+    for i, (name, text) in enumerate(files.items()):
+        srcs[name] = os.path.join(tmp, f"file{i}")
+        with open(os.open(srcs[name], os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
+            f.write(text)
+    root = os.geteuid() == 0
+    outer = 1_000_000 + secrets.randbelow(1_000_000_000) if root else None
+    procs = lim.max_procs + 1  # + the namespace's init
+    if mode == "none" or not (root or _nproc_is_per_namespace()):
+        procs += _user_process_count()  # RLIMIT_NPROC then counts all of this uid's processes
+    links, binds = _layout()
+    return {
+        "mode": mode,
+        "parent": os.getpid(),
+        "status_fd": status_fd,
+        "root": os.path.join(tmp, "root"),
+        "workdir": os.path.join(tmp, "work"),
+        "links": links,
+        "binds": binds,
+        "tmp_bytes": lim.tmp_mb << 20,
+        "files": srcs,
+        "outer_uid": outer if root else os.geteuid(),
+        "outer_gid": outer if root else os.getegid(),
+        "deny_setgroups": not root,
+        "timeout_s": lim.timeout_s,
+        "limits": {
             "RLIMIT_CPU": lim.cpu_s or max(1, math.ceil(lim.timeout_s)),
             "RLIMIT_AS": lim.memory_mb << 20,
             "RLIMIT_NPROC": procs,
             "RLIMIT_NOFILE": lim.max_open_files,
             "RLIMIT_FSIZE": lim.max_output_bytes,
             "RLIMIT_CORE": 0,
-        }
-        links, binds = _layout()
-        workdir = os.path.join(tmp, "work")
-        os.mkdir(workdir)
-        cfg = {
-            "mode": mode,
-            "root": os.path.join(tmp, "root"),
-            "workdir": workdir,
-            "links": links,
-            "binds": binds,
-            "tmp_bytes": lim.tmp_mb << 20,
-            "files": srcs,
-            "uid": uid,
-            "limits": limits,
-            "argv": [exe, "-I", "-S", "-B", *argv_tail],
-        }
+        },
+        "argv": [_python()[0], "-I", "-S", "-B", *argv_tail],
+    }
+
+
+class SandboxProcess:
+    """A program running in the sandbox. `stdin` is a pipe the caller writes (a pipe, not a
+    file: nothing to seek back in); with `pipe_stdout` its stdout is a pipe too (`stdout`),
+    else a file of at most `max_output_bytes`. Start with `start()` (waits for the jail),
+    end with `finish()` (waits for the program, at most its wall clock) and `close()`."""
+
+    def __init__(self, files: dict[str, str], argv_tail: list[str], limits: Limits,
+                 mode: str, *, pipe_stdout: bool = False):  # fmt: skip
+        self.limits, self.mode = limits, mode
+        self.tmp = tempfile.mkdtemp(prefix="rlvr-sandbox-")
+        # the jail's init, under its own uid as root, must reach tmp/root to mount on it;
+        # the files in tmp stay private (0600)
+        os.chmod(self.tmp, 0o711)
+        self.proc: subprocess.Popen | None = None
+        self.uid: int | None = None
+        self.status, self.deadline = b"", 0.0
+        self.pipe_stdout = pipe_stdout
+        self._cfg = (files, argv_tail)
+
+    def start(self) -> None:
+        files, argv_tail = self._cfg
+        status_r, status_w = os.pipe()
+        self._status_fd = status_r
+        cfg = _config(self.mode, self.tmp, files, argv_tail, self.limits, status_w)
         os.mkdir(cfg["root"])
-        launcher = [sys.executable, "-I", "-S", str(_INIT), json.dumps(cfg)]
-        if mode == "root":
-            launcher = ["unshare", "--net", "--mount", "--pid", "--kill-child", *launcher]
-        elif mode == "userns":
-            launcher = ["unshare", "--user", "--map-root-user", "--net", "--mount", "--pid",
-                        "--kill-child", *launcher]  # fmt: skip
-        stdin_path = os.path.join(tmp, "stdin")
-        Path(stdin_path).write_text(stdin)
-        out_path, err_path = os.path.join(tmp, "stdout"), os.path.join(tmp, "stderr")
-        with open(stdin_path, "rb") as i, open(out_path, "wb") as o, open(err_path, "wb") as e:
-            proc = subprocess.Popen(
-                launcher, stdin=i, stdout=o, stderr=e, env={"PATH": "/usr/bin:/bin"},
-                start_new_session=True, cwd=workdir if mode == "none" else "/",
-            )  # fmt: skip
-            timed_out = False
-            try:
-                proc.wait(timeout=lim.timeout_s + 0.5)  # + the jail's own start-up
-            except subprocess.TimeoutExpired:
-                timed_out = True
-            _kill_all(proc, uid)
-        cap = lim.max_output_bytes
+        os.mkdir(cfg["workdir"])
+        self.uid = cfg["outer_uid"] if self.mode != "none" and os.geteuid() == 0 else None
+        self.out_path = os.path.join(self.tmp, "stdout")
+        self.err_path = os.path.join(self.tmp, "stderr")
+        private = os.O_WRONLY | os.O_CREAT | os.O_EXCL
+        with open(os.open(self.err_path, private, 0o600), "wb") as e, \
+                open(os.open(self.out_path, private, 0o600), "wb") as o:  # fmt: skip
+            self.proc = subprocess.Popen(
+                [sys.executable, "-I", "-S", str(_INIT), json.dumps(cfg)],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE if self.pipe_stdout else o,
+                stderr=e,
+                env={"PATH": "/usr/bin:/bin"},
+                start_new_session=True,
+                pass_fds=(status_w,),
+                cwd=cfg["workdir"] if self.mode == "none" else "/",
+            )
+        os.close(status_w)
+        self.stdin, self.stdout = self.proc.stdin, self.proc.stdout
+        self._read_status(time.monotonic() + SETUP_S, until=b"ready\n")
+        if self._line(b"ready") is None:
+            self.kill()
+            why = self._line(b"error") or f"the jail was not ready within {SETUP_S:.0f} s"
+            raise SandboxError(f"sandbox setup failed ({self.mode}): {why.removeprefix('error ')}")
+        self.deadline = time.monotonic() + self.limits.timeout_s + _GRACE_S
 
-        def read(p):
-            with open(p, "rb") as f:
-                return f.read(cap).decode("utf-8", "replace")
+    def _read_status(self, deadline: float, until: bytes | None = None) -> None:
+        """Read status lines until `until` has arrived, EOF, or the deadline."""
+        while until is None or until not in self.status:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([self._status_fd], [], [], left)[0]:
+                return
+            chunk = os.read(self._status_fd, 4096)
+            if not chunk:
+                return
+            self.status += chunk
+            if self._line(b"error"):
+                return
 
-        rc = proc.returncode
-        if mode != "none" and 128 < rc < 160:
-            rc = 128 - rc  # the launcher's report of "killed by signal rc - 128"
-        return SandboxResult(rc, read(out_path), read(err_path), timed_out, mode)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    def _line(self, head: bytes) -> str | None:
+        """The first complete status line that starts with `head`."""
+        for line in self.status.split(b"\n")[:-1]:
+            if line.startswith(head):
+                return line.decode(errors="replace")
+        return None
 
-
-def _kill_all(proc: subprocess.Popen, uid: int | None, wait_s: float = 5.0) -> None:
-    """SIGKILL the process group until it is gone (a fork bomb keeps adding members while
-    the kernel delivers the signals), then, as root, every process of the sandbox's uid, which
-    also finds any that left the group with setsid(). Returns when none is left, or after
-    `wait_s` (the kernel then finishes the pid namespace's teardown on its own)."""
-    deadline = time.monotonic() + wait_s
-    while time.monotonic() < deadline:
+    def finish(self) -> SandboxResult:
+        """Wait for the program (at most until its deadline), kill what is left, and return
+        its result as the jail reported it."""
+        timed_out = False
         try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            break
-        proc.poll()  # reap the leader, or the group never empties
-        time.sleep(0.01)
-    proc.wait()
-    if uid is None:
-        return
-    while time.monotonic() < deadline:
-        pids = _pids_of(uid)
-        if not pids:
+            self.proc.wait(timeout=max(0.0, self.deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            timed_out = True
+        self.kill()
+        self._read_status(time.monotonic() + 1.0)
+        lines = self.status.decode(errors="replace").split("\n")
+        rc = -signal.SIGKILL
+        for line in lines[lines.index("ready") + 1 :]:
+            if line == "timeout":
+                timed_out = True
+            elif line.startswith("exit "):
+                rc = int(line[5:])
+            elif line.startswith("error"):  # only the exec can fail after "ready"
+                raise SandboxError(f"sandbox: {line}")
+        if self.mode == "none":
+            rc = self.proc.returncode
+        cap = self.limits.max_output_bytes
+        out = b"" if self.pipe_stdout else _read(self.out_path, cap)
+        return SandboxResult(rc, out.decode("utf-8", "replace"),
+                             _read(self.err_path, cap).decode("utf-8", "replace"),
+                             timed_out, "none" if self.mode == "none" else "namespaces")  # fmt: skip
+
+    def kill(self) -> None:
+        """SIGKILL the launcher's process group; in a namespace, wait for its init (whose
+        death takes every process of the program with it)."""
+        if self.proc is None:
             return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+        if self.mode == "none":
+            _kill_group(self.proc.pid)
+            return
+        init = re.search(rb"^pid (\d+)$", self.status, re.MULTILINE)
+        if init:
+            _kill_until_dead([int(init[1])])
+        if self.uid is not None:
+            _kill_until_dead(_pids_of(self.uid), uid=self.uid)
+
+    def close(self) -> None:
+        self.kill()
+        for f in (getattr(self, "stdin", None), getattr(self, "stdout", None)):
+            with contextlib.suppress(OSError):
+                if f is not None:
+                    f.close()
+        with contextlib.suppress(OSError, AttributeError):
+            os.close(self._status_fd)
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def __enter__(self) -> SandboxProcess:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _read(path: str, cap: int) -> bytes:
+    with open(path, "rb") as f:
+        return f.read(cap)
+
+
+def _alive(pid: int) -> bool:
+    """Running (zombies are dead: their parent reaps them, or nobody does, harmlessly)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def _kill_until_dead(pids: list[int], uid: int | None = None, wait_s: float = 5.0) -> None:
+    """SIGKILL `pids` (and, given `uid`, every new process of that uid) until none runs."""
+    deadline = time.monotonic() + wait_s
+    while pids and time.monotonic() < deadline:
         for pid in pids:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
-        time.sleep(0.01)
+        time.sleep(0.002)
+        pids = _pids_of(uid) if uid is not None else [p for p in pids if _alive(p)]
+
+
+def _kill_group(pgid: int, wait_s: float = 5.0) -> None:
+    """SIGKILL a process group until no running member is left (a fork bomb keeps adding
+    members while the kernel delivers the signals)."""
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        members = [int(d) for d in os.listdir("/proc") if d.isdigit() and _pgid(int(d)) == pgid]
+        if not any(_alive(p) for p in members):
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, signal.SIGKILL)
+        time.sleep(0.005)
+
+
+def _pgid(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except OSError:
+        return None
 
 
 def _pids_of(uid: int) -> list[int]:
@@ -213,10 +358,8 @@ def _pids_of(uid: int) -> list[int]:
     for d in os.listdir("/proc"):
         if d.isdigit():
             with contextlib.suppress(OSError):
-                if os.stat(f"/proc/{d}").st_uid == uid:
-                    with open(f"/proc/{d}/stat") as f:
-                        if f.read().rsplit(")", 1)[1].split()[0] != "Z":  # zombies are dead
-                            out.append(int(d))
+                if os.stat(f"/proc/{d}").st_uid == uid and _alive(int(d)):
+                    out.append(int(d))
     return out
 
 
@@ -225,42 +368,54 @@ _probed: dict[str, str] = {}
 
 
 def available_isolation() -> str:
-    """The strongest isolation that works here: "root", "userns" or "none" (probed once)."""
+    """The isolation that works here: "namespaces" if a probe run in them succeeds, else
+    "none" (probed once)."""
     with _probe_lock:
         if "mode" not in _probed:
             mode = "none"
-            if shutil.which("unshare") and sys.platform == "linux":
-                candidate = "root" if os.geteuid() == 0 else "userns"
+            if sys.platform == "linux":
                 try:
-                    r = _run(candidate, {"p.py": "print(6*7)"}, ["p.py"], "", Limits(timeout_s=20))
+                    r = _run("namespaces", {"p.py": "print(6*7)"}, ["p.py"], "", Limits(20))
                     if r.returncode == 0 and r.stdout.strip() == "42":
-                        mode = candidate
+                        mode = "namespaces"
                     else:
-                        _probed["why"] = r.stderr.strip()[-300:]
-                except OSError as e:
+                        _probed["why"] = f"probe exited {r.returncode}: {r.stderr.strip()[-300:]}"
+                except (OSError, SandboxError) as e:
                     _probed["why"] = str(e)
             _probed["mode"] = mode
         return _probed["mode"]
 
 
-def _mode(isolation: str) -> str:
-    if isolation not in ("auto", "namespaces", "none"):
-        raise ValueError(f"isolation must be 'auto', 'namespaces' or 'none', got {isolation!r}")
+def resolve_isolation(isolation: str) -> str:
+    """The mode `isolation` runs in: "namespaces" or "none"; raises SandboxUnavailable when
+    isolation is required ("auto", "namespaces") and namespaces do not work here."""
+    if isolation not in ISOLATIONS:
+        raise ValueError(f"isolation must be one of {ISOLATIONS}, got {isolation!r}")
     if isolation == "none":
         return "none"
-    mode = available_isolation()
-    if mode == "none":
-        why = _probed.get("why", "unshare not found")
-        if isolation == "namespaces":
-            raise RuntimeError(f"sandbox: Linux namespaces unavailable here ({why})")
-        if not _probed.get("warned"):
-            _probed["warned"] = "1"
-            warnings.warn(
-                f"sandbox: Linux namespaces unavailable ({why}); running code with "
-                "resource limits only, without network or filesystem isolation",
-                stacklevel=3,
-            )
-    return mode
+    if available_isolation() == "none":
+        raise SandboxUnavailable(
+            f"sandbox: Linux namespaces do not work here ({_probed.get('why', '?')}); "
+            "model-written code will not run unisolated unless you opt out by name with "
+            "reward.sandbox_isolation: none (isolation='none')"
+        )
+    return "namespaces"
+
+
+def _run(mode: str, files: dict[str, str], argv_tail: list[str], stdin: str, lim: Limits):
+    with SandboxProcess(files, argv_tail, lim, mode) as p:
+        p.start()
+        feeder = threading.Thread(target=_feed, args=(p.stdin, stdin.encode()), daemon=True)
+        feeder.start()
+        result = p.finish()
+        feeder.join(timeout=1.0)
+        return result
+
+
+def _feed(pipe, data: bytes) -> None:
+    with contextlib.suppress(OSError, ValueError):  # the program stopped reading
+        pipe.write(data)
+        pipe.close()
 
 
 def run_python(
@@ -270,23 +425,14 @@ def run_python(
     limits: Limits | None = None,
     isolation: str = "auto",
     extra_files: dict[str, str] | None = None,
-    source_via_stdin: bool = False,
 ) -> SandboxResult:
-    """Run `source` as a Python program in the sandbox, feeding it `stdin`.
+    """Run `source` as a Python program in the sandbox, its stdin a pipe fed with `stdin`.
 
-    isolation: "auto" (namespaces if they work, else "none" with a warning), "namespaces"
-    (raise RuntimeError if they do not work) or "none". extra_files are written next to the
-    program in its working directory. source_via_stdin runs `python -` with the source as
-    stdin (then `stdin` must be empty), so the program has no file of its own to read.
+    isolation: "auto" or "namespaces" (run isolated, or raise SandboxUnavailable), or "none"
+    (the explicit opt-out). extra_files are written next to the program in its working
+    directory. Raises SandboxError when the jail fails; whatever the program does is in the
+    result.
     """
-    mode = _mode(isolation)
-    if source_via_stdin:
-        if stdin:
-            raise ValueError("source_via_stdin leaves no stdin for the program")
-        files, argv, stdin = dict(extra_files or {}), ["-"], source
-    else:
-        files, argv = {"main.py": source, **(extra_files or {})}, ["main.py"]
-    result = _run(mode, files, argv, stdin, limits or Limits())
-    if result.returncode == _SETUP_FAILED and "rlvr sandbox setup failed" in result.stderr:
-        raise RuntimeError(result.stderr.strip())
-    return result
+    mode = resolve_isolation(isolation)
+    files = {"main.py": source, **(extra_files or {})}
+    return _run(mode, files, ["main.py"], stdin, limits or Limits())

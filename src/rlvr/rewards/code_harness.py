@@ -1,0 +1,106 @@
+"""Assertion tests for the code reward, run where the solution cannot reach them.
+
+Two sandboxes per sample: the solution runs alone in one (`_code_server`), the test
+snippets in the other (`_code_tests`), and this process relays one JSON line at a time
+between them. In the tests' sandbox each top-level name of the solution is either a value
+rebuilt from plain JSON (`_code_wire.decode`: exact builtin types, so no object of the
+solution's, such as one whose __eq__ is always True, is ever compared) or a proxy whose
+calls travel to the solution as values and come back as values. The verdicts come from the
+tests' sandbox on a pipe only it holds. So the solution cannot see the tests (not in its
+files, memory, frames or stdin, which is a pipe of call requests), cannot replace the
+harness's exec, compile, json or comparisons (they live in another process), and cannot
+report a pass (its stdout is the reply channel, its prints go to stderr, and exiting early
+only fails the tests that still need it).
+
+Limits of the proxy: arguments and results must be plain values (None, bool, int, float,
+str, bytes, complex, list, tuple, dict, set, frozenset) or the solution's own objects; a
+test that passes a function (a lambda, say) to the solution, or that checks an argument the
+solution mutated in place, fails.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import time
+from pathlib import Path
+
+from rlvr.rewards.sandbox import Limits, SandboxProcess, resolve_isolation
+
+_HERE = Path(__file__).parent
+_WIRE = (_HERE / "_code_wire.py").read_text()
+_SERVER = _WIRE + "\n" + (_HERE / "_code_server.py").read_text()
+_TESTS = _WIRE + "\n" + (_HERE / "_code_tests.py").read_text()
+_DEAD = (json.dumps({"err": ["SolutionError", "the solution is not running"]}) + "\n").encode()
+
+
+class _Lines:
+    """Lines from a pipe, each at most `cap` bytes, read with a deadline."""
+
+    def __init__(self, pipe, cap: int):
+        self.fd, self.cap, self.buf, self.eof = pipe.fileno(), cap, b"", False
+
+    def next(self, deadline: float) -> bytes | None:
+        """The next line; None at EOF, past the deadline, or when a line is too long."""
+        while b"\n" not in self.buf:
+            left = deadline - time.monotonic()
+            if self.eof or len(self.buf) > self.cap or left <= 0:
+                return None
+            if not select.select([self.fd], [], [], left)[0]:
+                return None
+            chunk = os.read(self.fd, 65536)
+            self.eof = not chunk
+            self.buf += chunk
+        line, self.buf = self.buf.split(b"\n", 1)
+        return line if len(line) <= self.cap else None
+
+
+def _write(pipe, data: bytes) -> bool:
+    try:
+        pipe.write(data)
+        pipe.flush()
+        return True
+    except (OSError, ValueError):
+        return False
+
+
+def _forward(solution: SandboxProcess, replies: _Lines, request: bytes, deadline: float):
+    """The solution's reply to one request, as a checked JSON line (or a "not running"
+    error when it died, hung past the deadline or sent something that is not JSON)."""
+    if not _write(solution.stdin, request + b"\n"):
+        return _DEAD
+    line = replies.next(deadline)
+    try:
+        return (json.dumps(json.loads(line), allow_nan=False) + "\n").encode()
+    except (TypeError, ValueError, RecursionError):  # None, not JSON, nested too deeply
+        return _DEAD
+
+
+def run_assertions(code: str, tests: list[str], *, limits: Limits | None = None,
+                   isolation: str = "auto") -> int:  # fmt: skip
+    """How many of `tests` (Python snippets) pass against `code`, both sandboxed."""
+    lim = limits or Limits()
+    mode = resolve_isolation(isolation)
+    solution = SandboxProcess({"main.py": _SERVER, "solution.py": code}, ["main.py"], lim, mode,
+                              pipe_stdout=True)  # fmt: skip
+    checker = SandboxProcess({"main.py": _TESTS, "tests.json": json.dumps(tests)}, ["main.py"],
+                             lim, mode, pipe_stdout=True)  # fmt: skip
+    passed: set[int] = set()
+    with solution, checker:
+        solution.start()
+        checker.start()
+        deadline = time.monotonic() + lim.timeout_s
+        cap = max(lim.max_output_bytes, 1 << 16)
+        reports, replies = _Lines(checker.stdout, cap), _Lines(solution.stdout, cap)
+        while (line := reports.next(deadline)) is not None:
+            msg = json.loads(line)
+            if "op" in msg:
+                if not _write(checker.stdin, _forward(solution, replies, line, deadline)):
+                    break
+            elif "result" in msg:
+                if msg["ok"] is True and msg["result"] in range(len(tests)):
+                    passed.add(msg["result"])
+            else:
+                break  # done
+    return len(passed)

@@ -1,0 +1,116 @@
+"""Escape attempts against the sandbox, run by tests/rewards/test_sandbox_unprivileged.py as
+an unprivileged user (and by the root test suite as root). Stdlib only: it loads
+sandbox.py from the directory in argv[1] (a world-readable copy of rlvr/rewards), so it
+needs neither the venv nor the rlvr package's dependencies.
+
+argv: SANDBOX_DIR PORT DECOY_PID WRITABLE_DIR ISOLATION. Prints one JSON object: for each
+attack, the program's stdout (and, for "setsid", whether its child outlived the run).
+"""
+
+import importlib.util
+import json
+import os
+import sys
+import time
+
+MARK = "4321.25"  # the setsid child's `sleep` argument, to find it afterwards
+
+ATTACKS = {
+    "environ": """
+try:
+    with open("/proc/{trainer}/environ", "rb") as f:
+        print("READ", f.read().decode(errors="replace"))
+except OSError as e:
+    print("denied", e.errno)
+""",
+    "write": """
+for path in [{target!r}, "/escape.txt", "/usr/escape.txt"]:
+    try:
+        with open(path, "w") as f:
+            f.write("escaped")
+        print("WROTE", path)
+    except OSError as e:
+        print("denied", e.errno)
+with open("/tmp/inside.txt", "w") as f:
+    f.write("ok")
+print("inside ok")
+""",
+    "connect": """
+import socket
+try:
+    s = socket.create_connection(("127.0.0.1", {port}), timeout=1)
+    s.sendall(b"leak")
+    s.close()
+    print("CONNECTED")
+except OSError as e:
+    print("refused", e.errno)
+""",
+    "kill": """
+import os, signal
+for pid in ({trainer}, {decoy}):
+    try:
+        os.kill(pid, signal.SIGKILL)
+        print("KILLED", pid)
+    except OSError as e:
+        print("denied", e.errno)
+""",
+    "setsid": """
+import os
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        os.execv("/usr/bin/sleep", ["sleep", "{mark}"])
+    os._exit(0)
+print("started")
+""",
+    "userns": """
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+print("UNSHARED" if libc.unshare(0x10000000) == 0 else "denied %d" % ctypes.get_errno())
+""",
+    "identity": """
+import os
+print(os.getuid(), os.getgid(), os.getpid(), sorted(os.environ), os.path.exists("/proc/1"))
+""",
+}
+
+
+def setsid_children():
+    pids = []
+    for d in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{d}/cmdline", "rb") as f:
+                if f.read().split(b"\0")[:2] == [b"sleep", MARK.encode()]:
+                    pids.append(int(d))
+        except (OSError, ValueError):
+            pass
+    return pids
+
+
+def main():
+    where, port, decoy, writable, isolation = sys.argv[1:6]
+    spec = importlib.util.spec_from_file_location("sandbox", os.path.join(where, "sandbox.py"))
+    sandbox = importlib.util.module_from_spec(spec)
+    sys.modules["sandbox"] = sandbox
+    spec.loader.exec_module(sandbox)
+    fill = dict(trainer=os.getpid(), decoy=int(decoy), port=int(port), mark=MARK,
+                target=os.path.join(writable, f"escape-{isolation}.txt"))  # fmt: skip
+    out = {"uid": os.getuid(), "isolation": sandbox.available_isolation()}
+    for name, src in ATTACKS.items():
+        if name == "kill" and isolation == "none":  # the control would kill this script
+            src = src.replace("({trainer}, {decoy})", "({decoy},)")
+        r = sandbox.run_python(src.format(**fill), isolation=isolation,
+                               limits=sandbox.Limits(timeout_s=3))  # fmt: skip
+        out[name] = r.stdout
+        if name == "setsid":
+            deadline = time.monotonic() + 3.0
+            while (left := setsid_children()) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            out["setsid_left"] = len(left)
+            for pid in left:  # the control run's child: tidy up
+                os.kill(pid, 9)
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
