@@ -33,6 +33,7 @@ from transformers.cache_utils import StaticLayer
 from rlvr import cpu
 from rlvr.models import cache_kwarg
 from rlvr.rollout.base import Rollout, SamplingParams, dedupe, left_pad, lengths_from_eos
+from rlvr.rollout.streams import CounterStreams
 
 
 def filter_logits(logits: torch.Tensor, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
@@ -59,13 +60,15 @@ def sample_tokens(
     logits: torch.Tensor,
     params: SamplingParams,
     suppress: torch.Tensor | None = None,
-    generators: list[torch.Generator] | None = None,
+    generators: list[torch.Generator] | CounterStreams | None = None,
+    step: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Next tokens for (N, V) logits and their log-probs under softmax(logits / T), fp32.
 
     Greedy takes the argmax; otherwise temperature, top-k and top-p shape the distribution
     that `torch.multinomial` draws from (the global RNG, or one `generators` entry per
-    row). `suppress` ids (EOS before
+    row), or, with `CounterStreams`, one batched Gumbel-max draw keyed by each row's seed
+    and `step` (`rlvr.rollout.streams`). `suppress` ids (EOS before
     `min_new_tokens`) can't be chosen. The returned log-prob is always the unfiltered one,
     as the trainer computes it.
     """
@@ -73,6 +76,8 @@ def sample_tokens(
     choice = scaled if suppress is None else scaled.index_fill(-1, suppress, float("-inf"))
     if params.greedy:
         tokens = choice.argmax(dim=-1)
+    elif isinstance(generators, CounterStreams):
+        tokens = generators.draw(filter_logits(choice, params.top_k, params.top_p), step)
     else:
         probs = filter_logits(choice, params.top_k, params.top_p).softmax(dim=-1)
         if generators is None:
@@ -85,19 +90,28 @@ def sample_tokens(
     return tokens, log_probs
 
 
-def row_generators(params: SamplingParams, num_prompts: int, device) -> list | None:
-    """With `params.row_seeds` (one per prompt), one RNG per response row, seeded from its
-    prompt's seed and its index in the group: sampling is then independent of how prompts
-    are batched (across ranks, or generation batches), which data parallelism needs."""
+def row_generators(
+    params: SamplingParams, num_prompts: int, device, counter: bool = False
+) -> list | CounterStreams | None:
+    """With `params.row_seeds` (one per prompt), one RNG stream per response row, seeded from
+    its prompt's seed and its index in the group: sampling is then independent of how prompts
+    are batched (across ranks, or generation batches), which data parallelism needs.
+    One `torch.Generator` a row, or with `counter` one `CounterStreams` for the batch."""
     if params.row_seeds is None:
         return None
     if len(params.row_seeds) != num_prompts:
         raise ValueError(f"{len(params.row_seeds)} row_seeds for {num_prompts} prompts")
-    return [
-        torch.Generator(device=device).manual_seed(seed * 1009 + j)
-        for seed in params.row_seeds
-        for j in range(params.n)
-    ]
+    seeds = [seed * 1009 + j for seed in params.row_seeds for j in range(params.n)]
+    if counter:
+        return CounterStreams.from_seeds(seeds, device)
+    return [torch.Generator(device=device).manual_seed(s) for s in seeds]
+
+
+def _select(streams, keep: torch.Tensor):
+    """The streams of the rows kept after a compaction."""
+    if streams is None or isinstance(streams, CounterStreams):
+        return None if streams is None else streams.rows(keep)
+    return [streams[i] for i in keep.tolist()]
 
 
 class _LiveLayer(StaticLayer):
@@ -139,7 +153,16 @@ class FastEngine:
     has finished (each compaction copies the whole KV cache, so it is not done every step);
     None never compacts (the loop still stops when every row is done). `cache`: "static"
     (preallocated) or "dynamic" (grown by concatenation, for models without static support).
+
+    With `row_seeds`, `row_streams` picks the per-row streams: "generators" (one
+    torch.Generator a row, drawn row by row), "counter" (one batched Gumbel-max draw keyed
+    by each row's seed, `rlvr.rollout.streams`: no per-row work) or "auto" (counter on CUDA,
+    generators elsewhere). `check_every`: decoding steps between checks for finished rows,
+    each a host sync (None: every step on the CPU, every 8 on CUDA).
     """
+
+    row_streams = "auto"
+    check_every: int | None = None
 
     def __init__(
         self,
@@ -214,7 +237,10 @@ class FastEngine:
         B = len(rows)
         device = next(self.model.parameters()).device
         torch.manual_seed(params.seed)
-        generators = row_generators(params, len(prompt_ids), device)
+        counter = self.row_streams == "counter" or (
+            self.row_streams == "auto" and device.type == "cuda"
+        )
+        generators = row_generators(params, len(prompt_ids), device, counter=counter)
 
         if B == 0 or T == 0:
             empty = torch.full((B, T), self.pad_id, dtype=torch.long, device=device)
@@ -244,14 +270,14 @@ class FastEngine:
         with plan.attending() if plan is not None else contextlib.nullcontext():
             return self._decode(logits, cache, plan, prompt_mask, expand, generators, params, rows)
 
-    def _sample(self, logits, params, suppress, generators, plan):
+    def _sample(self, logits, params, suppress, generators, plan, step):
         """The CPU backend's C sampler for plain temperature sampling, else `sample_tokens`."""
         plain = not params.greedy and generators is None and params.top_p >= 1.0
         if plan is not None and plain and not 0 < params.top_k < logits.shape[-1]:
             drawn = plan.sample(logits, params.temperature, suppress)
             if drawn is not None:
                 return drawn
-        return sample_tokens(logits, params, suppress, generators)
+        return sample_tokens(logits, params, suppress, generators, step)
 
     def _decode(self, logits, cache, plan, prompt_mask, expand, generators, params, rows):
         """The sampling loop after the prefill: one token per live row per step."""
@@ -270,27 +296,33 @@ class FastEngine:
         alive = torch.ones(B, dtype=torch.bool, device=device)
         eos = torch.tensor(self.eos_ids, dtype=torch.long, device=device)
         eos_in_vocab = eos[eos < logits.shape[-1]]
-        steps = 0
+        steps, streams = 0, generators
+        check = self.check_every or (8 if device.type == "cuda" else 1)
         for t in range(T):
             suppress = eos_in_vocab if t < params.min_new_tokens else None
-            live_gens = None if generators is None else [generators[i] for i in row_ids.tolist()]
-            tokens, lp = self._sample(logits, params, suppress, live_gens, plan)
+            tokens, lp = self._sample(logits, params, suppress, streams, plan, t)
             # Finished rows still in the batch write padding (and log-prob 0) after their EOS.
             completion[row_ids, t] = torch.where(alive, tokens, self.pad_id)
             log_probs[row_ids, t] = torch.where(alive, lp, 0.0)
             steps = t + 1
             alive &= ~torch.isin(tokens, eos)
-            n_alive = int(alive.sum())
-            if n_alive == 0 or t == T - 1:
+            if t == T - 1:
+                break
+            # Finished rows are counted (a host sync) every `check` steps only; in between
+            # they decode on, writing padding.
+            n_alive = int(alive.sum()) if (t + 1) % check == 0 else None
+            if n_alive == 0:
                 break
             live = alive.shape[0]
-            if self.retire_fraction is not None and live - n_alive >= self.retire_fraction * live:
+            retire = self.retire_fraction is not None and n_alive is not None
+            if retire and live - n_alive >= self.retire_fraction * live:
                 keep = alive.nonzero().squeeze(1)
                 cache.reorder_cache(keep)
                 if plan is not None:
                     plan.retire(keep)
                 row_ids, alive, tokens = row_ids[keep], alive[keep], tokens[keep]
                 mask, next_pos = mask[keep], next_pos[keep]
+                streams = _select(streams, keep)
             logits = None if plan is None else plan.step(tokens, next_pos + t, cache)
             if logits is None:  # the modules; the mask of the tokens seen so far (a view)
                 step_mask = mask[:, : P + t + 1] if masked else None
@@ -302,6 +334,9 @@ class FastEngine:
         # Width is the longest response: a row without EOS can only be one that hit the cap.
         completion, log_probs = completion[:, :steps].cpu(), log_probs[:, :steps].cpu()
         lengths, truncated = lengths_from_eos(completion, self.eos_ids)
+        if len(lengths) and not truncated.any():  # rows checked every few steps: cut the tail
+            width = int(lengths.max())
+            completion, log_probs = completion[:, :width], log_probs[:, :width]
         return Rollout(
             prompt_ids=rows,
             completion_ids=completion,
