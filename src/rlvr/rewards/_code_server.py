@@ -1,9 +1,9 @@
 # ruff: noqa: F821  (encode, decode, dumps, loads, EXCEPTIONS: _code_wire, prepended)
 # The solution's side of the code reward (runs in its own sandbox, after _code_wire's
 # text): executes solution.py, then answers requests from the tests, one JSON line each
-# way: {"op": "names"} -> the solution's top-level names; {"op": "call", "ref", "args",
-# "kwargs"}; {"op": "getattr", "ref", "name"}. Replies: {"ok": value} or {"err": [type,
-# message]}. Nothing here is trusted: the solution can replace any of it, and whatever it
+# way: {"op": "names"} -> the solution's top-level names (modules by name); {"op": "call",
+# "ref", "args", "kwargs"}; {"op": "getattr", "ref", "name"}. Replies: {"ok": value} or
+# {"err": [type, message]}. Nothing here is trusted: the solution can replace any of it, and whatever it
 # sends back is only the value a call returned.
 import os
 
@@ -27,8 +27,9 @@ def _reply(obj):
 
 def _answer(req, g):
     op = req["op"]
-    if op == "names":
-        return {k: v for k, v in g.items() if not k.startswith("__")}
+    if op == "names":  # [name, "module", module name] or [name, "value", encoded value]
+        return [[k, "module", v.__name__] if type(v) is type(os) else [k, "value", encode(v, _ref)]
+                for k, v in g.items() if not k.startswith("__")]  # fmt: skip
     target = _objects[req["ref"]]
     if op == "getattr":
         return getattr(target, req["name"])

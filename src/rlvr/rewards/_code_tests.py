@@ -1,11 +1,13 @@
 # ruff: noqa: F821  (encode, decode, dumps, loads, EXCEPTIONS: _code_wire, prepended)
 # The tests' side of the code reward (runs in its own sandbox, after _code_wire's text):
-# runs each snippet of tests.json in a namespace where every top-level name of the solution
-# is a value it received (rebuilt here by _code_wire.decode) or a `Remote` that forwards
-# calls to the solution's sandbox. Reports {"result": i, "ok": bool} per test, then
+# runs each snippet of tests.json in a namespace with the solution's top-level names (see
+# _names): values rebuilt here by _code_wire.decode, or a `Remote` that forwards calls to
+# the solution's sandbox. Reports {"result": i, "ok": bool} per test, then
 # {"done": true}. The solution never runs in this process, so it cannot reach the tests,
 # their frames, the comparisons or this report.
 import builtins
+import contextlib
+import importlib
 import os
 
 _out = os.dup(1)
@@ -66,13 +68,31 @@ class Remote:
         return f"<solution object {_ref_of(self)}>"
 
 
+def _names():
+    """The solution's top-level names as the tests see them: its values rebuilt here, its
+    objects as Remotes, and the modules it imported imported afresh here (so a module it
+    patched stays patched only in its own process). Names that would shadow a builtin the
+    tests might use (`abs`, `len`, `isinstance`, ...) are left out."""
+    names = {}
+    for entry in _request({"op": "names"}):
+        if type(entry) is not list or len(entry) != 3 or type(entry[0]) is not str:
+            raise SolutionError("malformed names")
+        name, kind, value = entry
+        if hasattr(builtins, name):
+            continue
+        if kind == "module" and type(value) is str:
+            with contextlib.suppress(BaseException):  # not here: the tests cannot rely on it
+                names[name] = importlib.import_module(value)
+        elif kind == "value":
+            names[name] = decode(value, Remote)
+    return names
+
+
 def _main():
     with open("tests.json") as f:
         tests = loads(f.read())
     try:
-        names = _request({"op": "names"})
-        if type(names) is not dict:
-            raise SolutionError("malformed names")
+        names = _names()
     except BaseException:
         names = None
     g = {"__name__": "__main__", "__builtins__": builtins, **(names or {})}

@@ -84,9 +84,12 @@ def decode(j, ref=None, depth=0):
     raise ValueError(f"malformed value tagged {tag!r}")
 
 
+_json_dumps, _json_loads = json.dumps, json.loads  # bound before any solution code runs
+
+
 def dumps(obj):
-    return (json.dumps(obj, allow_nan=False) + "\n").encode()
+    return (_json_dumps(obj, allow_nan=False) + "\n").encode()
 
 
 def loads(line):
-    return json.loads(line)
+    return _json_loads(line)
