@@ -1,25 +1,107 @@
 #!/usr/bin/env bash
-# GPU check for the rollout engines: 20 DAPO steps of the built-in model on one GPU with each
-# engine (hf, fast, vllm), printing completion tokens/s. Needs: a CUDA GPU, torch with CUDA,
-# `pip install -e ".[dev,vllm]"`. Nothing is downloaded (the model ships with the package).
-#   bash scripts/gpu_check.sh [STEPS]
-set -euo pipefail
-steps=${1:-20}
-out=$(mktemp -d)
-python -m pytest -q tests/test_rollout_vllm.py tests/test_rollout_fast.py
-for engine in hf fast vllm; do
-  rlvr train --model.device=cuda --rollout.engine=$engine --max-steps "$steps" \
-    --rollout.prompts_per_step=32 --rollout.group_size=8 --train.eval_size=64 \
-    --output-dir "$out/$engine" --no-progress > "$out/$engine.log" 2>&1 \
-    || { echo "$engine: FAILED (log: $out/$engine.log)"; tail -20 "$out/$engine.log"; continue; }
-  python - "$out/$engine" "$engine" <<'PY'
-import json, sys
-rows = [json.loads(l) for l in open(f"{sys.argv[1]}/metrics.jsonl")][2:]  # skip warm-up
-tok = sum(r["generated_tokens"] for r in rows)
-gen = sum(r["time/generation"] for r in rows)
-step = sum(r["time/step"] for r in rows)
-s = json.load(open(f"{sys.argv[1]}/summary.json"))
-print(f"{sys.argv[2]:5s} generation {tok / gen:9.0f} tok/s   end-to-end {tok / step:9.0f} tok/s   "
-      f"held-out acc {s['eval_before']['accuracy']:.3f} -> {s['eval_after']['accuracy']:.3f}")
-PY
+# GPU check: every rollout engine and the CUDA training paths, with what is installed here.
+#
+#   bash scripts/gpu_check.sh [--steps N] [--wheels DIR] [--cpu-dry-run]
+#
+# Needs nothing from a package registry: rlvr importable (pip install -e . done) and torch
+# with CUDA. --wheels DIR installs the wheels in DIR first, offline (pip --no-index), e.g.
+# small test dependencies carried to a machine without a registry. Every check runs in its
+# own process, whatever happened to the others (no set -e), and prints one line:
+#   hf, fast          the engine's rollouts; fast: its log-probs against the trainer's
+#   vllm              vLLM's log-probs against the trainer's (fp32, then bf16 autocast),
+#                     or "vllm: not installed"
+#   train-fp32/-bf16/-lora/-nccl2/-vllm   rlvr train for N DAPO steps (nccl2: 2 ranks, when
+#                     two GPUs exist); finite losses, held-out accuracy, tokens/s
+#   pytest            the GPU-aware tests of the engines
+# --cpu-dry-run runs the hf and fast engine checks on the CPU, small (--quick), through the
+# same Python entry (scripts/gpu_check.py), to check the script itself where there is no GPU.
+# Exit status: the number of failed checks (0: all passed).
+set -uo pipefail
+
+steps=20
+wheels=""
+device=cuda
+dry=0
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --steps) steps="$2"; shift 2 ;;
+    --wheels) wheels="$2"; shift 2 ;;
+    --cpu-dry-run) dry=1; device=cpu; shift ;;
+    *) echo "usage: bash scripts/gpu_check.sh [--steps N] [--wheels DIR] [--cpu-dry-run]" >&2
+       exit 2 ;;
+  esac
 done
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+root=$(dirname "$here")
+py=${PYTHON:-python}
+out=$(mktemp -d)
+failed=0
+
+if [ -n "$wheels" ]; then
+  for whl in "$wheels"/*.whl; do
+    [ -e "$whl" ] || { echo "wheels: none in $wheels"; break; }
+    if "$py" -m pip install --no-index --find-links "$wheels" "$whl" > "$out/pip.log" 2>&1; then
+      echo "wheel: installed $(basename "$whl")"
+    else
+      echo "wheel: FAILED $(basename "$whl") (log: $out/pip.log)"
+    fi
+  done
+fi
+
+"$py" - <<'PY'
+import importlib.metadata as md
+import torch
+try:
+    vllm = md.version("vllm")
+except md.PackageNotFoundError:
+    vllm = "not installed"
+gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+print(f"env: torch {torch.__version__}, CUDA {torch.version.cuda}, GPUs {gpus or 'none'}, "
+      f"vllm {vllm}")
+PY
+
+# check NAME ARGS...: one process, its log kept, its result line printed (or why none came).
+check() {
+  local name="$1"; shift
+  local log="$out/$name.log"
+  "$py" "$here/gpu_check.py" "$@" > "$log" 2>&1
+  local rc=$?
+  local line
+  line=$(grep "^RESULT " "$log" | tail -1 | sed 's/^RESULT //')
+  if [ -n "$line" ]; then
+    echo "$line"
+  else
+    echo "$name: FAIL exit $rc without a result (log: $log)"
+    tail -5 "$log" | sed 's/^/    /'
+  fi
+  if [ "$rc" -ne 0 ]; then
+    failed=$((failed + 1))
+    [ -n "$line" ] && echo "    log: $log"
+  fi
+  return 0
+}
+
+cd "$root" || exit 2
+quick=()
+[ "$dry" -eq 1 ] && quick=(--quick)
+check hf engine hf --device "$device" "${quick[@]}"
+check fast engine fast --device "$device" "${quick[@]}"
+if [ "$dry" -eq 1 ]; then
+  echo "cpu dry run: vllm, training and pytest checks not run (logs: $out)"
+  exit "$failed"
+fi
+check vllm engine vllm --device cuda
+check vllm-bf16 engine vllm --device cuda --autocast bfloat16
+for kind in fp32 bf16 lora nccl2 vllm; do
+  check "train-$kind" train "$kind" --device cuda --steps "$steps"
+done
+if "$py" -m pytest -q -p no:cacheprovider tests/test_rollout_vllm.py tests/test_rollout_fast.py \
+    tests/test_rollout_streams.py > "$out/pytest.log" 2>&1; then
+  echo "pytest: PASS $(tail -1 "$out/pytest.log")"
+else
+  echo "pytest: FAIL $(tail -1 "$out/pytest.log") (log: $out/pytest.log)"
+  failed=$((failed + 1))
+fi
+echo "failed checks: $failed (logs: $out)"
+exit "$failed"
