@@ -212,3 +212,88 @@ def test_gpu_example_config_loads_once_the_data_exist(monkeypatch, tmp_path):
         True,
     )
     assert cfg.data.preset == "gsm8k" and cfg.reward.accuracy == "math"
+
+
+GOOD_LINE = b'{"prompt": "1+1?", "answer": "2"}\n'
+
+
+def test_utf8_bom_at_the_start_is_accepted(tmp_path):
+    path = tmp_path / "bom.jsonl"
+    path.write_bytes(b"\xef\xbb\xbf" + GOOD_LINE + GOOD_LINE)
+    rows = load_prompt_dataset(path)
+    assert [r.prompt for r in rows] == ["1+1?", "1+1?"]
+
+
+@pytest.mark.parametrize(
+    "suffix, data, where, message",
+    [
+        (
+            ".jsonl",
+            GOOD_LINE + b'{"prompt": "caf\xe9", "answer": "2"}\n',
+            "bad.jsonl:2",
+            "byte 0xe9 at column 16",
+        ),
+        (".jsonl", GOOD_LINE + GOOD_LINE + b"\xff\xfe\n", "bad.jsonl:3", "byte 0xff at column 1"),
+        (
+            ".json",
+            b'[\n {"prompt": "a", "answer": "1"},\n {"prompt": "\x80"}]',
+            "bad.json:3",
+            "byte 0x80 at column 14",
+        ),
+        (
+            ".jsonl",
+            "\ufeff".encode("utf-16-le") + GOOD_LINE.decode().encode("utf-16-le"),
+            "bad.jsonl:1",
+            "the file is UTF-16",
+        ),
+    ],
+)
+def test_invalid_utf8_names_file_and_line(tmp_path, suffix, data, where, message):
+    path = tmp_path / f"bad{suffix}"
+    path.write_bytes(data)
+    with pytest.raises(DatasetError) as e:
+        load_prompt_dataset(path)
+    assert str(e.value).startswith(where + ":"), str(e.value)
+    assert message in str(e.value)
+
+
+def test_lone_surrogate_names_line_and_field(tmp_path):
+    path = tmp_path / "sur.jsonl"
+    path.write_bytes(GOOD_LINE + b'{"prompt": "x \\ud800 y", "answer": "2"}\n')
+    with pytest.raises(DatasetError, match=r"sur\.jsonl:2, field 'prompt': holds a lone surrogate"):
+        load_prompt_dataset(path)
+    paired = tmp_path / "pair.jsonl"  # an escaped pair is one character (U+1F600): fine
+    paired.write_bytes(b'{"prompt": "x \\ud83d\\ude00", "answer": "2"}\n')
+    assert load_prompt_dataset(paired)[0].prompt == "x \U0001f600"
+
+
+def test_line_separators_inside_strings_stay_in_their_line(tmp_path):
+    path = tmp_path / "ls.jsonl"
+    path.write_bytes(
+        GOOD_LINE + '{"prompt": "a\u2028b\x85c", "answer": "2"}\n'.encode() + GOOD_LINE
+    )
+    rows = load_prompt_dataset(path)
+    assert rows[1].prompt == "a\u2028b\x85c" and rows[2].source == "ls.jsonl:3"
+
+
+def test_cli_reports_bad_bytes_as_one_error_line(tmp_path):
+    path = tmp_path / "bad.jsonl"
+    path.write_bytes(GOOD_LINE + b'{"prompt": "\xc3\x28", "answer": "2"}\n')
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rlvr",
+            "train",
+            f"--data.path={path}",
+            "--max-steps=1",
+            f"--output-dir={tmp_path / 'run'}",
+            "--no-progress",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert res.returncode == 2, res.stderr
+    assert "Traceback" not in res.stderr
+    assert "error: bad.jsonl:2: not valid UTF-8 (byte 0xc3 at column 13)" in res.stderr

@@ -28,6 +28,7 @@ and the field.
 
 from __future__ import annotations
 
+import codecs
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -66,22 +67,26 @@ def _rows(path: Path, split: str):
     """(where, row) pairs; a bad JSON line raises DatasetError."""
     name = path.name
     if path.is_file() and path.suffix in (".jsonl", ".json"):
-        with path.open(encoding="utf-8") as f:
-            text = f.read()
-        if path.suffix == ".json" and text.lstrip().startswith("["):
+        data = _utf8_bytes(path)
+        if path.suffix == ".json" and data.lstrip().startswith(b"["):
             try:
-                rows = json.loads(text)
+                rows = json.loads(_decode(data, name, 0))
             except json.JSONDecodeError as e:
                 raise DatasetError(f"{name}:{e.lineno}", None, f"bad JSON: {e.msg}") from None
-            yield from ((f"{name}[{i}]", r) for i, r in enumerate(rows))
+            for i, r in enumerate(rows):
+                yield _checked_text(f"{name}[{i}]", r)
             return
-        for lineno, line in enumerate(text.splitlines(), 1):
+        # JSON Lines end lines with "\n" only: str.splitlines would also split inside a
+        # string holding U+2028 or U+0085, which JSON allows unescaped
+        for lineno, raw in enumerate(data.split(b"\n"), 1):
+            line = _decode(raw, name, lineno)
             if not line.strip():
                 continue
             try:
-                yield f"{name}:{lineno}", json.loads(line)
+                row = json.loads(line)
             except json.JSONDecodeError as e:
                 raise DatasetError(f"{name}:{lineno}", None, f"bad JSON: {e.msg}") from None
+            yield _checked_text(f"{name}:{lineno}", row)
         return
     if path.is_file() and path.suffix == ".parquet":
         import pyarrow.parquet as pq
@@ -89,6 +94,55 @@ def _rows(path: Path, split: str):
         yield from ((f"{name}[{i}]", r) for i, r in enumerate(pq.read_table(path).to_pylist()))
         return
     yield from ((f"{name}[{i}]", r) for i, r in enumerate(_hf_rows(path, split)))
+
+
+def _utf8_bytes(path: Path) -> bytes:
+    """The file's bytes without a UTF-8 byte-order mark (Windows editors write one: accepted);
+    UTF-16/32 (their BOMs) is refused by name."""
+    data = path.read_bytes()
+    if data.startswith(codecs.BOM_UTF8):
+        return data[len(codecs.BOM_UTF8) :]
+    for bom, encoding in (
+        (codecs.BOM_UTF32_LE, "UTF-32"),
+        (codecs.BOM_UTF16_LE, "UTF-16"),
+        (codecs.BOM_UTF16_BE, "UTF-16"),
+        (codecs.BOM_UTF32_BE, "UTF-32"),
+    ):
+        if data.startswith(bom):
+            raise DatasetError(f"{path.name}:1", None, f"the file is {encoding}; save it as UTF-8")
+    return data
+
+
+def _decode(raw: bytes, name: str, lineno: int) -> str:
+    """`raw` as UTF-8, or DatasetError naming the line (0: a whole .json file) and column."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        bad, column = raw[e.start], e.start + 1
+        if lineno == 0:  # a whole file: find the line
+            lineno = raw.count(b"\n", 0, e.start) + 1
+            column = e.start - raw.rfind(b"\n", 0, e.start)
+        raise DatasetError(
+            f"{name}:{lineno}",
+            None,
+            f"not valid UTF-8 (byte 0x{bad:02x} at column {column}); save the file as UTF-8",
+        ) from None
+
+
+def _checked_text(where: str, row):
+    """(where, row), or DatasetError naming the field when a string holds a lone surrogate
+    (a `\\ud800`-`\\udfff` JSON escape outside a pair): no text encoding can hold it, and the
+    tokenizer would fail on it much later."""
+    if not isinstance(row, dict):
+        return where, row
+    for key, value in row.items():
+        try:
+            json.dumps(value, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            raise DatasetError(
+                where, str(key), "holds a lone surrogate escape (\\ud800-\\udfff not in a pair)"
+            ) from None
+    return where, row
 
 
 def _hf_rows(path: Path, split: str):
