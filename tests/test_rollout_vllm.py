@@ -49,6 +49,10 @@ def test_config_refuses_vllm_on_the_cpu_by_name():
     ):
         validate(cfg)
     validate(Config(model=ModelConfig(device="cuda"), rollout=RolloutConfig(engine="vllm")))
+    with pytest.raises(
+        ConfigError, match=r"^rollout\.vllm_dtype: got 'bfloat16', expected auto unless"
+    ):
+        validate(Config(rollout=RolloutConfig(engine="fast", vllm_dtype="bfloat16")))
 
 
 def test_train_refuses_vllm_on_cpu_before_any_work(tiny_model_dir, tmp_path, capsys):

@@ -314,6 +314,12 @@ def validate(cfg: Config) -> None:
         "fast or hf with model.device=cpu (vllm runs on a CUDA GPU)",
         r.engine,
     )
+    _check(
+        r.vllm_dtype == "auto" or r.engine == "vllm",
+        "rollout.vllm_dtype",
+        f"auto unless rollout.engine is vllm (it is {r.engine!r})",
+        r.vllm_dtype,
+    )
     if cfg.data.path is None:
         from rlvr.tasks import TASKS
 
