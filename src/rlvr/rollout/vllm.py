@@ -236,8 +236,10 @@ class VLLMEngine:
                     logprobs_mode="processed_logprobs",
                     seed=rank,  # every request carries its own seed; this is vLLM's default
                 )
-            self._receiver = self.llm.llm_engine.model_executor.driver_worker.worker
-            self._receiver = self._receiver.model_runner.model
+            # vLLM's own torch module (in-process: the executor is here), unwrapped from any
+            # CUDA-graph wrapper; its load_weights takes Hugging Face names.
+            worker = self.llm.llm_engine.model_executor.driver_worker.worker
+            self._receiver = worker.get_model()
         except Exception as e:
             raise VLLMEngineError(
                 f"rollout.engine=vllm: vllm {self.version} failed to start on {device}: "
