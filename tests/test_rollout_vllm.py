@@ -22,6 +22,7 @@ from rlvr.rollout.vllm import (
     check_version,
     launch_env,
     preserved_rng,
+    rollout_from_outputs,
     sample_seeds,
     vllm_dtype,
 )
@@ -225,6 +226,36 @@ def test_one_wake_sleep_cycle_a_step_level2_pushes_all_once_a_step():
     calls, pushes = _steps(level=2)
     assert calls.count(("sleep", 2)) == 4  # construction + one a step
     assert pushes == [None, None, None, None, None]  # construction, first wake, one a step
+
+
+class Logprob:  # vLLM's shape: .logprob
+    def __init__(self, logprob):
+        self.logprob = logprob
+
+
+class Completion:  # vLLM's CompletionOutput shape: token_ids, logprobs
+    def __init__(self, token_ids, logprobs):
+        self.token_ids = token_ids
+        self.logprobs = [{t: Logprob(lp)} for t, lp in zip(token_ids, logprobs)]
+
+
+def test_rollout_from_vllm_outputs():
+    eos, pad = 2, 0
+    completions = [
+        Completion([5, 6, eos], [-0.1, -0.2, -0.3]),  # EOS included in the response
+        Completion([7], [-0.5]),  # ended without EOS short of the others (context full)
+        Completion([eos], [-0.9]),
+        Completion([8, 9, 10, 11], [-1.0, -1.1, -1.2, -1.3]),
+    ]
+    r = rollout_from_outputs([[1, 3], [4]], completions, 2, pad, [eos])
+    assert r.prompt_ids == [[1, 3], [1, 3], [4], [4]] and r.group_size == 2
+    assert r.completion_ids.tolist() == [[5, 6, 2, 0], [7, 0, 0, 0], [2, 0, 0, 0], [8, 9, 10, 11]]
+    assert r.lengths.tolist() == [3, 1, 1, 4]
+    assert r.truncated.tolist() == [False, True, False, True]
+    assert r.sampling_log_probs[0].tolist() == pytest.approx([-0.1, -0.2, -0.3, 0.0])
+    assert r.sampling_log_probs[3, 3].item() == pytest.approx(-1.3)
+    with pytest.raises(ValueError, match="3 completions for 4 rows"):
+        rollout_from_outputs([[1, 3], [4]], completions[:3], 2, pad, [eos])
 
 
 def trainer_log_probs(model, rollout, pad_id: int, temperature: float = 1.0) -> torch.Tensor:

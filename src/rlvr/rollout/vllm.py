@@ -289,26 +289,37 @@ class VLLMEngine:
         with preserved_rng(self.device), _no_autocast():
             self.residency.wake(["weights", "kv_cache"])
             outputs = self.llm.generate(requests, sampling, use_tqdm=False) if requests else []
-        return self._rollout(prompt_ids, [out.outputs[0] for out in outputs], params)
+        completions = [out.outputs[0] for out in outputs]
+        return rollout_from_outputs(prompt_ids, completions, params.n, self.pad_id, self.eos_ids)
 
-    def _rollout(self, prompt_ids, completions, params: SamplingParams) -> Rollout:
-        rows = [p for p in prompt_ids for _ in range(params.n)]
-        seqs = [list(c.token_ids) for c in completions]
-        width = max((len(s) for s in seqs), default=0)
-        ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
-        lp = torch.zeros((len(rows), width))
-        for i, (seq, comp) in enumerate(zip(seqs, completions)):
-            ids[i, : len(seq)] = torch.tensor(seq, dtype=torch.long)
-            lp[i, : len(seq)] = torch.tensor(_token_log_probs(seq, comp.logprobs))
-        lengths, truncated = lengths_from_eos(ids, self.eos_ids)
-        return Rollout(
-            prompt_ids=rows,
-            completion_ids=ids,
-            lengths=lengths,
-            truncated=truncated,
-            group_size=params.n,
-            sampling_log_probs=lp,
-        )
+
+def rollout_from_outputs(
+    prompt_ids: list[list[int]], completions, n: int, pad_id: int, eos_ids: list[int]
+) -> Rollout:
+    """A `Rollout` from vLLM's completions (one per row, prompt-major: `token_ids`, and
+    `logprobs`: a {token: Logprob} per position holding the sampled token)."""
+    rows = [p for p in prompt_ids for _ in range(n)]
+    if len(completions) != len(rows):
+        raise ValueError(f"{len(completions)} completions for {len(rows)} rows")
+    seqs = [list(c.token_ids) for c in completions]
+    width = max((len(s) for s in seqs), default=0)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    lp = torch.zeros((len(rows), width))
+    for i, (seq, comp) in enumerate(zip(seqs, completions)):
+        ids[i, : len(seq)] = torch.tensor(seq, dtype=torch.long)
+        lp[i, : len(seq)] = torch.tensor(_token_log_probs(seq, comp.logprobs))
+    lengths, truncated = lengths_from_eos(ids, eos_ids)
+    # A row that ended without EOS short of the widest (the model's context full) is as
+    # long as what vLLM returned, not the batch width.
+    lengths = torch.minimum(lengths, torch.tensor([len(q) for q in seqs], dtype=torch.long))
+    return Rollout(
+        prompt_ids=rows,
+        completion_ids=ids,
+        lengths=lengths,
+        truncated=truncated,
+        group_size=n,
+        sampling_log_probs=lp,
+    )
 
 
 def _token_log_probs(token_ids: list[int], logprobs) -> list[float]:
