@@ -176,3 +176,84 @@ def test_engine_is_validated():
     assert load_config(None, ["--rollout.engine=hf"]).rollout.engine == "hf"
     with pytest.raises(ConfigError, match=r"rollout\.engine: got 'vllm2', expected one of 'hf'"):
         load_config(None, ["--rollout.engine=vllm2"])
+
+
+NONFINITE = ["nan", "inf", "-inf", "1e999", "NaN", "Infinity"]
+
+
+@pytest.mark.parametrize("value", NONFINITE)
+@pytest.mark.parametrize(
+    "key",
+    [
+        "optim.lr",
+        "optim.max_grad_norm",
+        "reward.correct_score",
+        "reward.wrong_score",
+        "reward.format_weight",
+        "algo.clip_high",
+        "algo.kl_coef",
+        "rollout.temperature",
+    ],
+)
+def test_non_finite_numbers_are_refused_by_name(key, value):
+    with pytest.raises(ConfigError, match=f"^{key}: got '{value}', expected a finite number$"):
+        load_config(None, [f"--{key}={value}"])
+
+
+def test_non_finite_numbers_from_yaml(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("optim:\n  lr: .inf\nreward:\n  correct_score: .nan\n")
+    with pytest.raises(ConfigError, match="expected a finite number"):
+        load_config(path)
+
+
+def test_negative_lr_and_non_finite_reward_weight():
+    with pytest.raises(ConfigError, match=r"^optim\.lr: got -0\.001, expected > 0$"):
+        load_config(None, ["--optim.lr=-1e-3"])
+    with pytest.raises(ConfigError, match=r"reward\.extra: got 'length=1e999'"):
+        load_config(None, ["--reward.extra=length=1e999"])
+
+
+def test_machine_values_are_refused_by_name():
+    with pytest.raises(ConfigError, match=r"^train\.threads: got 100000, expected 0 .* CPUs\)$"):
+        load_config(None, ["--train.threads=100000"])
+    with pytest.raises(ConfigError, match=r"^model\.device: got 'bogus', expected auto, cpu"):
+        load_config(None, ["--model.device=bogus"])
+    assert load_config(None, ["--model.device=cuda:1"]).model.device == "cuda:1"  # checked at run
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("--optim.lr=inf", "error: optim.lr: got 'inf', expected a finite number"),
+        ("--reward.correct_score=nan", "error: reward.correct_score: got 'nan', expected a finite"),
+        ("--train.threads=100000", "error: train.threads: got 100000, expected 0"),
+        ("--model.device=bogus", "error: model.device: got 'bogus'"),
+        (
+            "--rollout.prompts_per_step=100000",
+            "error: rollout.prompts_per_step: got 100000, expected at most the 64 training",
+        ),
+    ],
+)
+def test_cli_refuses_bad_values_with_one_error_line(tmp_path, override, message):
+    import subprocess
+    import sys
+
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rlvr",
+            "train",
+            override,
+            "--data.train_size=64",
+            "--max-steps=1",
+            f"--output-dir={tmp_path / 'run'}",
+            "--no-progress",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert res.returncode == 2, res.stderr
+    assert "Traceback" not in res.stderr and message in res.stderr, res.stderr

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import math
+import os
 import re
 import types
 import typing
@@ -94,9 +96,12 @@ def _coerce(key: str, tp: Any, value: Any) -> Any:
         if isinstance(value, bool) or not isinstance(value, (int, float, str)):
             raise ConfigError(f"{key}: got {value!r}, expected a number")
         try:
-            return float(value)
-        except ValueError:
+            number = float(value)
+        except (ValueError, OverflowError):
             raise ConfigError(f"{key}: got {value!r}, expected a number") from None
+        if not math.isfinite(number):  # nan/inf (or 1e999) poison every step downstream
+            raise ConfigError(f"{key}: got {value!r}, expected a finite number")
+        return number
     if tp is str:
         if not isinstance(value, (str, int, float)) or isinstance(value, bool):
             raise ConfigError(f"{key}: got {value!r}, expected a string")
@@ -298,11 +303,13 @@ def validate(cfg: Config) -> None:
     _check(cfg.reward.format_weight >= 0, "reward.format_weight", ">= 0", cfg.reward.format_weight)
     for item in cfg.reward.extra:
         _check(
-            bool(re.fullmatch(r"[^=]+=[-+0-9.eE]+", item)),
+            bool(re.fullmatch(r"[^=]+=[-+0-9.eE]+", item))
+            and math.isfinite(float(item.rsplit("=", 1)[1])),
             "reward.extra",
-            "entries of the form name=weight",
+            "entries of the form name=weight, the weight a finite number",
             item,
         )
+    _check_machine(cfg)
     from rlvr.rollout import ENGINES
 
     _check(
@@ -366,6 +373,34 @@ def _validate_ppo(cfg: Config) -> None:
     _check(
         c.value_clip is None or c.value_clip > 0, "critic.value_clip", "none or > 0", c.value_clip
     )
+
+
+# torch's intra-op pool gains nothing past one thread per CPU; far past it, thread creation
+# fails (`train.threads=100000`: "can't start new thread") or the machine thrashes.
+THREADS_PER_CPU = 4
+
+
+def _check_machine(cfg: Config) -> None:
+    """Values that name this machine's resources: the device string, the thread count."""
+    cpus = os.cpu_count() or 1
+    _check(
+        cfg.train.threads <= THREADS_PER_CPU * cpus,
+        "train.threads",
+        f"0 (torch's default) to {THREADS_PER_CPU * cpus} ({THREADS_PER_CPU} x this machine's "
+        f"{cpus} CPUs)",
+        cfg.train.threads,
+    )
+    device = cfg.model.device
+    if device != "auto":
+        import torch
+
+        try:
+            torch.device(device)
+        except (RuntimeError, ValueError):
+            raise ConfigError(
+                f"model.device: got {device!r}, expected auto, cpu, cuda, cuda:N "
+                "(or another torch device such as mps, xpu)"
+            ) from None
 
 
 def to_dict(cfg: Config) -> dict[str, Any]:

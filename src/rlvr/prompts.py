@@ -126,6 +126,11 @@ def load_prompts(cfg: Config, tokenizer, max_context: int | None) -> PromptSourc
     source = _from_task(cfg, tokenizer) if cfg.data.path is None else _from_dataset(cfg, tokenizer)
     if not source.train:
         raise ConfigError(f"data: no training prompts from {source.name}")
+    if cfg.rollout.prompts_per_step > len(source.train):  # a step would repeat prompts
+        raise ConfigError(
+            f"rollout.prompts_per_step: got {cfg.rollout.prompts_per_step}, expected at most "
+            f"the {len(source.train)} training prompts of {source.name}"
+        )
     if max_context is not None:
         budget = max_context - cfg.rollout.max_new_tokens
         for split, prompts in (("train", source.train), ("eval", source.eval)):
