@@ -184,6 +184,12 @@ class RewardConfig:
     extra: more reward terms, each "name=weight" (name from rlvr.rewards.REWARDS or module:function).
     on_error: a reward function that raises: "raise" stops the run, "zero" scores 0 and counts it.
     params: settings per reward name, e.g. {math: {signed: false}} (YAML, or JSON on the command line).
+    timeout_s: wall-clock limit of one call of a reward function (one batch), in seconds; a
+        call past it is a failure of that reward (on_error decides); 0 = no limit.
+    isolate_user: run user functions named "module:function" or "file.py:function" in a worker
+        process that is killed at the limit (default: in the trainer's process, abandoned at the limit).
+    sandbox_isolation: the code sandbox: "auto" (Linux namespaces, or refuse to run model code),
+        "namespaces" (the same, by name), "none" (explicit opt-out: no isolation, limits only).
     """
 
     accuracy: str = "task"
@@ -195,6 +201,9 @@ class RewardConfig:
     extra: tuple[str, ...] = ()
     on_error: Literal["raise", "zero"] = "raise"
     params: dict[str, dict[str, Any]] = field(default_factory=dict)
+    timeout_s: float = 300.0
+    isolate_user: bool = False
+    sandbox_isolation: Literal["auto", "namespaces", "none"] = "auto"
 
 
 @dataclass(frozen=True)

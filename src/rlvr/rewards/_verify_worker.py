@@ -2,55 +2,26 @@
 
 Started by path with `python -I _verify_worker.py TRAINER_PID`, so it imports nothing of
 rlvr. It dies with the trainer, even when the trainer is SIGKILLed while sympy holds the GIL
-in C for minutes: a watchdog process forked first waits on the trainer's pidfd and then
-SIGKILLs this one (and a parent-death signal ends the watchdog with this process).
-Protocol: one JSON object per line on stdin, {"p": prediction, "r": reference}; one JSON
-line back, {"ok": bool} or {"error": str}. The parent kills this process when a call runs past its time limit (sympy can
-spend minutes in C on `10^{10^{10}}`, where a signal-based timeout cannot interrupt it), so
-nothing here needs a timeout of its own.
+in C for minutes (`_lifeline.die_with`). Protocol: one JSON object per line on stdin,
+{"p": prediction, "r": reference}; one JSON line back, {"ok": bool} or {"error": str}. The
+parent kills this process when a call runs past its time limit (sympy can spend minutes in
+C on `10^{10^{10}}`, where a signal-based timeout cannot interrupt it), so nothing here
+needs a timeout of its own.
 """
 
-import ctypes
+import importlib.util
 import json
-import os
 import resource
-import select
-import signal
 import sys
-import time
 import warnings
+from pathlib import Path
 
-
-def _watchdog(trainer: int) -> None:
-    """Fork a process that SIGKILLs this one when `trainer` exits."""
-    worker = os.getpid()
-    if os.fork():
-        return
-    os.closerange(0, 3)  # the worker's pipes stay the worker's alone
-    ctypes.CDLL(None).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG: die with the worker
-    if os.getppid() != worker:
-        os._exit(0)
-    try:
-        select.select([os.pidfd_open(trainer)], [], [])
-    except (AttributeError, OSError):  # no pidfd (Linux < 5.3): poll
-        while os.getppid() == worker and _alive(trainer):
-            time.sleep(0.2)
-    os.kill(worker, signal.SIGKILL)
-    os._exit(0)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-        return True
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-
-
-if len(sys.argv) > 1:
-    _watchdog(int(sys.argv[1]))
+if len(sys.argv) > 1:  # _lifeline.die_with, loaded by path: -I puts no directory on sys.path
+    _path = Path(__file__).with_name("_lifeline.py")
+    _spec = importlib.util.spec_from_file_location("_lifeline", _path)
+    _lifeline = importlib.util.module_from_spec(_spec)
+    _spec.loader.exec_module(_lifeline)
+    _lifeline.die_with(int(sys.argv[1]))
 
 # A runaway expression fails with MemoryError instead of taking the machine's memory.
 _AS_LIMIT = 4 * 1024**3

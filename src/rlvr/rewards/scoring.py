@@ -9,6 +9,7 @@ above `reward.correct_threshold` (default 0: a score > 0 is correct).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,9 +17,10 @@ from typing import Any
 import torch
 
 from rlvr.algos import soft_overlong_penalty
-from rlvr.config import Config, ConfigError
+from rlvr.config import Config, ConfigError, RewardConfig
 from rlvr.prompts import Prompt
 from rlvr.rewards.combine import RESERVED_KWARGS, combine_rewards
+from rlvr.rewards.limits import with_time_limit
 from rlvr.rollout import Rollout
 
 
@@ -44,10 +46,25 @@ class TrainerState:
     max_steps: int = 0
 
 
-def _reward_fn(spec: str, params: dict[str, dict]) -> Callable:
+def _reward_fn(spec: str, r: RewardConfig) -> Callable:
+    """The reward `spec` names, configured from `r.params`, under `r.timeout_s`: user
+    functions in a killable worker process when `r.isolate_user`, else in-process."""
     from rlvr.rewards import make_reward
+    from rlvr.rewards.limits import ProcessReward
+    from rlvr.rewards.sandbox import SandboxUnavailable, resolve_isolation
 
-    return make_reward(spec, **params.get(spec, {}))
+    params = dict(r.params.get(spec, {}))
+    if spec == "code":
+        if "isolation" in params:
+            raise ValueError("params.code.isolation: set reward.sandbox_isolation instead")
+        try:
+            resolve_isolation(r.sandbox_isolation)  # refuse now, not at the first step
+        except SandboxUnavailable as e:
+            raise ValueError(str(e)) from None
+        params["isolation"] = r.sandbox_isolation
+    if ":" in spec and r.isolate_user:
+        return ProcessReward(spec, params, _term_name(spec), r.timeout_s)
+    return with_time_limit(make_reward(spec, **params), _term_name(spec), r.timeout_s)
 
 
 def _term_name(spec: str) -> str:
@@ -74,8 +91,15 @@ class Scorer:
                 "name a reward such as 'math' instead"
             )
 
+        if not (math.isfinite(r.timeout_s) and r.timeout_s >= 0):
+            raise ConfigError(
+                f"reward.timeout_s: expected seconds >= 0 (0: none), got {r.timeout_s}"
+            )
+
         def fn(spec: str) -> Callable:
-            return functions[spec] if spec in functions else _reward_fn(spec, r.params)
+            if spec in functions:
+                return with_time_limit(functions[spec], _term_name(spec), r.timeout_s)
+            return _reward_fn(spec, r)
 
         try:
             accuracy_fn = None if r.accuracy == "task" else fn(r.accuracy)
