@@ -10,11 +10,11 @@ micro-batch of 32 sequences, AdamW; every timed call is one whole `policy_update
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import statistics
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -23,8 +23,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _shared import QWEN2_SHAPE
 
 from rlvr.config import load_config
-from rlvr.train.batch import Sample
-from rlvr.train.update import assign_advantages, policy_update
+from rlvr.train.batch import Batch, Sample
+from rlvr.train.update import advantages, policy_update
 
 
 def build(seed: int = 0):
@@ -89,8 +89,8 @@ def main() -> None:
             model.load_state_dict(state)
             opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
             sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
-            work = copy.deepcopy(batch)
-            assign_advantages(work, cfgs[share])
+            work = Batch.from_groups([batch[i : i + args.group] for i in range(0, B, args.group)])
+            work = replace(work, advantages=advantages(work, cfgs[share]))
             t0 = time.perf_counter()
             policy_update(model, work, cfgs[share], opt, sched, pad_id, "cpu")
             if r:

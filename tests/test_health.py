@@ -8,7 +8,7 @@ import torch
 
 from rlvr.config import load_config
 from rlvr.run.health import HealthGuard, TrainingHealthError
-from rlvr.train.batch import Sample
+from rlvr.train.batch import Batch, Sample
 from rlvr.train.collect import _one_token_repeated
 from rlvr.train.update import policy_update
 
@@ -24,10 +24,12 @@ def test_nan_loss_skips_the_update_and_keeps_the_weights(tiny_model):
     )
     model = copy.deepcopy(tiny_model)
     before = [p.detach().clone() for p in model.parameters()]
-    samples = [
-        Sample([5, 6], [7, 8, 9], False, 1.0, True, 0, advantage=float("nan")),
-        Sample([5, 6], [9, 8], False, 0.0, False, 0, advantage=1.0),
+    group = [
+        Sample([5, 6], [7, 8, 9], False, 1.0, True, 0),
+        Sample([5, 6], [9, 8], False, 0.0, False, 0),
     ]
+    samples = Batch.from_groups([group])
+    samples = Batch(samples.samples, 1, advantages=torch.tensor([float("nan"), 1.0]))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
     m = policy_update(model, samples, cfg, opt, sched, pad_id=0, device="cpu")

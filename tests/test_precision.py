@@ -9,8 +9,8 @@ from rlvr.config import ConfigError, load_config
 from rlvr.cpu.packed import packed_linears, packing_available
 from rlvr.models import autocast
 from rlvr.rollout import FastEngine, SamplingParams
-from rlvr.train.update import assign_advantages, policy_update
-from test_update import _samples
+from rlvr.train.update import policy_update
+from test_update import _batch, _samples
 
 
 def test_autocast_needs_fp32_weights():
@@ -22,8 +22,7 @@ def test_autocast_needs_fp32_weights():
 
 def _updated(model, cfg_overrides, seed=0):
     cfg = load_config(None, cfg_overrides)
-    model, samples = copy.deepcopy(model), _samples(G=4, groups=2)
-    assign_advantages(samples, cfg)
+    model, samples = copy.deepcopy(model), _batch(_samples(G=4, groups=2), cfg)
     opt = torch.optim.SGD(model.parameters(), lr=1.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
     torch.manual_seed(seed)

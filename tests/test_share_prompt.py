@@ -2,6 +2,7 @@
 Same log-probs, entropies and gradients as the plain left-pad + right-pad forward."""
 
 import copy
+from dataclasses import replace
 
 import pytest
 import torch
@@ -15,8 +16,8 @@ from rlvr.train.batch import (
     shared_token_log_probs,
     token_log_probs,
 )
-from rlvr.train.update import _dummy, _micro_batches, _micro_loss, assign_advantages, policy_update
-from rlvr.train.update import fill_log_probs as fill
+from rlvr.train.update import _dummy, _micro_batches, _micro_loss, batch_log_probs, policy_update
+from test_update import _batch
 
 
 def _samples(G=4, groups=3, seed=0, max_len=9):
@@ -76,14 +77,12 @@ def test_log_probs_and_entropy_match(model, max_len):
 
 def _grads(model, samples, cfg):
     model = copy.deepcopy(model)
-    samples = copy.deepcopy(samples)
-    assign_advantages(samples, cfg)
     n_tok = float(sum(0 if s.truncated else len(s.completion_ids) for s in samples))
     n_seq = float(sum(not s.truncated for s in samples))
-    out, n, ent, ent_n = _micro_loss(model, samples, cfg, 0, "cpu", n_tok, n_seq)
-    out.loss.backward()
+    r = _micro_loss(model, _batch(samples, cfg), cfg, 0, "cpu", n_tok, n_seq)
+    r.out.loss.backward()
     grads = {k: p.grad for k, p in model.named_parameters() if p.grad is not None}
-    return out.loss.detach(), grads, (n, ent, ent_n)
+    return r.out.loss.detach(), grads, (r.loss_tokens, r.entropy_sum, r.generated_tokens)
 
 
 @pytest.mark.parametrize("preset", ["grpo", "dapo"])  # dapo: truncated rows filtered
@@ -102,10 +101,9 @@ def test_policy_loss_gradients_match(model, preset):
 
 
 def _step(model, samples, cfg):
-    model, samples = copy.deepcopy(model), copy.deepcopy(samples)
-    assign_advantages(samples, cfg)
+    model, samples = copy.deepcopy(model), _batch(samples, cfg)
     if cfg.algo.kl_coef > 0:
-        fill(model, samples, cfg, 0, "cpu", "ref_log_probs")
+        samples = replace(samples, ref_log_probs=batch_log_probs(model, samples, cfg, 0, "cpu"))
     opt = torch.optim.SGD(model.parameters(), lr=1.0)  # new params = old - grad
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
     metrics = policy_update(model, samples, cfg, opt, sched, pad_id=0, device="cpu")
@@ -128,22 +126,24 @@ def test_policy_update_same_parameters(model, preset, micro, algo):
     assert moved
 
 
-def test_fill_log_probs_match(model):
-    samples = _samples()
-    a, b = copy.deepcopy(samples), copy.deepcopy(samples)
-    fill(model, a, _cfg(False, micro=5), 0, "cpu", "old_log_probs")
-    fill(model, b, _cfg(True, micro=5), 0, "cpu", "old_log_probs")
-    for x, y in zip(a, b):
-        torch.testing.assert_close(y.old_log_probs, x.old_log_probs, atol=1e-5, rtol=0)
+def test_batch_log_probs_match(model):
+    batch = _batch(_samples(), _cfg(False))
+    plain = batch_log_probs(model, batch, _cfg(False, micro=5), 0, "cpu")
+    shared = batch_log_probs(model, batch, _cfg(True, micro=5), 0, "cpu")
+    assert plain.shape == (len(batch), batch.width)
+    for i, s in enumerate(batch.samples):  # zeros past each response's length
+        assert (plain[i, len(s.completion_ids) :] == 0).all()
+        assert (plain[i, : len(s.completion_ids)] < 0).all()
+    torch.testing.assert_close(shared, plain, atol=1e-5, rtol=0)
 
 
 def test_dummy_micro_batch_has_no_loss(model):
     model = copy.deepcopy(model)
-    out, n, _, ent_n = _micro_loss(model, _dummy(0), _cfg(True), 0, "cpu", 1.0, 1.0)
-    out.loss.backward()
-    loss = out.loss.detach()
+    r = _micro_loss(model, _dummy(0), _cfg(True), 0, "cpu", 1.0, 1.0)
+    r.out.loss.backward()
+    loss = r.out.loss.detach()
     grads = {k: p.grad for k, p in model.named_parameters() if p.grad is not None}
-    assert n == 0 and ent_n == 0 and float(loss) == 0.0
+    assert r.loss_tokens == 0 and r.generated_tokens == 0 and float(loss) == 0.0
     assert all(float(g.abs().sum()) == 0 for g in grads.values())
 
 
@@ -151,13 +151,13 @@ def test_dummy_micro_batch_has_no_loss(model):
 def test_shared_micro_batches_keep_prompts_together(size):
     samples = _samples(G=4, groups=5)
     micros = _micro_batches(samples, size, share_prompt=True)
-    assert sorted(id(s) for m in micros for s in m) == sorted(id(s) for s in samples)
+    assert sorted(i for m in micros for i in m) == list(range(len(samples)))
     assert all(1 <= len(m) <= size for m in micros)
     # a prompt is split only when its group is larger than a micro-batch
     homes = {}
     for i, m in enumerate(micros):
-        for s in m:
-            homes.setdefault(s.group, set()).add(i)
+        for row in m:
+            homes.setdefault(samples[row].group, set()).add(i)
     if size < 4:
         assert all(len(h) == -(-4 // size) for h in homes.values())
     else:

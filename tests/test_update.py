@@ -1,13 +1,14 @@
 """The update step: micro-batching must not change the gradient; old log-probs are exact."""
 
 import copy
+from dataclasses import replace
 
 import pytest
 import torch
 
 from rlvr.config import load_config
-from rlvr.train.batch import Sample
-from rlvr.train.update import assign_advantages, fill_log_probs, policy_update
+from rlvr.train.batch import Batch, Sample
+from rlvr.train.update import advantages, batch_log_probs, policy_update
 
 
 def _samples(G=4, groups=3, seed=0):
@@ -30,13 +31,19 @@ def _samples(G=4, groups=3, seed=0):
     return out
 
 
+def _batch(samples, cfg) -> Batch:
+    """One rank holding every group (consecutive runs of G samples), with its advantages."""
+    G = cfg.rollout.group_size
+    batch = Batch.from_groups([samples[i : i + G] for i in range(0, len(samples), G)])
+    return replace(batch, advantages=advantages(batch, cfg))
+
+
 def _step(model, samples, cfg, micro):
     cfg = load_config(None, {**cfg, "optim": {"micro_batch_sequences": micro, "max_grad_norm": 0}})
     model = copy.deepcopy(model)
-    samples = copy.deepcopy(samples)
-    assign_advantages(samples, cfg)
+    samples = _batch(samples, cfg)
     if cfg.algo.kl_coef > 0:
-        fill_log_probs(model, samples, cfg, 0, "cpu", "ref_log_probs")
+        samples = replace(samples, ref_log_probs=batch_log_probs(model, samples, cfg, 0, "cpu"))
     opt = torch.optim.SGD(model.parameters(), lr=1.0)  # new params = old - grad: compare grads
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
     metrics = policy_update(model, samples, cfg, opt, sched, pad_id=0, device="cpu")
@@ -68,24 +75,58 @@ def test_old_log_probs_are_the_live_ones_before_the_first_update(tiny_model):
         },
     )
     model = copy.deepcopy(tiny_model)
-    samples = _samples(groups=2)
-    assign_advantages(samples, cfg)
-    fill_log_probs(model, samples, cfg, 0, "cpu", "old_log_probs")
-    first = samples[:4]
+    full = _batch(_samples(groups=2), cfg)
+    full = replace(full, old_log_probs=batch_log_probs(model, full, cfg, 0, "cpu"))
+
+    def group(k):  # one group, alone in its own batch
+        part = Batch.from_groups([full.samples[4 * k : 4 * k + 4]])
+        rows = full.rows(range(4 * k, 4 * k + 4))
+        return replace(part, advantages=rows.advantages, old_log_probs=rows.old_log_probs)
+
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
-    m_first = policy_update(model, first, cfg, opt, sched, 0, "cpu")
+    m_first = policy_update(model, group(0), cfg, opt, sched, 0, "cpu")
     assert m_first["ratio_mean"] == pytest.approx(1.0, abs=1e-6)
-    m_second = policy_update(model, samples[4:], cfg, opt, sched, 0, "cpu")
+    m_second = policy_update(model, group(1), cfg, opt, sched, 0, "cpu")
     assert m_second["ratio_mean"] != pytest.approx(1.0, abs=1e-7)
 
 
 def test_advantages_use_whole_groups():
     cfg = load_config(None, {"rollout": {"group_size": 4}})
     samples = _samples(G=4, groups=2)
-    assign_advantages(samples, cfg)
+    adv = _batch(samples, cfg).advantages
     for k in range(2):
         r = torch.tensor([s.reward for s in samples[4 * k : 4 * k + 4]])
         want = (r - r.mean()) / (r.std() + 1e-6)
-        got = torch.tensor([s.advantage for s in samples[4 * k : 4 * k + 4]])
-        torch.testing.assert_close(got, want)
+        torch.testing.assert_close(adv[4 * k : 4 * k + 4], want)
+
+
+def test_logprob_diff_is_engine_minus_trainer_over_generated_tokens(tiny_model):
+    """rollout/logprob_diff_*: |engine log-prob - trainer log-prob| over the generated tokens
+    (truncated ones included), against the policy that sampled; absent without engine ones."""
+    cfg = load_config(
+        None,
+        {
+            "preset": "dapo",  # overlong filtering: truncated rows leave the loss, not this
+            "rollout": {"group_size": 4, "prompts_per_step": 2},
+            "algo": {"dynamic_sampling": False},
+        },
+    )
+    model = copy.deepcopy(tiny_model)
+    batch = _batch(_samples(groups=2), cfg)
+    trainer = batch_log_probs(model, batch, cfg, 0, "cpu")
+    offset = torch.arange(len(batch), dtype=torch.float32) * 0.01
+    lengths = torch.tensor([len(s.completion_ids) for s in batch.samples])
+    samples = [
+        replace(s, sampling_log_probs=trainer[i, : lengths[i]] - offset[i])
+        for i, s in enumerate(batch.samples)
+    ]
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+    m = policy_update(model, replace(batch, samples=samples), cfg, opt, sched, 0, "cpu")
+    want = float((offset * lengths).sum() / lengths.sum())
+    assert m["rollout/logprob_diff_mean"] == pytest.approx(want, abs=1e-5)
+    assert m["rollout/logprob_diff_max"] == pytest.approx(float(offset.max()), abs=1e-5)
+    assert any(s.truncated for s in samples)  # they count too
+    m = policy_update(model, batch, cfg, opt, sched, 0, "cpu")
+    assert not any(k.startswith("rollout/logprob_diff") for k in m)

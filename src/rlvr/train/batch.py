@@ -1,12 +1,15 @@
-"""Samples kept for an update, their collation into padded tensors, and their log-probs.
+"""The step's training batch, its collation into padded micro-batches, and their log-probs.
 
 A sample keeps its own prompt and completion ids (no padding), so any subset can be collated
 into a micro-batch only as wide as its longest member: no compute on another batch's padding.
+What later stages compute for the samples (advantages, old and reference log-probs) are
+tensors with one row per sample, held by the `Batch` beside them.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -16,9 +19,10 @@ from rlvr.models import cache_kwarg, unwrap_model
 from rlvr.rollout.base import dedupe, left_pad
 
 
-@dataclass
+@dataclass(frozen=True)
 class Sample:
-    """One response, with everything the update needs. `group` is the prompt's index."""
+    """One scored response. `group`: its prompt's group, numbered in the step's global order
+    (`Batch.from_groups`); -1 marks a placeholder row that carries no loss."""
 
     prompt_ids: list[int]
     completion_ids: list[int]  # exactly `length` ids (EOS included when not truncated)
@@ -26,9 +30,76 @@ class Sample:
     reward: float
     correct: bool
     group: int
-    advantage: float = 0.0
-    old_log_probs: torch.Tensor | None = None  # (length,)
-    ref_log_probs: torch.Tensor | None = None  # (length,)
+    sampling_log_probs: torch.Tensor | None = None  # (length,) the engine's own, if it has them
+
+
+@dataclass(frozen=True)
+class Batch:
+    """One step's training batch on this rank: whole groups, in the step's global group order.
+
+    Row i is `samples[i]`, a response of group `samples[i].group` out of `num_groups` over
+    all ranks (the groups of other ranks are simply not here). Each later stage returns its
+    per-row result as a tensor and the trainer attaches it with `dataclasses.replace`:
+
+    advantages: (N,) one per response; a per-token estimator (GAE) gives (N, T) instead.
+    old_log_probs, ref_log_probs: (N, T) fp32, 0 past each response's length.
+
+    T is `width`, the longest response. Further per-token fields (a critic's values, the
+    returns) fit the same way: (N, T) tensors, sliced per micro-batch by `rows` and `to_width`.
+    """
+
+    samples: list[Sample]
+    num_groups: int
+    advantages: torch.Tensor | None = None
+    old_log_probs: torch.Tensor | None = None
+    ref_log_probs: torch.Tensor | None = None
+
+    @classmethod
+    def from_groups(cls, groups: Sequence[Sequence[Sample]]) -> Batch:
+        """The step's groups in global order, each as the samples this rank holds of it
+        (none where another rank holds it); samples are renumbered by their group's place."""
+        samples = [replace(s, group=k) for k, g in enumerate(groups) for s in g]
+        return cls(samples, len(groups))
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    @property
+    def width(self) -> int:
+        return max((len(s.completion_ids) for s in self.samples), default=0) or 1
+
+    def rows(self, index: Sequence[int]) -> Batch:
+        """The rows `index` (same groups' numbering), with the per-row tensors indexed."""
+        idx = torch.tensor(list(index), dtype=torch.long)
+
+        def take(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t[idx]
+
+        return Batch(
+            samples=[self.samples[i] for i in index],
+            num_groups=self.num_groups,
+            advantages=take(self.advantages),
+            old_log_probs=take(self.old_log_probs),
+            ref_log_probs=take(self.ref_log_probs),
+        )
+
+    def in_groups(self, lo: int, hi: int) -> list[int]:
+        """The rows of groups lo .. hi - 1 that are here."""
+        return [i for i, s in enumerate(self.samples) if lo <= s.group < hi]
+
+    def sampling_log_probs(self, width: int) -> torch.Tensor | None:
+        """(N, width) the engine's log-probs, 0 past each length; None where it has none."""
+        rows = [s.sampling_log_probs for s in self.samples]
+        return None if any(r is None for r in rows) else _pad_rows(rows, width)
+
+
+def to_width(t: torch.Tensor | None, width: int, device) -> torch.Tensor | None:
+    """A per-row tensor on `device` for a micro-batch `width` tokens wide: per-token (N, T)
+    tensors lose the columns past it (zeros: every row there is shorter), per-row (N,) ones
+    stay."""
+    if t is None:
+        return None
+    return (t[:, :width] if t.dim() == 2 else t).to(device)
 
 
 @dataclass(frozen=True)
@@ -40,14 +111,9 @@ class MicroBatch:
     position_ids: torch.Tensor  # (B, P + T), counting from each row's first real token
     prompt_width: int  # P
     response_mask: torch.Tensor  # (B, T) 1 on generated tokens incl. EOS
-    advantages: torch.Tensor  # (B,)
-    old_log_probs: torch.Tensor | None  # (B, T)
-    ref_log_probs: torch.Tensor | None  # (B, T)
 
 
-def _pad_rows(rows: list[torch.Tensor | None], width: int) -> torch.Tensor | None:
-    if any(r is None for r in rows):
-        return None
+def _pad_rows(rows: list[torch.Tensor], width: int) -> torch.Tensor:
     out = torch.zeros(len(rows), width)
     for i, r in enumerate(rows):
         out[i, : len(r)] = r
@@ -75,14 +141,7 @@ def collate(samples: list[Sample], pad_id: int, device: torch.device | str) -> M
         position_ids=position_ids.to(device),
         prompt_width=P,
         response_mask=mask.to(device),
-        advantages=torch.tensor([s.advantage for s in samples], dtype=torch.float32, device=device),
-        old_log_probs=_to(_pad_rows([s.old_log_probs for s in samples], T), device),
-        ref_log_probs=_to(_pad_rows([s.ref_log_probs for s in samples], T), device),
     )
-
-
-def _to(t: torch.Tensor | None, device) -> torch.Tensor | None:
-    return None if t is None else t.to(device)
 
 
 def token_log_probs(
@@ -130,9 +189,6 @@ class SharedMicroBatch:
     expand: torch.Tensor  # (B,) prompt row of each completion
     completion_ids: torch.Tensor  # (B, T)
     response_mask: torch.Tensor  # (B, T) 1 on generated tokens incl. EOS
-    advantages: torch.Tensor  # (B,)
-    old_log_probs: torch.Tensor | None  # (B, T)
-    ref_log_probs: torch.Tensor | None  # (B, T)
 
 
 def collate_shared(
@@ -154,9 +210,6 @@ def collate_shared(
         expand=torch.tensor(index).to(device),
         completion_ids=c_ids.to(device),
         response_mask=mask.to(device),
-        advantages=torch.tensor([s.advantage for s in samples], dtype=torch.float32, device=device),
-        old_log_probs=_to(_pad_rows([s.old_log_probs for s in samples], T), device),
-        ref_log_probs=_to(_pad_rows([s.ref_log_probs for s in samples], T), device),
     )
 
 

@@ -4,7 +4,7 @@
 Under data parallelism every rank draws the same prompt batch and generates for its own
 contiguous share of it (whole groups); the correctness of every group is gathered so that
 dynamic sampling keeps the same groups on every rank. A kept group lives on the rank that
-generated it; the others hold `None` in its place, so global group order is preserved.
+generated it, numbered by its place among the kept groups of all ranks (`Batch`).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from rlvr.prompts import Prompt
 from rlvr.rewards.scoring import Scorer, Scores
 from rlvr.rollout import Rollout, RolloutEngine, SamplingParams, decode_completions, derive_seed
 from rlvr.run.distributed import Dist
-from rlvr.train.batch import Sample
+from rlvr.train.batch import Batch, Sample
 
 
 class PromptSampler:
@@ -44,22 +44,14 @@ class PromptSampler:
         return out
 
 
-Group = list[Sample]
-
-
 @dataclass
 class Collected:
-    """A rollout batch ready for the update, with what its collection saw.
+    """A rollout batch ready for the update (this rank's kept groups), with what its
+    collection saw."""
 
-    groups: the kept groups in global order; `None` where another rank holds the group."""
-
-    groups: list[Group | None]
+    batch: Batch
     metrics: dict[str, float]
     examples: list[dict]
-
-    @property
-    def samples(self) -> list[Sample]:
-        return [s for g in self.groups if g is not None for s in g]
 
 
 def _one_token_repeated(ids: list[int], min_len: int = 4) -> bool:
@@ -124,7 +116,8 @@ class Tally:
         return out
 
 
-def _groups(rows: list[Prompt], rollout: Rollout, scores: Scores, G: int) -> list[Group]:
+def _groups(rows: list[Prompt], rollout: Rollout, scores: Scores, G: int) -> list[list[Sample]]:
+    engine_lp = rollout.sampling_log_probs
     return [
         [
             Sample(
@@ -134,6 +127,9 @@ def _groups(rows: list[Prompt], rollout: Rollout, scores: Scores, G: int) -> lis
                 reward=float(scores.total[i]),
                 correct=bool(scores.correct[i]),
                 group=g,
+                sampling_log_probs=None
+                if engine_lp is None
+                else engine_lp[i, : rollout.lengths[i]],
             )
             for i in range(g * G, (g + 1) * G)
         ]
@@ -204,8 +200,9 @@ def collect(
             keep = keep_groups(correct, G)
         else:
             keep = torch.ones(size, dtype=torch.bool)
-        payloads = [None] * lo + _groups(rows, rollout, scores, G) + [None] * (size - hi)
-        buffer.add(payloads, keep)
+        # one payload per group of the batch: this rank's samples of it (none: another rank's)
+        others: list[list[Sample]] = [[] for _ in range(size - (hi - lo))]
+        buffer.add(others[:lo] + _groups(rows, rollout, scores, G) + others[lo:], keep)
         if cfg.algo.refill == "adaptive":
             size = refill_size(target, len(buffer), buffer.num_groups_seen)
     result = buffer.pop()
@@ -220,4 +217,4 @@ def collect(
             "time/scoring": t_score,
         }
     )
-    return Collected(groups=result.groups, metrics=metrics, examples=examples)
+    return Collected(batch=Batch.from_groups(result.groups), metrics=metrics, examples=examples)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -56,7 +56,7 @@ from rlvr.run.signals import StopSignal
 from rlvr.train.collect import PromptSampler, collect
 from rlvr.train.evaluation import eval_params, evaluate
 from rlvr.train.policy import Policy, load_policy
-from rlvr.train.update import assign_advantages, fill_log_probs, policy_update
+from rlvr.train.update import advantages, batch_log_probs, policy_update
 
 
 @dataclass(frozen=True)
@@ -145,23 +145,23 @@ def run_step(step: int, run: Run) -> tuple[dict[str, float], list[dict]]:
             step, cfg, run.engine, run.tokenizer, run.scorer, run.source.train, run.sampler, run.d
         )
         release_engine(run.engine)
-        samples = got.samples  # this rank's share of the kept groups
-        assign_advantages(samples, cfg)
+        batch = got.batch  # this rank's share of the kept groups
+        batch = replace(batch, advantages=advantages(batch, cfg))
         t0 = time.perf_counter()
-        if samples and (cfg.algo.mu > 1 or cfg.algo.mini_batches > 1):
-            fill_log_probs(model, samples, cfg, pad_id, device, "old_log_probs", run.backend)
-        if samples and cfg.algo.kl_coef > 0:
+        if len(batch) and (cfg.algo.mu > 1 or cfg.algo.mini_batches > 1):
+            old = batch_log_probs(model, batch, cfg, pad_id, device, run.backend)
+            batch = replace(batch, old_log_probs=old)
+        if len(batch) and cfg.algo.kl_coef > 0:
             with run.policy.reference() as reference:
-                fill_log_probs(
-                    reference, samples, cfg, pad_id, device, "ref_log_probs", run.backend
-                )
+                ref = batch_log_probs(reference, batch, cfg, pad_id, device, run.backend)
+            batch = replace(batch, ref_log_probs=ref)
         t1 = time.perf_counter()
     metrics = dict(got.metrics)
-    if got.groups:
+    if batch.num_groups:
         metrics.update(
             policy_update(
                 model,
-                got.groups,
+                batch,
                 cfg,
                 run.optimizer,
                 run.scheduler,

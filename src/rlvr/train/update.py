@@ -4,63 +4,84 @@ from __future__ import annotations
 
 import contextlib
 import math
+from dataclasses import dataclass
 
 import torch
 
 from rlvr import cpu
-from rlvr.algos import ADVANTAGES, group_advantages, policy_loss
+from rlvr.algos import ADVANTAGES, AdvantageInputs, LossOutput, overlong_filter_mask, policy_loss
 from rlvr.config import Config
 from rlvr.models import autocast
+from rlvr.rollout.base import dedupe
 from rlvr.run.distributed import Dist, is_sharded
 from rlvr.train.batch import (
+    Batch,
     Sample,
     collate,
     collate_shared,
     shared_token_log_probs,
+    to_width,
     token_log_probs,
 )
 
 
-def assign_advantages(samples: list[Sample], cfg: Config) -> None:
-    """A_i from each whole group's rewards (never per mini-batch), broadcast to its tokens."""
-    if not samples:
-        return
+def advantages(batch: Batch, cfg: Config) -> torch.Tensor:
+    """(N,) A_i from each whole group's rewards (never per mini-batch), one per response."""
     G = cfg.rollout.group_size
-    rewards = torch.tensor([s.reward for s in samples], dtype=torch.float32)
+    rewards = torch.tensor([s.reward for s in batch.samples], dtype=torch.float32)
+    if not len(batch):
+        return rewards
     a = cfg.algo
-    if a.advantage == "grpo":
-        adv = group_advantages(rewards, G, std=a.std)
-    else:
-        adv = ADVANTAGES[a.advantage](rewards, G)
-    for s, v in zip(samples, adv.tolist()):
-        s.advantage = v
+    return ADVANTAGES[a.advantage](AdvantageInputs(rewards=rewards, group_size=G, std=a.std))
 
 
-def _valid_tokens(s: Sample, cfg: Config) -> int:
-    """Tokens of a response that enter the loss: none for a truncated one under overlong
-    filtering (it leaves the normaliser too, docs/algorithms.md#overlong-filtering)."""
-    return 0 if (cfg.algo.overlong_filter and s.truncated) else len(s.completion_ids)
+def _generated(response_mask: torch.Tensor, samples: list[Sample]) -> torch.Tensor:
+    """The generated tokens of real rows (a placeholder row has none)."""
+    real = [s.group >= 0 for s in samples]
+    return (
+        response_mask
+        * torch.tensor(real, dtype=torch.float32, device=response_mask.device)[:, None]
+    )
 
 
-def _micro_batches(
-    samples: list[Sample], size: int, share_prompt: bool = False
-) -> list[list[Sample]]:
-    """Micro-batches of at most `size` sequences. Sorted by total length so each pads only to
-    similar lengths; with `share_prompt`, the samples of one prompt stay together (a prompt
-    with more than `size` samples is split into chunks, each of which forwards it once), and
-    the chunks, sorted by their longest sequence, are packed in order."""
+def _loss_mask(response_mask: torch.Tensor, samples: list[Sample], cfg: Config) -> torch.Tensor:
+    """The tokens that enter the loss: the generated ones, minus every token of a truncated
+    response under overlong filtering (it leaves the normaliser too, docs/algorithms.md)."""
+    mask = _generated(response_mask, samples)
+    if cfg.algo.overlong_filter:
+        truncated = [s.truncated for s in samples]
+        mask = overlong_filter_mask(mask, torch.tensor(truncated, device=mask.device))
+    return mask
+
+
+def _loss_counts(samples: list[Sample], cfg: Config) -> list[float]:
+    """Loss tokens and sequences with any (the normalisers) of these samples."""
+    lengths = torch.tensor([len(s.completion_ids) for s in samples], dtype=torch.long)
+    width = int(lengths.max()) if len(samples) else 0
+    response = (torch.arange(width)[None, :] < lengths[:, None]).float()
+    per_row = _loss_mask(response, samples, cfg).sum(1)
+    return [float(per_row.sum()), float((per_row > 0).sum())]
+
+
+def _micro_batches(samples: list[Sample], size: int, share_prompt: bool = False) -> list[list[int]]:
+    """Micro-batches (row indices) of at most `size` sequences. Sorted by total length so each
+    pads only to similar lengths; with `share_prompt`, the samples of one prompt stay together
+    (a prompt with more than `size` samples is split into chunks, each of which forwards it
+    once), and the chunks, sorted by their longest sequence, are packed in order."""
+    length = [len(s.completion_ids) for s in samples]
     if not share_prompt:
-        order = sorted(samples, key=lambda s: len(s.prompt_ids) + len(s.completion_ids))
+        order = sorted(range(len(samples)), key=lambda i: len(samples[i].prompt_ids) + length[i])
         return [order[i : i + size] for i in range(0, len(order), size)]
-    by_prompt: dict[tuple[int, ...], list[Sample]] = {}
-    for s in samples:
-        by_prompt.setdefault(tuple(s.prompt_ids), []).append(s)
+    prompts, index = dedupe([s.prompt_ids for s in samples])
+    by_prompt: list[list[int]] = [[] for _ in prompts]
+    for i, k in enumerate(index):
+        by_prompt[k].append(i)
     chunks = []
-    for same in by_prompt.values():
-        same = sorted(same, key=lambda s: len(s.completion_ids))
+    for same in by_prompt:
+        same = sorted(same, key=lambda i: length[i])
         chunks += [same[i : i + size] for i in range(0, len(same), size)]
-    chunks.sort(key=lambda c: len(c[0].prompt_ids) + len(c[-1].completion_ids))
-    micros: list[list[Sample]] = []
+    chunks.sort(key=lambda c: len(samples[c[0]].prompt_ids) + length[c[-1]])
+    micros: list[list[int]] = []
     for c in chunks:
         if micros and len(micros[-1]) + len(c) <= size:
             micros[-1] += c
@@ -91,61 +112,67 @@ def _log_probs(model, micro: list[Sample], cfg: Config, pad_id: int, device, bac
 
 
 @torch.no_grad()
-def fill_log_probs(
-    model, samples: list[Sample], cfg: Config, pad_id: int, device, attr: str, backend=None
-) -> None:
-    """Store per-sample log-probs under the given weights (old policy or reference)."""
-    o = cfg.optim
+def batch_log_probs(
+    model, batch: Batch, cfg: Config, pad_id: int, device, backend: cpu.Backend | None = None
+) -> torch.Tensor:
+    """(N, T) fp32 log-probs of every response token under `model`'s weights (the old policy
+    or the reference), 0 past each response's length; T = `batch.width`."""
     backend = cpu.backend(model) if backend is None else backend
-    for micro in _micro_batches(samples, o.micro_batch_sequences, _share(cfg, model)):
-        _, (lp, _) = _log_probs(model, micro, cfg, pad_id, device, backend)
-        for s, row in zip(micro, lp.cpu()):
-            setattr(s, attr, row[: len(s.completion_ids)].clone())
+    out = torch.zeros(len(batch), batch.width)
+    share = _share(cfg, model)
+    for rows in _micro_batches(batch.samples, cfg.optim.micro_batch_sequences, share):
+        mb, (lp, _) = _log_probs(
+            model, [batch.samples[i] for i in rows], cfg, pad_id, device, backend
+        )
+        mask = mb.response_mask.bool()
+        out[rows, : lp.shape[1]] = torch.where(mask, lp, 0.0).cpu()
+    return out
 
 
-def _as_groups(batch: list, G: int) -> list[list[Sample] | None]:
-    """Groups in global order (None: held by another rank); a flat sample list is chunked."""
-    if batch and isinstance(batch[0], Sample):
-        return [batch[i : i + G] for i in range(0, len(batch), G)]
-    return list(batch)
-
-
-def _dummy(pad_id: int) -> list[Sample]:
+def _dummy(pad_id: int) -> Batch:
     """A one-token, fully masked micro-batch: loss 0, gradient 0. A rank with nothing to
     train in a mini-batch runs it so that every rank joins the gradient all-reduce."""
-    return [Sample([pad_id], [pad_id], True, 0.0, False, -1)]
+    return Batch([Sample([pad_id], [pad_id], True, 0.0, False, -1)], 0, torch.zeros(1))
+
+
+@dataclass
+class MicroResult:
+    """One micro-batch's loss and what the step's metrics sum over it."""
+
+    out: LossOutput
+    loss_tokens: float
+    entropy_sum: float  # over generated tokens (overlong-filtered responses too)
+    generated_tokens: float
+    logprob_diff: tuple[float, float, float] | None  # |engine - trainer|: sum, max, tokens
 
 
 def _micro_loss(
     module,
-    micro: list[Sample],
+    micro: Batch,
     cfg: Config,
     pad_id: int,
     device,
     num_tokens: float,
     num_sequences: float,
     backend: cpu.Backend | None = None,
-):
-    """The loss of one micro-batch (normalised by the step's global counts), its number of
-    loss tokens, and the policy entropy summed over its generated tokens (and their count)."""
+) -> MicroResult:
+    """The loss of one micro-batch (normalised by the step's global counts) and its sums."""
     a = cfg.algo
     backend = cpu.backend(module) if backend is None else backend
     mb, (log_probs, entropy) = _log_probs(
-        module, micro, cfg, pad_id, device, backend, with_entropy=True
+        module, micro.samples, cfg, pad_id, device, backend, with_entropy=True
     )
-    real = torch.tensor([s.group >= 0 for s in micro], dtype=torch.float32, device=device)
-    kept = torch.tensor(
-        [_valid_tokens(s, cfg) > 0 for s in micro], dtype=torch.float32, device=device
-    )
-    mask = mb.response_mask * (real * kept)[:, None]  # dummies and filtered rows: no loss
+    T = mb.response_mask.shape[1]
+    mask = _loss_mask(mb.response_mask, micro.samples, cfg)  # dummies, filtered rows: no loss
     # With mu = 1 and one mini-batch pi_old is the live policy: rho = 1 exactly
-    # (docs/algorithms.md#old-and-reference-log-probs), and the detached log-probs save a
-    # forward pass.
-    old = mb.old_log_probs if mb.old_log_probs is not None else log_probs.detach()
+    # (docs/algorithms.md), and the detached log-probs save a forward pass.
+    old = to_width(micro.old_log_probs, T, device)
+    old = old if old is not None else log_probs.detach()
+    ref = to_width(micro.ref_log_probs, T, device)
     out = policy_loss(
         log_probs,
         old,
-        mb.advantages,
+        to_width(micro.advantages, T, device),
         mask,
         clip_low=a.clip_low,
         clip_high=a.clip_high,
@@ -154,19 +181,37 @@ def _micro_loss(
         num_tokens=num_tokens,
         num_sequences=num_sequences,
         norm_constant=float(cfg.rollout.max_new_tokens),
-        kl_coef=a.kl_coef if mb.ref_log_probs is not None else 0.0,  # a dummy has no reference
-        ref_log_probs=mb.ref_log_probs,
+        kl_coef=a.kl_coef if ref is not None else 0.0,  # a dummy has no reference
+        ref_log_probs=ref,
         kl_kind=a.kl_kind,
         ratio=a.ratio,
         log_ratio_clamp=a.log_ratio_clamp,
     )
-    generated = mb.response_mask * real[:, None]  # entropy also of overlong-filtered responses
-    return out, float(mask.sum()), float((entropy * generated).sum()), float(generated.sum())
+    generated = _generated(mb.response_mask, micro.samples)
+    return MicroResult(
+        out=out,
+        loss_tokens=float(mask.sum()),
+        entropy_sum=float((entropy * generated).sum()),
+        generated_tokens=float(generated.sum()),
+        logprob_diff=_logprob_diff(micro, old, generated),
+    )
+
+
+def _logprob_diff(micro: Batch, trainer: torch.Tensor, valid: torch.Tensor):
+    """|engine log-prob - trainer log-prob| over the valid tokens: (sum, max, count), or None
+    where the engine reports no log-probs. `trainer`: pi_old's (the policy that sampled)."""
+    engine = micro.sampling_log_probs(trainer.shape[1])
+    if engine is None:
+        return None
+    diff = (engine.to(trainer.device) - trainer).abs()[valid.bool()]
+    if diff.numel() == 0:
+        return 0.0, 0.0, 0.0
+    return float(diff.sum()), float(diff.max()), float(diff.numel())
 
 
 def policy_update(
     model,
-    batch: list,
+    batch: Batch,
     cfg: Config,
     optimizer,
     scheduler,
@@ -179,96 +224,141 @@ def policy_update(
 ) -> dict[str, float]:
     """mu passes x mini-batches x micro-batches; one optimiser step per mini-batch.
 
-    `batch`: this rank's samples, or the step's groups in global order with None for groups
-    of other ranks. `module`: what the training forward runs through (DDP-wrapped model).
-    `backend`: the CPU backend's gate (by default decided from `model`).
+    `batch`: this rank's share of the step's groups, with its advantages (and old and
+    reference log-probs where they are needed). Mini-batches split the step's global groups,
+    so every rank takes the same optimiser steps. `module`: what the training forward runs
+    through (DDP-wrapped model). `backend`: the CPU backend's gate (by default decided from
+    `model`).
 
     The module is in training mode for the loss forwards (dropout and LoRA dropout act,
     gradient checkpointing recomputes), and back in eval mode after."""
     module = module if module is not None else model
     backend = cpu.backend(model) if backend is None else backend
+    u = _Update(model, module, cfg, optimizer, scheduler, pad_id, device, d or Dist(), backend)
     was_training = module.training
     module.train()
     try:
-        return _policy_update(
-            model, batch, cfg, optimizer, scheduler, pad_id, device, d, module, backend
-        )
+        sums = _Sums()
+        for epoch in range(cfg.algo.mu):
+            _epoch(u, batch, sums, first=epoch == 0)
+        return sums.metrics(u.d, scheduler)
     finally:
         module.train(was_training)
 
 
-def _policy_update(model, batch, cfg, optimizer, scheduler, pad_id, device, d, module, backend):
-    a, d = cfg.algo, d or Dist()
-    groups = _as_groups(batch, cfg.rollout.group_size)
-    per_mini = max(1, math.ceil(len(groups) / a.mini_batches))
-    sums: dict[str, float] = {}
-    ratio_max, grad_norms, nonfinite, steps = -math.inf, [], 0, 0
+@dataclass
+class _Update:
+    """What every micro-batch of one `policy_update` uses."""
 
-    def add(key: str, value: float) -> None:
-        sums[key] = sums.get(key, 0.0) + value
+    model: torch.nn.Module
+    module: torch.nn.Module
+    cfg: Config
+    optimizer: torch.optim.Optimizer
+    scheduler: object
+    pad_id: int
+    device: object
+    d: Dist
+    backend: cpu.Backend
 
-    for _ in range(a.mu):
-        for start in range(0, len(groups), per_mini):
-            mine = [s for g in groups[start : start + per_mini] if g is not None for s in g]
-            num_tokens, num_sequences = d.sum(
-                [
-                    sum(_valid_tokens(s, cfg) for s in mine),
-                    sum(1 for s in mine if _valid_tokens(s, cfg) > 0),
-                ]
-            )
-            o = cfg.optim
-            micros = _micro_batches(mine, o.micro_batch_sequences, _share(cfg, model))
-            micros = micros or [_dummy(pad_id)]
-            if is_sharded(model):  # FSDP2 communicates in every forward/backward: equal counts
-                micros += [_dummy(pad_id)] * (int(d.max(len(micros))) - len(micros))
-            for k, micro in enumerate(micros):
-                # DDP all-reduces on the last micro-batch only; the others accumulate locally.
-                last = k == len(micros) - 1
-                ddp_accumulate = d.enabled and not last and hasattr(module, "no_sync")
-                sync = module.no_sync() if ddp_accumulate else contextlib.nullcontext()
-                with sync:
-                    out, n_local, ent_sum, ent_n = _micro_loss(
-                        module, micro, cfg, pad_id, device, num_tokens, num_sequences, backend
-                    )
-                    # The loss is already normalised by global counts: undo DDP's averaging.
-                    (out.loss * d.world_size).backward()
-                for key, v in out.metrics.items():
-                    if key == "ratio_max":
-                        ratio_max = max(ratio_max, v) if n_local else ratio_max
-                    elif key in ("log_ratio_clamped", "num_tokens"):
-                        add(key, v)  # counts add up
-                    else:
-                        add(key, v * n_local)  # token-weighted mean
-                add("loss", out.loss.item())
-                add("tokens", n_local)
-                add("entropy", ent_sum)
-                add("entropy_tokens", ent_n)
-            clip = cfg.optim.max_grad_norm if cfg.optim.max_grad_norm > 0 else math.inf
-            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
-            if hasattr(grad_norm, "full_tensor"):  # FSDP2: a DTensor
-                grad_norm = grad_norm.full_tensor()
-            if torch.isfinite(grad_norm):
-                optimizer.step()
-                scheduler.step()  # the schedule counts optimiser steps actually taken
-                grad_norms.append(float(grad_norm))
-            else:  # a NaN/inf loss or gradient (on any rank): drop this update, keep the weights
-                nonfinite += 1
-            optimizer.zero_grad(set_to_none=True)
-            steps += 1
-    keys = sorted(sums)
-    total = dict(zip(keys, d.sum([sums[k] for k in keys])))
-    tokens = max(total.pop("tokens", 0.0), 1.0)
-    entropy = total.pop("entropy", 0.0) / max(total.pop("entropy_tokens", 0.0), 1.0)
-    counts = {"loss", "log_ratio_clamped", "num_tokens"}
-    out_metrics = {k: v / tokens for k, v in total.items() if k not in counts}
-    out_metrics["entropy"] = entropy
-    out_metrics["log_ratio_clamped"] = total.get("log_ratio_clamped", 0.0)
-    out_metrics["loss_tokens"] = total.get("num_tokens", 0.0)
-    out_metrics["loss"] = total.get("loss", 0.0) / max(steps, 1)
-    ratio_max = d.max(ratio_max)
-    out_metrics["ratio_max"] = ratio_max if ratio_max > -math.inf else 1.0
-    out_metrics["grad_norm"] = sum(grad_norms) / len(grad_norms) if grad_norms else float("nan")
-    out_metrics["optimizer_steps"] = steps - nonfinite
-    out_metrics["nonfinite_updates"] = nonfinite
-    out_metrics["lr"] = scheduler.get_last_lr()[0]
-    return out_metrics
+
+class _Sums:
+    """What the update's metrics add up over micro-batches, mini-batches and ranks."""
+
+    def __init__(self) -> None:
+        self.sums: dict[str, float] = {}
+        self.ratio_max, self.diff_max = -math.inf, -math.inf
+        self.grad_norms: list[float] = []
+        self.nonfinite = self.steps = 0
+
+    def add(self, key: str, value: float) -> None:
+        self.sums[key] = self.sums.get(key, 0.0) + value
+
+    def micro(self, r: MicroResult, first: bool) -> None:
+        for key, v in r.out.metrics.items():
+            if key == "ratio_max":
+                self.ratio_max = max(self.ratio_max, v) if r.loss_tokens else self.ratio_max
+            elif key in ("log_ratio_clamped", "num_tokens"):
+                self.add(key, v)  # counts add up
+            else:
+                self.add(key, v * r.loss_tokens)  # token-weighted mean
+        self.add("loss", r.out.loss.item())
+        self.add("tokens", r.loss_tokens)
+        self.add("entropy", r.entropy_sum)
+        self.add("entropy_tokens", r.generated_tokens)
+        if first:  # every response once, against the policy that sampled it
+            diff_sum, diff_max, diff_n = r.logprob_diff or (0.0, -math.inf, 0.0)
+            self.add("logprob_diff", diff_sum)
+            self.add("logprob_diff_tokens", diff_n)
+            if diff_n:
+                self.diff_max = max(self.diff_max, diff_max)
+
+    def metrics(self, d: Dist, scheduler) -> dict[str, float]:
+        keys = sorted(self.sums)
+        total = dict(zip(keys, d.sum([self.sums[k] for k in keys])))
+        tokens = max(total.pop("tokens", 0.0), 1.0)
+        entropy = total.pop("entropy", 0.0) / max(total.pop("entropy_tokens", 0.0), 1.0)
+        diff_sum, diff_n = total.pop("logprob_diff", 0.0), total.pop("logprob_diff_tokens", 0.0)
+        counts = {"loss", "log_ratio_clamped", "num_tokens"}
+        out = {k: v / tokens for k, v in total.items() if k not in counts}
+        out["entropy"] = entropy
+        out["log_ratio_clamped"] = total.get("log_ratio_clamped", 0.0)
+        out["loss_tokens"] = total.get("num_tokens", 0.0)
+        out["loss"] = total.get("loss", 0.0) / max(self.steps, 1)
+        ratio_max = d.max(self.ratio_max)
+        out["ratio_max"] = ratio_max if ratio_max > -math.inf else 1.0
+        diff_max = d.max(self.diff_max)
+        if diff_n > 0:  # the engine reported its log-probs (fast, vllm)
+            out["rollout/logprob_diff_mean"] = diff_sum / diff_n
+            out["rollout/logprob_diff_max"] = diff_max
+        norms = self.grad_norms
+        out["grad_norm"] = sum(norms) / len(norms) if norms else float("nan")
+        out["optimizer_steps"] = self.steps - self.nonfinite
+        out["nonfinite_updates"] = self.nonfinite
+        out["lr"] = scheduler.get_last_lr()[0]
+        return out
+
+
+def _epoch(u: _Update, batch: Batch, sums: _Sums, first: bool) -> None:
+    """One pass over the batch: an optimiser step per mini-batch of the step's groups."""
+    cfg, d, model, module = u.cfg, u.d, u.model, u.module
+    per_mini = max(1, math.ceil(batch.num_groups / cfg.algo.mini_batches))
+    for start in range(0, batch.num_groups, per_mini):
+        mini = batch.rows(batch.in_groups(start, start + per_mini))
+        num_tokens, num_sequences = d.sum(_loss_counts(mini.samples, cfg))
+        share = _share(cfg, model)
+        micros = [
+            mini.rows(r)
+            for r in _micro_batches(mini.samples, cfg.optim.micro_batch_sequences, share)
+        ]
+        micros = micros or [_dummy(u.pad_id)]
+        if is_sharded(model):  # FSDP2 communicates in every forward/backward: equal counts
+            micros += [_dummy(u.pad_id)] * (int(d.max(len(micros))) - len(micros))
+        for k, micro in enumerate(micros):
+            # DDP all-reduces on the last micro-batch only; the others accumulate locally.
+            last = k == len(micros) - 1
+            ddp_accumulate = d.enabled and not last and hasattr(module, "no_sync")
+            with module.no_sync() if ddp_accumulate else contextlib.nullcontext():
+                r = _micro_loss(
+                    module, micro, cfg, u.pad_id, u.device, num_tokens, num_sequences, u.backend
+                )
+                # The loss is already normalised by global counts: undo DDP's averaging.
+                (r.out.loss * d.world_size).backward()
+            sums.micro(r, first)
+        _optimizer_step(model, cfg, u.optimizer, u.scheduler, sums)
+
+
+def _optimizer_step(model, cfg: Config, optimizer, scheduler, sums: _Sums) -> None:
+    """Clip, then step, unless the gradient is not finite (on any rank): then the update is
+    dropped and the weights kept."""
+    clip = cfg.optim.max_grad_norm if cfg.optim.max_grad_norm > 0 else math.inf
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+    if hasattr(grad_norm, "full_tensor"):  # FSDP2: a DTensor
+        grad_norm = grad_norm.full_tensor()
+    if torch.isfinite(grad_norm):
+        optimizer.step()
+        scheduler.step()  # the schedule counts optimiser steps actually taken
+        sums.grad_norms.append(float(grad_norm))
+    else:
+        sums.nonfinite += 1
+    optimizer.zero_grad(set_to_none=True)
+    sums.steps += 1
