@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rlvr.config import Config, ConfigError
+from rlvr.token_bound import chars_per_token, min_tokens
 
 EVAL_SEED = 1234  # the held-out set is the same for every run of a task, whatever train.seed
 
@@ -88,10 +89,11 @@ def check_columns(example) -> None:
             )
 
 
-def _from_dataset(cfg: Config, tokenizer) -> PromptSource:
+def _from_dataset(cfg: Config, tokenizer, max_context: int | None) -> PromptSource:
     from rlvr.data import load_prompt_dataset, render_prompt
 
     d = cfg.data
+    per_token = chars_per_token(tokenizer) if max_context is not None else None
 
     def build(path: str | None) -> list[Prompt]:
         if path is None:
@@ -109,6 +111,8 @@ def _from_dataset(cfg: Config, tokenizer) -> PromptSource:
             text = render_prompt(
                 ex, tokenizer, template=d.prompt_template, system_prompt=d.system_prompt
             )
+            if per_token is not None:  # refuse a prompt that cannot fit before tokenizing it
+                _check_length(text, per_token, ex.source, cfg, max_context)
             special = not getattr(tokenizer, "chat_template", None)
             ids = tokenizer(text, add_special_tokens=special)["input_ids"]
             out.append(
@@ -121,9 +125,25 @@ def _from_dataset(cfg: Config, tokenizer) -> PromptSource:
     return PromptSource(train=train, eval=held_out, task=None, name=str(d.path))
 
 
+def _check_length(text: str, per_token: float, where: str, cfg: Config, max_context: int) -> None:
+    """ConfigError when `text` is provably longer than the context leaves for the prompt
+    (rlvr.token_bound); tokenizing a 10 MB prompt would cost gigabytes before the exact check."""
+    budget = max_context - cfg.rollout.max_new_tokens
+    if min_tokens(text, per_token) > budget:
+        raise ConfigError(
+            f"{where}: the prompt has {len(text)} characters, so at least "
+            f"{min_tokens(text, per_token)} tokens (a token of this tokenizer stands for at most "
+            f"{per_token:g} characters); with rollout.max_new_tokens "
+            f"{cfg.rollout.max_new_tokens} it exceeds the model's context of {max_context} tokens"
+        )
+
+
 def load_prompts(cfg: Config, tokenizer, max_context: int | None) -> PromptSource:
     """Build the prompts and check, before any work, that each fits the model's context."""
-    source = _from_task(cfg, tokenizer) if cfg.data.path is None else _from_dataset(cfg, tokenizer)
+    if cfg.data.path is None:
+        source = _from_task(cfg, tokenizer)
+    else:
+        source = _from_dataset(cfg, tokenizer, max_context)
     if not source.train:
         raise ConfigError(f"data: no training prompts from {source.name}")
     if cfg.rollout.prompts_per_step > len(source.train):  # a step would repeat prompts
