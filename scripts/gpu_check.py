@@ -39,7 +39,8 @@ PROMPTS = [
 # Max |engine - trainer| log-prob over response tokens, by engine and precision: the fast
 # engine runs the trainer's own module (fp32: rounding only, 3.9e-05 measured on the CPU);
 # vLLM its own kernels.
-TOLERANCE = {("fast", "none"): 1e-3, ("vllm", "none"): 2e-3, ("vllm", "bfloat16"): 0.15}
+# Under bf16 single tokens of low probability can move by more, so there the mean is bounded.
+TOLERANCE = {("fast", "none"): 1e-3, ("vllm", "none"): 2e-3, ("vllm", "bfloat16"): 0.02}
 
 
 def trainer_log_probs(model, rollout, pad_id: int, temperature: float = 1.0) -> torch.Tensor:
@@ -106,10 +107,14 @@ def check_engine(
         return False, f"malformed rollout or non-finite trainer log-probs; {speed}"
     if out.sampling_log_probs is None:
         return True, f"rollout well-formed, trainer log-probs finite; {speed}"
-    diff = (ours[mask] - out.sampling_log_probs[:, : ours.shape[1]][mask]).abs().max().item()
+    diff = (ours[mask] - out.sampling_log_probs[:, : ours.shape[1]][mask]).abs()
     tol = TOLERANCE[(name, autocast)]
-    verdict = diff <= tol
-    return verdict, f"max |logp - trainer's| {diff:.2e} (tol {tol:.0e}); {speed}"
+    bounded = diff.mean().item() if autocast == "bfloat16" else diff.max().item()
+    what = "mean" if autocast == "bfloat16" else "max"
+    return bounded <= tol, (
+        f"{what} |logp - trainer's| {bounded:.2e} (tol {tol:.0e}; max {diff.max().item():.2e}, "
+        f"mean {diff.mean().item():.2e}); {speed}"
+    )
 
 
 TRAIN = {

@@ -1,5 +1,5 @@
 """The `vllm` engine: vLLM colocated with the trainer, in its process and on its GPU
-(optional extra `[vllm]`, vLLM VLLM_RANGE; see the README's GPU section).
+(optional extra `[vllm]`: the releases in `VLLM_RANGE`; see the README's vLLM section).
 
 Launch. vLLM runs in-process with `distributed_executor_backend="external_launcher"` (as
 TRL's colocate mode does): no engine-core subprocess, one engine per training rank on that
@@ -20,7 +20,7 @@ Numerics. vLLM computes in bf16 when the run trains under bf16 autocast, else in
 model's dtype (`rollout.vllm_dtype` overrides), and generation runs outside the trainer's
 autocast. Its log-probs come back as `sampling_log_probs` (after temperature, vLLM's
 "processed_logprobs": the trainer's when top_p=1 and top_k=0), for diagnostics only: old
-log-probs come from the trainer's forward (docs/algorithms.md §8).
+log-probs come from the trainer's forward (docs/algorithms.md#old-and-reference-log-probs).
 
 Seeds. Every (prompt, sample) pair is one request with its own 63-bit seed, a hash of the
 batch seed, the prompt's seed and the sample index (`sample_seeds`); vLLM's `n=G, seed=s`
