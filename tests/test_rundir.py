@@ -97,3 +97,19 @@ def test_damage_in_the_middle_of_metrics_is_an_error_by_line(tmp_path):
     with pytest.raises(ConfigError, match=r"metrics\.jsonl:2: not a JSON object"):
         truncate_jsonl(path, 2)
     assert path.read_bytes() == original
+
+
+def test_opening_a_run_removes_staging_left_by_a_crash(tmp_path, capfd):
+    run = tmp_path / "run"
+    stale = run / "checkpoints" / ".tmp-step-000004"
+    stale.mkdir(parents=True)
+    (stale / "model.safetensors").write_bytes(b"\0" * 1000)  # what a full disk left behind
+    good = run / "checkpoints" / "step-000003"
+    good.mkdir()
+    cfg = load_config(None, {"train": {"output_dir": str(run)}})
+    try:
+        prepare_run_dir(cfg, resume=True)
+    finally:
+        unlock_run_dir(run)
+    assert not stale.exists() and good.is_dir()
+    assert "removed .tmp-step-000004, left by a save that did not finish" in capfd.readouterr().err

@@ -124,7 +124,7 @@ def save_checkpoint(
         shutil.rmtree(final)
     os.replace(tmp, final)
     _fsync(root)
-    _known_good[_identity(final)] = True
+    _known[_identity(final)] = None
     prune_checkpoints(run_dir, keep, warn=warn or _stderr)
     return final
 
@@ -242,28 +242,30 @@ def prune_checkpoints(run_dir: Path, keep: int, warn: Callable[[str], Any] = pri
         good += 1
         if good > keep:
             shutil.rmtree(path, ignore_errors=True)
-            _known_good.pop(_identity(path), None)
+            _known.pop(_identity(path), None)
 
 
 _reported: set[Path] = set()
 
 
 def checkpoint_problem(path: Path, *, trust_known: bool = True) -> str | None:
-    """None when `path` verifies, else why not. With `trust_known`, checkpoints this process
-    wrote or already verified are not hashed again (keyed by the manifest's inode and mtime)."""
+    """None when `path` verifies, else why not. With `trust_known`, a checkpoint this process
+    wrote or already verified is not hashed again (keyed by its manifest's inode, mtime and
+    size), so each save's keep policy costs no more than the save."""
     key = _identity(path)
-    if trust_known and key is not None and _known_good.get(key):
-        return None
+    if trust_known and key is not None and key in _known:
+        return _known[key]
     try:
         verify_checkpoint(path)
+        reason = None
     except CheckpointError as e:
-        return str(e).removeprefix(f"checkpoint {path}: ")
+        reason = str(e).removeprefix(f"checkpoint {path}: ")
     if key is not None:
-        _known_good[key] = True
-    return None
+        _known[key] = reason
+    return reason
 
 
-_known_good: dict[tuple, bool] = {}
+_known: dict[tuple, str | None] = {}  # manifest identity -> None (verified) or the reason
 
 
 def _identity(path: Path) -> tuple | None:
