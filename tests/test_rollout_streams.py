@@ -80,6 +80,16 @@ def test_a_rows_draw_does_not_depend_on_its_batch():
         assert torch.equal(whole.rows(keep).draw(logits[keep], t), batched[keep])
 
 
+def test_chunked_draw_equals_the_whole(monkeypatch):
+    import rlvr.rollout.streams as streams
+
+    logits = torch.randn(7, 30, generator=torch.Generator().manual_seed(3))
+    rows = CounterStreams.from_seeds(list(range(7)), "cpu")
+    whole = rows.draw(logits, 4)
+    monkeypatch.setattr(streams, "CHUNK_ELEMENTS", 60)  # 2 rows a chunk
+    assert torch.equal(rows.draw(logits, 4), whole)
+
+
 def test_row_keys_differ_for_64_bit_seeds():
     keys = {row_key(s) for s in [0, 1, 2**32, 2**32 + 1, 2**63 - 1, 5 * 1009 + 1]}
     assert len(keys) == 6

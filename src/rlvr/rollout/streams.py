@@ -21,6 +21,7 @@ import torch
 
 _M32 = 0xFFFF_FFFF
 _C1, _C2 = 0x7FEB_352D, 0x6A09_E667  # odd multipliers < 2**31
+CHUNK_ELEMENTS = 1 << 24
 
 
 def mix32(x: torch.Tensor) -> torch.Tensor:
@@ -71,7 +72,13 @@ class CounterStreams:
         return ((h >> 8).float() + 0.5) * (1.0 / (1 << 24))
 
     def draw(self, logits: torch.Tensor, step: int) -> torch.Tensor:
-        """(N,) a sample of softmax(logits) per row (-inf entries never drawn)."""
-        u = self.uniform(step, logits.shape[-1])
-        gumbel = -torch.log(-torch.log(u))
-        return (logits.float() + gumbel).argmax(dim=-1)
+        """(N,) a sample of softmax(logits) per row (-inf entries never drawn). Rows go in
+        chunks of about 2**24 noise values: the hash's int64 temporaries stay ~128 MiB each."""
+        N, V = logits.shape
+        chunk = max(1, CHUNK_ELEMENTS // max(V, 1))
+        out = []
+        for lo in range(0, N, chunk):
+            part = self if chunk >= N else CounterStreams(self.keys[lo : lo + chunk])
+            gumbel = -torch.log(-torch.log(part.uniform(step, V)))
+            out.append((logits[lo : lo + chunk].float() + gumbel).argmax(dim=-1))
+        return out[0] if len(out) == 1 else torch.cat(out)
