@@ -174,7 +174,7 @@ def test_reward_params_from_yaml_and_command_line(tmp_path):
 def test_engine_is_validated():
     assert load_config().rollout.engine == "fast"
     assert load_config(None, ["--rollout.engine=hf"]).rollout.engine == "hf"
-    with pytest.raises(ConfigError, match=r"rollout\.engine: got 'vllm2', expected one of 'hf'"):
+    with pytest.raises(ConfigError, match=r"rollout\.engine: got 'vllm2', expected one of 'fast'"):
         load_config(None, ["--rollout.engine=vllm2"])
 
 
@@ -257,3 +257,12 @@ def test_cli_refuses_bad_values_with_one_error_line(tmp_path, override, message)
     )
     assert res.returncode == 2, res.stderr
     assert "Traceback" not in res.stderr and message in res.stderr, res.stderr
+
+
+def test_rollout_engine_literal_names_every_engine():
+    from typing import get_args, get_type_hints
+
+    from rlvr.rollout import ENGINES
+    from rlvr.schema import RolloutConfig
+
+    assert set(get_args(get_type_hints(RolloutConfig)["engine"])) == set(ENGINES)

@@ -310,11 +310,6 @@ def validate(cfg: Config) -> None:
             item,
         )
     _check_machine(cfg)
-    from rlvr.rollout import ENGINES
-
-    _check(
-        r.engine in ENGINES, "rollout.engine", f"one of {', '.join(map(repr, ENGINES))}", r.engine
-    )
     _check(
         r.engine != "vllm" or m.device != "cpu",
         "rollout.engine",

@@ -100,7 +100,7 @@ class RolloutConfig:
         model.dtype), float32, bfloat16 or float16.
     """
 
-    engine: str = "fast"
+    engine: Literal["fast", "hf", "vllm"] = "fast"
     prompts_per_step: int = 16
     group_size: int = 8
     max_new_tokens: int = 32
