@@ -80,6 +80,8 @@ HACKS = {
     "forged_reference": "def add(a, b): return {'$': 'ref', 'v': 0}",
     "shadowed_builtins": "def isinstance(*a): return True\ndef abs(x): return 0\n"
     "def add(a, b): return 0.5",
+    "forged_sandbox_failure": "import os\nos.write(2, b'rlvr sandbox setup failed: x\\n')\n"
+    "os._exit(97)",
     "patched_math_module": "import math\nmath.isclose = lambda *a, **k: True\n"
     "def add(a, b): return 0.5",
 }
@@ -127,3 +129,10 @@ def test_stdin_is_a_pipe_with_only_the_input():
     prog = "import os, sys\ntry:\n    os.lseek(0, 0, 0)\n    print('SEEK')\nexcept OSError:\n    pass\n" \
            "print(int(sys.stdin.read()) * 2)"  # fmt: skip
     assert run_tests(prog, {"inputs": ["21\n"], "outputs": ["42\n"]}, limits=LIMITS) == (1, 1)
+
+
+def test_a_forged_sandbox_failure_is_a_failed_program_not_a_stopped_run():
+    """Under the default on_error=raise, a completion that imitates the jail's failure
+    scores 0; it raises nothing that could stop training."""
+    forged = "import os, sys\nsys.stderr.write('rlvr sandbox setup failed: x\\n')\nos._exit(97)"
+    assert run_tests(forged, {"inputs": ["1\n"], "outputs": ["1\n"]}, limits=LIMITS) == (0, 1)

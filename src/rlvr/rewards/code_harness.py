@@ -88,8 +88,10 @@ def run_assertions(code: str, tests: list[str], *, limits: Limits | None = None,
                              lim, mode, pipe_stdout=True)  # fmt: skip
     passed: set[int] = set()
     with solution, checker:
-        solution.start()
-        checker.start()
+        solution.launch()
+        checker.launch()
+        solution.wait_ready()
+        checker.wait_ready()
         deadline = time.monotonic() + lim.timeout_s
         cap = max(lim.max_output_bytes, 1 << 16)
         reports, replies = _Lines(checker.stdout, cap), _Lines(solution.stdout, cap)

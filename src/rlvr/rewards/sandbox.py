@@ -196,6 +196,12 @@ class SandboxProcess:
         self._cfg = (files, argv_tail)
 
     def start(self) -> None:
+        """Launch the jail and wait until it is ready to run the program."""
+        self.launch()
+        self.wait_ready()
+
+    def launch(self) -> None:
+        """Start building the jail (`wait_ready` waits for it: launch several, then wait)."""
         files, argv_tail = self._cfg
         status_r, status_w = os.pipe()
         self._status_fd = status_r
@@ -207,7 +213,8 @@ class SandboxProcess:
         self.err_path = os.path.join(self.tmp, "stderr")
         private = os.O_WRONLY | os.O_CREAT | os.O_EXCL
         with open(os.open(self.err_path, private, 0o600), "wb") as e, \
-                open(os.open(self.out_path, private, 0o600), "wb") as o:  # fmt: skip
+                open(os.open(self.out_path, private, 0o600), "wb") as o, \
+                _closing(status_w):  # fmt: skip
             self.proc = subprocess.Popen(
                 [sys.executable, "-I", "-S", str(_INIT), json.dumps(cfg)],
                 stdin=subprocess.PIPE,
@@ -218,8 +225,10 @@ class SandboxProcess:
                 pass_fds=(status_w,),
                 cwd=cfg["workdir"] if self.mode == "none" else "/",
             )
-        os.close(status_w)
         self.stdin, self.stdout = self.proc.stdin, self.proc.stdout
+
+    def wait_ready(self) -> None:
+        """Wait for the jail's "ready"; SandboxError when it failed or took over SETUP_S."""
         self._read_status(time.monotonic() + SETUP_S, until=b"ready\n")
         if self._line(b"ready") is None:
             self.kill()
@@ -306,6 +315,14 @@ class SandboxProcess:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+@contextlib.contextmanager
+def _closing(fd: int):
+    try:
+        yield fd
+    finally:
+        os.close(fd)
 
 
 def _read(path: str, cap: int) -> bytes:
