@@ -17,7 +17,6 @@ newer ones verify; a corrupt checkpoint is never deleted, only reported.
 from __future__ import annotations
 
 import errno
-import hashlib
 import json
 import os
 import random
@@ -26,27 +25,20 @@ import shutil
 import signal
 import sys
 from collections.abc import Callable
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 from safetensors import SafetensorError
 
-MANIFEST = "manifest.json"
-STATE = "trainer_state.pt"
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint is missing, incomplete or corrupt; the message names it and why."""
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+from rlvr.run.manifest import (
+    MANIFEST,
+    STATE,
+    CheckpointError,
+    verify_checkpoint,
+    write_manifest,
+)
 
 
 def _fsync(path: Path) -> None:
@@ -138,15 +130,7 @@ def _write(tmp: Path, step: int, model, tokenizer, trainer_state, model_state) -
     _fault_point("save")  # tests kill the process here: mid-save, the model written, no manifest
     tokenizer.save_pretrained(tmp)
     torch.save({**trainer_state, "step": step, "rng": rng_state()}, tmp / STATE)
-    files = sorted(p for p in tmp.rglob("*") if p.is_file())
-    manifest = {
-        "step": step,
-        "files": {
-            str(p.relative_to(tmp)): {"size": p.stat().st_size, "sha256": _sha256(p)} for p in files
-        },
-    }
-    (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
-    for p in [*files, tmp / MANIFEST]:
+    for p in [*write_manifest(tmp, step), tmp / MANIFEST]:
         _fsync(p)
     _fsync(tmp)
 
@@ -274,72 +258,6 @@ def _identity(path: Path) -> tuple | None:
     except OSError:
         return None
     return (str(path), st.st_ino, st.st_mtime_ns, st.st_size)
-
-
-def _manifest_entries(path: Path) -> dict[str, tuple[int, str]]:
-    """The manifest's {file: (size, sha256)}, or CheckpointError naming what is malformed."""
-
-    def bad(why: str) -> CheckpointError:
-        return CheckpointError(f"checkpoint {path}: {MANIFEST} {why}")
-
-    manifest_path = path / MANIFEST
-    if not manifest_path.is_file():
-        raise CheckpointError(f"checkpoint {path}: no {MANIFEST} (incomplete save)")
-    try:
-        manifest = json.loads(manifest_path.read_bytes().decode("utf-8"))
-    except OSError as e:
-        raise bad(f"cannot be read ({e.strerror})") from None
-    except UnicodeDecodeError:
-        raise bad("is not UTF-8 text") from None
-    except json.JSONDecodeError as e:
-        raise bad(f"is not valid JSON ({e.msg}, line {e.lineno})") from None
-    files = manifest.get("files") if isinstance(manifest, dict) else None
-    if not isinstance(files, dict) or not files:
-        raise bad('has no "files" mapping of file name -> {"size", "sha256"}')
-    step = manifest.get("step")
-    if type(step) is not int or step != int(path.name[5:]):
-        raise bad(f"says step {step!r}, the directory is {path.name}")
-    if STATE not in files:
-        raise bad(f"does not list {STATE}")
-    entries = {}
-    root = path.resolve()
-    for name, meta in files.items():
-        rel = PurePosixPath(name)
-        if (
-            rel.is_absolute()
-            or ".." in rel.parts
-            or not (root / rel).resolve().is_relative_to(root)
-        ):
-            raise bad(f"names {name!r}, outside the checkpoint directory")
-        size = meta.get("size") if isinstance(meta, dict) else None
-        sha = meta.get("sha256") if isinstance(meta, dict) else None
-        if (
-            type(size) is not int
-            or size < 0
-            or not (isinstance(sha, str) and re.fullmatch(r"[0-9a-f]{64}", sha))
-        ):
-            raise bad(f'entry {name!r} is not {{"size": bytes, "sha256": 64 hex digits}}')
-        entries[name] = (size, sha)
-    return entries
-
-
-def verify_checkpoint(path: Path) -> None:
-    """Raise CheckpointError unless the manifest is well formed and every file it lists is
-    present, inside the checkpoint, of the listed size and sha256."""
-    for name, (size, sha) in _manifest_entries(path).items():
-        f = path / name
-        try:
-            if not f.is_file():
-                raise CheckpointError(f"checkpoint {path}: file {name} is missing")
-            if f.stat().st_size != size:
-                raise CheckpointError(
-                    f"checkpoint {path}: file {name} has {f.stat().st_size} "
-                    f"bytes, manifest says {size} (truncated?)"
-                )
-            if _sha256(f) != sha:
-                raise CheckpointError(f"checkpoint {path}: file {name} fails its sha256 check")
-        except OSError as e:
-            raise CheckpointError(f"checkpoint {path}: file {name}: {e.strerror}") from None
 
 
 def latest_good_checkpoint(run_dir: Path, warn=print) -> Path | None:
