@@ -236,3 +236,14 @@ except CheckpointError as e:
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert "ERR checkpoint step 1: writing" in res.stdout, res.stdout + res.stderr
     assert not list((tmp_path / "run" / "checkpoints").iterdir())
+
+
+def test_resaving_a_corrupt_step_replaces_it_and_says_so(two_checkpoints, tiny_model, tokenizer):
+    run = two_checkpoints
+    weights = run / "checkpoints" / "step-000002" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:10])
+    warned = []
+    _save(run, 2, tiny_model, tokenizer, warn=warned.append)
+    assert len(warned) == 1 and "replacing corrupt checkpoint" in warned[0]
+    assert "step-000002 (file model.safetensors has 10 bytes" in warned[0]
+    verify_checkpoint(run / "checkpoints" / "step-000002")

@@ -113,6 +113,9 @@ def save_checkpoint(
             raise _save_error(e, step, root, model, trainer_state, model_state) from e
         raise
     if final.exists():  # a re-save of the same step (e.g. resumed, then stopped at once)
+        reason = checkpoint_problem(final, trust_known=False)
+        if reason is not None:  # superseded by the complete one just written
+            (warn or _stderr)(f"replacing corrupt checkpoint {final} ({reason})")
         shutil.rmtree(final)
     os.replace(tmp, final)
     _fsync(root)

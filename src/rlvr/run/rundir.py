@@ -78,6 +78,12 @@ def lock_run_dir(run_dir: Path) -> None:
     except OSError as e:
         holder = os.pread(fd, 64, 0).decode("ascii", "replace").strip() or "unknown"
         os.close(fd)
+        if e.errno in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
+            sys.stderr.write(
+                f"warning: {run_dir}: this filesystem does not support locks ({e.strerror}); "
+                "a second run on this directory will not be detected\n"
+            )
+            return
         if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
             raise ConfigError(f"train.output_dir: cannot lock {run_dir}: {e.strerror}") from None
         raise ConfigError(
