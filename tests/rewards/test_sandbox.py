@@ -238,6 +238,26 @@ def test_without_namespaces_model_code_runs_only_after_an_explicit_opt_out():
     ], r.stderr
 
 
+SMALL_NS = """
+import importlib.util, sys
+spec = importlib.util.spec_from_file_location("sandbox", sys.argv[1])
+sandbox = sys.modules["sandbox"] = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(sandbox)
+print(sandbox._fresh_id())
+print(sandbox.run_python("import os; print(os.getuid(), os.path.exists('/proc'))").stdout)
+"""
+
+
+def test_root_of_a_namespace_that_maps_one_uid_is_still_isolated():
+    """Root in a container that maps few ids has no fresh uid to give the program; it runs
+    as that root's own uid, in the same namespaces, as a non-root user's program does."""
+    sandbox_py = Path(__file__).resolve().parents[2] / "src/rlvr/rewards/sandbox.py"
+    r = subprocess.run(["unshare", "--user", "--map-root-user", os.path.realpath(sys.executable),
+                        "-I", "-c", SMALL_NS, str(sandbox_py)],
+                       capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert r.stdout.split("\n")[:2] == ["None", "1000 False"], r.stderr
+
+
 def test_a_program_cannot_forge_a_sandbox_failure():
     """Printing the jail's failure message and exiting with its old status is the program's
     own failure, reported as such; nothing is raised."""

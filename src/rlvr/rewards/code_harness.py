@@ -97,11 +97,17 @@ def run_assertions(code: str, tests: list[str], *, limits: Limits | None = None,
         reports, replies = _Lines(checker.stdout, cap), _Lines(solution.stdout, cap)
         while (line := reports.next(deadline)) is not None:
             msg = json.loads(line)
+            if not isinstance(msg, dict):
+                break
             if "op" in msg:
                 if not _write(checker.stdin, _forward(solution, replies, line, deadline)):
                     break
             elif "result" in msg:
-                if msg["ok"] is True and msg["result"] in range(len(tests)):
+                if (
+                    msg.get("ok") is True
+                    and type(msg["result"]) is int
+                    and 0 <= msg["result"] < len(tests)
+                ):
                     passed.add(msg["result"])
             else:
                 break  # done

@@ -138,16 +138,43 @@ def _user_process_count() -> int:
     return n
 
 
+def _id_ranges(path: str) -> list[tuple[int, int]]:
+    """[first, end) ranges of the ids this process's user namespace maps."""
+    try:
+        with open(path) as f:
+            rows = [line.split() for line in f if line.strip()]
+        return [(int(r[0]), int(r[0]) + int(r[2])) for r in rows]
+    except (OSError, ValueError, IndexError):
+        return []
+
+
+def _fresh_id(low: int = 1_000_000) -> int | None:
+    """A random id >= `low`, mapped here as both a uid and a gid, for the program to run as
+    (as root: one that owns no file and no process). None where no such id exists (root of
+    a container whose namespace maps only a few ids): the program then runs as our uid."""
+    uids, gids = _id_ranges("/proc/self/uid_map"), _id_ranges("/proc/self/gid_map")
+    spans = []
+    for a, b in uids:
+        for c, d in gids:
+            lo, hi = max(a, c, low), min(b, d, 1 << 31)
+            if hi - lo > 1000:
+                spans.append((lo, hi))
+    if not spans:
+        return None
+    lo, hi = spans[secrets.randbelow(len(spans))]
+    return lo + secrets.randbelow(hi - lo)
+
+
 def _config(mode: str, tmp: str, files: dict[str, str], argv_tail, lim: Limits, status_fd: int):
     srcs = {}
     for i, (name, text) in enumerate(files.items()):
         srcs[name] = os.path.join(tmp, f"file{i}")
         with open(os.open(srcs[name], os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
             f.write(text)
-    root = os.geteuid() == 0
-    outer = 1_000_000 + secrets.randbelow(1_000_000_000) if root else None
+    outer = _fresh_id() if os.geteuid() == 0 else None
+    fresh = outer is not None
     procs = lim.max_procs + 1  # + the namespace's init
-    if mode == "none" or not (root or _nproc_is_per_namespace()):
+    if mode == "none" or not (fresh or _nproc_is_per_namespace()):
         procs += _user_process_count()  # RLIMIT_NPROC then counts all of this uid's processes
     links, binds = _layout()
     return {
@@ -160,9 +187,10 @@ def _config(mode: str, tmp: str, files: dict[str, str], argv_tail, lim: Limits, 
         "binds": binds,
         "tmp_bytes": lim.tmp_mb << 20,
         "files": srcs,
-        "outer_uid": outer if root else os.geteuid(),
-        "outer_gid": outer if root else os.getegid(),
-        "deny_setgroups": not root,
+        "outer_uid": outer if fresh else os.geteuid(),
+        "outer_gid": outer if fresh else os.getegid(),
+        "fresh_id": fresh,
+        "deny_setgroups": not fresh,  # required to map a gid without CAP_SETGID
         "timeout_s": lim.timeout_s,
         "limits": {
             "RLIMIT_CPU": lim.cpu_s or max(1, math.ceil(lim.timeout_s)),
@@ -208,7 +236,7 @@ class SandboxProcess:
         cfg = _config(self.mode, self.tmp, files, argv_tail, self.limits, status_w)
         os.mkdir(cfg["root"])
         os.mkdir(cfg["workdir"])
-        self.uid = cfg["outer_uid"] if self.mode != "none" and os.geteuid() == 0 else None
+        self.uid = cfg["outer_uid"] if self.mode != "none" and cfg["fresh_id"] else None
         self.out_path = os.path.join(self.tmp, "stdout")
         self.err_path = os.path.join(self.tmp, "stderr")
         private = os.O_WRONLY | os.O_CREAT | os.O_EXCL
