@@ -60,6 +60,16 @@ def test_in_process_call_past_the_limit_raises_a_named_timeout():
     assert limited(completions=["a", "b"]) == [1.0, 1.0]  # and works again once it returned
 
 
+def test_the_call_runs_with_the_callers_grad_mode():
+    def grad(completions):
+        return [float(torch.is_grad_enabled())] * len(completions)
+
+    limited = with_time_limit(grad, "grad", 5)
+    with torch.no_grad():
+        assert limited(completions=["a"]) == [0.0]
+    assert limited(completions=["a"]) == [1.0]
+
+
 def test_errors_and_values_pass_through_the_limit():
     def bad(completions):
         raise ValueError("bad input")

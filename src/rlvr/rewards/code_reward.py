@@ -94,8 +94,10 @@ def make_code_reward(
     workers: int | None = None,
     isolation: str = "auto",
 ):
-    """Code reward (see the module docstring); `workers` sandboxes run at once (default
-    min(4, CPUs)); limits apply to each run."""
+    """Code reward (see the module docstring); `workers` samples run at once (default
+    min(4, CPUs)); limits apply to each sandboxed run. `isolation`: "auto" or "namespaces"
+    (refuse to run where Linux namespaces fail) or "none" (the explicit opt-out); the trainer
+    sets it from `reward.sandbox_isolation`."""
     limits = Limits(timeout_s=timeout_s, memory_mb=memory_mb, max_procs=max_procs)
     n_workers = workers or min(4, os.cpu_count() or 1)
 

@@ -57,10 +57,12 @@ def with_time_limit(fn: Callable, name: str, timeout_s: float) -> Callable:
             raise RewardTimeout(name, timeout_s, "; its previous call is still running")
         busy.clear()
         box: dict[str, Any] = {}
+        enter_callers_state = _thread_state()
 
         def run() -> None:
             try:
-                box["value"] = fn(*args, **kwargs)
+                with enter_callers_state():
+                    box["value"] = fn(*args, **kwargs)
             except BaseException as e:  # re-raised in the caller's thread
                 box["error"] = e
 
@@ -75,6 +77,25 @@ def with_time_limit(fn: Callable, name: str, timeout_s: float) -> Callable:
         return box["value"]
 
     return limited
+
+
+def _thread_state() -> Callable:
+    """A context manager that gives another thread the caller's per-thread torch state (grad
+    mode, current CUDA device), so a reward behaves as it would in the caller's thread."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return contextlib.nullcontext
+    grad = torch.is_grad_enabled()
+    device = torch.cuda.current_device() if torch.cuda.is_initialized() else None
+
+    @contextlib.contextmanager
+    def enter():
+        if device is not None:
+            torch.cuda.set_device(device)
+        with torch.set_grad_enabled(grad):
+            yield
+
+    return enter
 
 
 _HEADER = struct.Struct("<Q")
