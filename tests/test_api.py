@@ -4,6 +4,7 @@ objects, callbacks, named errors, resume; and the callable `rlvr.train` package.
 from __future__ import annotations
 
 import inspect
+import json
 import random
 import re
 import subprocess
@@ -201,3 +202,23 @@ def test_trl_reward_and_list_of_dicts_learn_30_points(tmp_path):
     before = result.summary["eval_before"]["accuracy"]
     after = result.summary["eval_after"]["accuracy"]
     assert after - before >= 0.30, (before, after)
+
+
+def test_datasets_dataset_and_a_path_are_accepted(tmp_path, monkeypatch):
+    datasets = pytest.importorskip("datasets")
+    data = rows(6, 7)
+    cfg = rlvr.Trainer(
+        reward_funcs="math", train_dataset=datasets.Dataset.from_list(data),
+        output_dir=tmp_path / "a",
+    )._build(None)  # fmt: skip
+    path = tmp_path / "a" / "data" / "train.jsonl"
+    written = [json.loads(x) for x in path.read_text(encoding="utf-8").splitlines()]
+    assert written == data and cfg.data.path == str(path)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "mine.jsonl").write_text("".join(json.dumps(r) + "\n" for r in data))
+    cfg = rlvr.Trainer(
+        reward_funcs="math", train_dataset="mine.jsonl", eval_dataset="mine.jsonl",
+        output_dir="b",
+    )._build(None)  # fmt: skip
+    assert cfg.data.path == cfg.data.eval_path == str(tmp_path / "mine.jsonl")  # absolute
+    assert cfg.train.output_dir == str(tmp_path / "b")

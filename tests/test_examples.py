@@ -72,3 +72,13 @@ def test_readme_python_example_runs_as_written(tmp_path):
     (tmp_path / "example.py").write_text(readme_python_example())
     out = _run([sys.executable, "example.py"], cwd=tmp_path)
     assert "held-out accuracy" in out.stdout
+
+
+@pytest.mark.slow
+def test_gsm8k_tiny_config_learns_on_held_out_problems(tmp_path):
+    """configs/gsm8k_tiny.yaml: held-out accuracy (128 unseen sums) rises by 10 points or more."""
+    _run(["rlvr", "train", "configs/gsm8k_tiny.yaml", "--output-dir", str(tmp_path / "run"),
+          "--no-progress"], cwd=ROOT)  # fmt: skip
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    before, after = summary["eval_before"]["accuracy"], summary["eval_after"]["accuracy"]
+    assert after - before >= 0.10, (before, after)

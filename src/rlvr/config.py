@@ -322,6 +322,7 @@ def validate(cfg: Config) -> None:
         f"auto unless rollout.engine is vllm (it is {r.engine!r})",
         r.vllm_dtype,
     )
+    _check(0 < r.vllm_memory < 1, "rollout.vllm_memory", "in (0, 1)", r.vllm_memory)
     if cfg.data.path is None:
         from rlvr.tasks import TASKS
 

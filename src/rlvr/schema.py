@@ -98,6 +98,8 @@ class RolloutConfig:
         (always on under torchrun, so N ranks sample what one process would).
     vllm_dtype: the vllm engine's dtype: auto (bfloat16 under model.autocast=bfloat16, else
         model.dtype), float32, bfloat16 or float16.
+    vllm_memory: fraction of the GPU's memory the vllm engine takes while awake (weights and
+        KV cache; vLLM's gpu_memory_utilization).
     """
 
     engine: Literal["fast", "hf", "vllm"] = "fast"
@@ -110,6 +112,7 @@ class RolloutConfig:
     min_new_tokens: int = 0
     seed_per_prompt: bool = False
     vllm_dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    vllm_memory: float = 0.35
 
 
 @dataclass(frozen=True)

@@ -240,6 +240,7 @@ def setup(
             device=device,
             autocast=cfg.model.autocast,
             dtype=cfg.rollout.vllm_dtype,
+            gpu_memory_utilization=cfg.rollout.vllm_memory,
             rank=d.rank,
             local_rank=d.local_rank,
             world_size=d.world_size,
