@@ -102,8 +102,11 @@ def test_samples_go_to_tensorboard_text(tmp_path):
     assert [e.step for e in events] == [3]
     text = events[0].tensor_proto.string_val[0].decode()
     assert text == samples_markdown(ROWS)
-    assert "&lt;answer&gt;3" in text or "<answer>3</answer>" in text
-    assert "a \\| b<br>c" in text  # one row per sample, whatever the completion holds
+    from tensorboard.plugin_util import markdown_to_safe_html
+
+    html = markdown_to_safe_html(text)  # what TensorBoard's text tab shows
+    assert "<td>&lt;answer&gt;3&lt;/answer&gt;</td>" in html  # tags shown, not swallowed
+    assert "<td>a | b<br>c</td>" in html  # one table row per sample, whatever it holds
 
 
 def test_samples_go_to_a_tracker_table(tmp_path, monkeypatch):

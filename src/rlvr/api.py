@@ -322,8 +322,8 @@ class Trainer:
             run_dir = new_default_run_dir(Path("runs"))
         changes.setdefault("train", {})["output_dir"] = str(run_dir)
         data = changes.setdefault("data", {})
-        fresh = resume is None and (run_dir / "metrics.jsonl").exists()
-        if fresh and any(d is not None for d in in_memory):
+        taken = resume is None and (run_dir / "metrics.jsonl").exists()
+        if taken and any(d is not None for d in in_memory):
             raise ConfigError(
                 f"train.output_dir: {run_dir} already holds a run; resume it with "
                 f"resume_from_checkpoint=True or choose another output_dir"
