@@ -350,7 +350,7 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     # PPO as verl and OpenRLHF run it for LLMs: one sample per prompt, GAE over a critic's
     # values (gamma 1, lam 0.95), k1 KL in the per-token reward, token-mean loss.
     "ppo": {
-        "rollout": {"group_size": 1, "prompts_per_step": 128},
+        "rollout": {"group_size": 1, "prompts_per_step": 64},
         "algo": {
             "advantage": "gae",
             "clip_low": 0.2,
@@ -366,7 +366,7 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     },
     # REINFORCE++ (OpenRLHF): PPO's per-token KL reward and clipped loss without a critic.
     "reinforce_pp": {
-        "rollout": {"group_size": 1, "prompts_per_step": 128},
+        "rollout": {"group_size": 1, "prompts_per_step": 64},
         "algo": {
             "advantage": "reinforce_pp",
             "clip_low": 0.2,
@@ -389,6 +389,9 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
 # With adaptive refills (algo.refill's default): steps 20-25, 0.973-0.988.
 TINY_DEFAULTS: dict[str, dict[str, Any]] = {
     "optim": {"lr": 4e-4, "warmup_steps": 5},
+    # PPO's critic (algo.advantage=gae) at 2.5x the policy's lr: 1e-3 took the ppo preset from
+    # 0.22 to 0.85 held-out accuracy in 40 steps; 3e-3 and 1e-2 (no clipping) were no better.
+    "critic": {"lr": 1e-3},
     "train": {"max_steps": 60, "threads": 2},
 }
 

@@ -75,8 +75,10 @@ class Tally:
         s["correct"] += int(scores.correct.sum())
         s["all_correct"] += int((per_group == G).sum()) * G
         s["all_wrong"] += int((per_group == 0).sum()) * G
+        lone = G == 1  # a lone sample (PPO) is no group of identical responses
         s["identical"] += G * sum(
-            len(set(completions[g * G : (g + 1) * G])) == 1 for g in range(len(per_group))
+            not lone and len(set(completions[g * G : (g + 1) * G])) == 1
+            for g in range(len(per_group))
         )
         s["repeat"] += sum(
             _one_token_repeated(rollout.completion_ids[i, :n].tolist())

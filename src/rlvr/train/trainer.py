@@ -28,6 +28,7 @@ import torch
 from rich.console import Console
 
 from rlvr import cpu
+from rlvr.algos import KLController
 from rlvr.config import Config, ConfigError, to_dict
 from rlvr.models import autocast, eos_ids, load_tokenizer
 from rlvr.prompts import PromptSource, load_prompts
@@ -53,9 +54,12 @@ from rlvr.run.health import HealthGuard
 from rlvr.run.metrics import NullLogger, RunLogger
 from rlvr.run.rundir import prepare_run_dir, truncate_jsonl, unlock_run_dir
 from rlvr.run.signals import StopSignal
+from rlvr.train.batch import Batch
 from rlvr.train.collect import PromptSampler, collect
+from rlvr.train.critic import Critic, CriticTargets, build_critic, critic_update, predict_values
 from rlvr.train.evaluation import eval_params, evaluate
 from rlvr.train.policy import Policy, load_policy
+from rlvr.train.ppo import kl_controller, token_advantages
 from rlvr.train.update import advantages, batch_log_probs, policy_update
 
 
@@ -96,6 +100,8 @@ class Run:
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
     backend: cpu.Backend  # the CPU backend's gate, decided once for the run
+    critic: Critic | None = None  # PPO's value model (algo.advantage=gae)
+    kl_ctl: KLController | None = None  # the per-token reward's beta (algo.kl_in_reward)
 
     def evaluate(self) -> dict[str, float]:
         with gathered(self.policy.model), autocast(self.cfg.model.autocast, self.device):
@@ -114,12 +120,15 @@ class Run:
         """Checkpoint written by rank 0 (FSDP2 first gathers the shards); the others wait."""
         path = None
         weights, optimizer_state = full_state(self.policy.model, self.optimizer)  # collective
+        critic = self.critic.state() if self.critic is not None else None  # collective
         if self.d.is_main:
             state = {
                 "optimizer": optimizer_state,
                 "scheduler": self.scheduler.state_dict(),
                 "sampler_position": self.sampler.position,
                 "eval_before": eval_before,
+                "critic": critic,
+                "kl_controller": self.kl_ctl.state_dict() if self.kl_ctl is not None else None,
             }
             path = save_checkpoint(
                 self.run_dir,
@@ -146,18 +155,27 @@ def run_step(step: int, run: Run) -> tuple[dict[str, float], list[dict]]:
         )
         release_engine(run.engine)
         batch = got.batch  # this rank's share of the kept groups
-        batch = replace(batch, advantages=advantages(batch, cfg))
         t0 = time.perf_counter()
-        if len(batch) and (cfg.algo.mu > 1 or cfg.algo.mini_batches > 1):
+        # pi_old's log-probs: for the ratio when it can differ from the live policy's, and
+        # for the KL of the per-token reward (PPO, REINFORCE++)
+        several = cfg.algo.mu > 1 or cfg.algo.mini_batches > 1
+        if len(batch) and (several or (run.kl_ctl is not None and cfg.algo.kl_coef > 0)):
             old = batch_log_probs(model, batch, cfg, pad_id, device, run.backend)
             batch = replace(batch, old_log_probs=old)
         if len(batch) and cfg.algo.kl_coef > 0:
             with run.policy.reference() as reference:
                 ref = batch_log_probs(reference, batch, cfg, pad_id, device, run.backend)
             batch = replace(batch, ref_log_probs=ref)
+        batch, token_metrics, targets = _advantages(run, batch)
         t1 = time.perf_counter()
-    metrics = dict(got.metrics)
-    if batch.num_groups:
+    metrics = {**got.metrics, **token_metrics}
+    if batch.num_groups and run.critic is not None:
+        critic = critic_update(run.critic, batch.samples, batch.num_groups, targets, cfg,
+                               pad_id, device, run.d)  # fmt: skip
+        metrics.update({f"critic/{k}": v for k, v in critic.items()})
+    if batch.num_groups and step <= cfg.critic.warmup_steps and run.critic is not None:
+        metrics["critic/warmup"] = 1.0  # only the critic trains in its warm-up steps
+    elif batch.num_groups:
         metrics.update(
             policy_update(
                 model,
@@ -181,6 +199,29 @@ def run_step(step: int, run: Run) -> tuple[dict[str, float], list[dict]]:
     metrics["time/step"] = t2 - t_start
     metrics["tokens_per_s"] = metrics["generated_tokens"] / max(metrics["time/step"], 1e-9)
     return metrics, got.examples
+
+
+def _advantages(run: Run, batch: Batch) -> tuple[Batch, dict[str, float], CriticTargets | None]:
+    """The batch with its advantages: group advantages from the rewards, or (gae,
+    reinforce_pp) token-level ones from the per-token rewards, with the critic's values and
+    targets for gae."""
+    cfg = run.cfg
+    if cfg.algo.advantage not in ("gae", "reinforce_pp"):
+        return replace(batch, advantages=advantages(batch, cfg)), {}, None
+    values = None
+    if run.critic is not None:
+        pad_id = run.tokenizer.pad_token_id
+        values = predict_values(run.critic, batch.samples, batch.width, cfg, pad_id, run.device)
+    got = token_advantages(batch, cfg, run.kl_ctl, run.d, values)
+    return replace(batch, advantages=got.advantages), got.metrics, got.critic_targets
+
+
+def _build_critic(cfg: Config, device, d: Dist, state: dict | None) -> Critic | None:
+    """PPO's critic (gae only), resumed from `state`; built without touching the run's RNG."""
+    if cfg.algo.advantage != "gae":
+        return None
+    with torch.random.fork_rng(devices=[]):
+        return build_critic(cfg, device, d, state)
 
 
 def resolve_device(name: str) -> torch.device:
@@ -269,9 +310,14 @@ def setup(
         scheduler=scheduler,
         backend=backend,
     )
+    run.kl_ctl = kl_controller(cfg)
     if checkpoint is None:
+        run.critic = _build_critic(cfg, device, d, None)
         return run, None
     state = load_trainer_state(checkpoint)
+    run.critic = _build_critic(cfg, device, d, state.get("critic"))
+    if run.kl_ctl is not None and state.get("kl_controller") is not None:
+        run.kl_ctl.load_state_dict(state["kl_controller"])
     load_optimizer_state(model, optimizer, state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])
     run.sampler.position = state["sampler_position"]

@@ -181,7 +181,8 @@ def _micro_loss(
         num_tokens=num_tokens,
         num_sequences=num_sequences,
         norm_constant=float(cfg.rollout.max_new_tokens),
-        kl_coef=a.kl_coef if ref is not None else 0.0,  # a dummy has no reference
+        # a dummy has no reference; with the KL in the reward (PPO) the loss has none
+        kl_coef=a.kl_coef if ref is not None and not a.kl_in_reward else 0.0,
         ref_log_probs=ref,
         kl_kind=a.kl_kind,
         ratio=a.ratio,

@@ -1,0 +1,155 @@
+"""PPO and REINFORCE++ end to end through `python -m rlvr train` on a tiny Llama: the metrics
+a step reports, 2 ranks (DDP, FSDP2) computing the 1-rank update for the policy and the critic,
+kill -9 and resume reproducing the uninterrupted run, LoRA and gradient checkpointing."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+HERE = Path(__file__).parent
+ACCURACY = f"{HERE / 'e2e_rewards.py'}:has_digit"
+
+
+def _args(model_dir, run, *extra, steps=3, preset="ppo"):
+    return [
+        sys.executable, "-m", "rlvr", "train", "--preset", preset,
+        f"--model.name_or_path={model_dir}",
+        f"--reward.accuracy={ACCURACY}",
+        "--rollout.prompts_per_step=8",
+        "--rollout.max_new_tokens=10",
+        "--rollout.seed_per_prompt=true",
+        "--train.eval_size=8",
+        "--data.train_size=64",
+        "--optim.lr=1e-3",
+        "--critic.lr=1e-3",
+        "--algo.kl_coef=0.05",
+        "--optim.micro_batch_sequences=3",
+        "--train.threads=1",
+        "--save-every", "1",
+        "--train.keep_checkpoints=5",
+        "--max-steps", str(steps),
+        "--output-dir", str(run),
+        "--no-progress",
+        *extra,
+    ]  # fmt: skip
+
+
+def _run(args, timeout=600):
+    res = subprocess.run(
+        args,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    return res
+
+
+def _metrics(run):
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in r.items() if not k.startswith("time/") and k != "tokens_per_s"}
+            for r in rows]  # fmt: skip
+
+
+def _weights(run, step):
+    ckpt = run / "checkpoints" / f"step-{step:06d}"
+    critic = torch.load(ckpt / "trainer_state.pt", weights_only=False)["critic"]
+    return load_file(str(ckpt / "model.safetensors")), critic["weights"] if critic else {}
+
+
+@pytest.mark.slow
+def test_ppo_step_metrics_and_critic_warmup(tiny_model_dir, tmp_path):
+    run = tmp_path / "run"
+    _run(_args(tiny_model_dir, run, "--critic.warmup_steps=1", "--algo.kl_target=0.01", steps=2))
+    m = _metrics(run)
+    for key in ("critic/value_mean", "critic/vf_loss", "critic/vf_clipfrac",
+                "critic/explained_variance", "kl/penalty", "kl/beta", "loss", "entropy"):  # fmt: skip
+        assert key in m[1], key
+    assert m[0]["critic/warmup"] == 1.0 and "loss" not in m[0]  # step 1: only the critic
+    assert m[0]["kl/beta"] == 0.05 and m[1]["kl/beta"] != 0.05  # the adaptive controller moved
+    policy, _ = _weights(run, 1)
+    start = load_file(str(tiny_model_dir / "model.safetensors"))
+    assert all(torch.equal(start[k], policy[k]) for k in start)  # policy frozen in warm-up
+    _, c1 = _weights(run, 1)
+    _, c2 = _weights(run, 2)
+    assert any(not torch.equal(c1[k], c2[k]) for k in c1)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp2"])
+def test_two_ranks_match_one(tiny_model_dir, tmp_path, parallel):
+    one, two = tmp_path / "one", tmp_path / "two"
+    _run(_args(tiny_model_dir, one, steps=2))
+    _run(_args(tiny_model_dir, two, "--nproc", "2", f"--train.parallel={parallel}", steps=2))
+    m1, m2 = _metrics(one), _metrics(two)
+    for a, b in zip(m1, m2, strict=True):
+        for key in ("reward/mean", "loss", "critic/vf_loss", "critic/explained_variance",
+                    "kl/penalty", "critic/value_mean"):  # fmt: skip
+            assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-6), key
+    for step in (1, 2):
+        (p1, c1), (p2, c2) = _weights(one, step), _weights(two, step)
+        assert c1.keys() == c2.keys() and c1
+        for name, w1, w2 in [*((k, p1[k], p2[k]) for k in p1), *((k, c1[k], c2[k]) for k in c1)]:
+            torch.testing.assert_close(w1, w2, atol=1e-5, rtol=0, msg=f"step {step} {name}")
+
+
+@pytest.mark.slow
+def test_kill_and_resume_reproduce_the_run(tiny_model_dir, tmp_path):
+    ref = tmp_path / "ref"
+    _run(_args(tiny_model_dir, ref, steps=4))
+    run = tmp_path / "run"
+    proc = subprocess.Popen(
+        _args(tiny_model_dir, run, steps=4), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        text=True, env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )  # fmt: skip
+    ckpt = run / "checkpoints" / "step-000002"
+    start = time.time()
+    while not ckpt.is_dir():
+        assert proc.poll() is None, proc.stderr.read()
+        assert time.time() - start < 600
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not (run / "checkpoints" / "step-000004").exists()
+    res = _run([sys.executable, "-m", "rlvr", "train", "--resume", str(run), "--no-progress"])
+    assert "resuming" in res.stderr
+    assert _metrics(ref) == _metrics(run)  # bit for bit
+    (p1, c1), (p2, c2) = _weights(ref, 4), _weights(run, 4)
+    assert all(torch.equal(p1[k], p2[k]) for k in p1)
+    assert all(torch.equal(c1[k], c2[k]) for k in c1)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "extra",
+    [
+        ("--model.lora_rank=4", "--optim.lr=1e-2"),
+        ("--optim.gradient_checkpointing=true",),
+        ("--preset", "reinforce_pp"),
+    ],
+    ids=["lora", "gradient_checkpointing", "reinforce_pp"],
+)
+def test_variants_train(tiny_model_dir, tmp_path, extra):
+    run = tmp_path / "run"
+    _run(_args(tiny_model_dir, run, *extra, steps=2))
+    m = _metrics(run)
+    assert all(r["optimizer_steps"] > 0 for r in m)
+    if "reinforce_pp" in extra:
+        assert "critic/vf_loss" not in m[0] and m[0]["kl/beta"] == 0.05
+        return
+    _, c1 = _weights(run, 1)
+    _, c2 = _weights(run, 2)
+    assert any(not torch.equal(c1[k], c2[k]) for k in c1)
+    if "--model.lora_rank=4" in extra:
+        assert all("lora_" in k or k.startswith("value_head") for k in c1)
