@@ -29,19 +29,15 @@ sys.path.insert(0, str(HERE))
 from sandbox_attacks import MARK, setsid_children  # noqa: E402
 
 
-def _drop() -> None:
-    if os.geteuid() == 0:
-        os.setgroups([])
-        os.setgid(NOBODY)
-        os.setuid(NOBODY)
-
-
 def _user() -> int:
     return NOBODY if os.geteuid() == 0 else os.geteuid()
 
 
 def _spawn(argv, **kw) -> subprocess.Popen:
-    return subprocess.Popen(argv, preexec_fn=_drop, cwd="/", **kw)
+    """`argv` as the unprivileged user (as root: uid and gid 65534, no supplementary groups)."""
+    if os.geteuid() == 0:
+        kw.update(user=NOBODY, group=NOBODY, extra_groups=[])
+    return subprocess.Popen(argv, cwd="/", **kw)
 
 
 @pytest.fixture(scope="module")
