@@ -46,6 +46,7 @@ def _source(tmp_path, tokenizer, rows, **data):
             "data": {"path": str(path), **data},
             "reward": {"accuracy": "math", "correct_threshold": 0.5},
             "algo": {"soft_overlong": False},
+            "rollout": {"prompts_per_step": 1},
         },
     )
     return cfg, load_prompts(cfg, tokenizer, None)
@@ -91,6 +92,7 @@ def test_correct_threshold_defaults_to_score_above_zero(tmp_path, tokenizer):
             {
                 "data": {"path": cfg.data.path},
                 "reward": {"accuracy": "math", "correct_threshold": threshold},
+                "rollout": {"prompts_per_step": 1},
             },
         )
         scorer = Scorer.build(cfg2, None, functions={"math": signed})
