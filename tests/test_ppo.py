@@ -65,7 +65,9 @@ def _metrics(run):
 def _weights(run, step):
     ckpt = run / "checkpoints" / f"step-{step:06d}"
     critic = torch.load(ckpt / "trainer_state.pt", weights_only=False)["critic"]
-    return load_file(str(ckpt / "model.safetensors")), critic["weights"] if critic else {}
+    policy = ckpt / "model.safetensors"
+    policy = policy if policy.exists() else ckpt / "adapter_model.safetensors"  # LoRA
+    return load_file(str(policy)), critic["weights"] if critic else {}
 
 
 @pytest.mark.slow
