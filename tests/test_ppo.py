@@ -155,3 +155,33 @@ def test_variants_train(tiny_model_dir, tmp_path, extra):
     assert any(not torch.equal(c1[k], c2[k]) for k in c1)
     if "--model.lora_rank=4" in extra:
         assert all("lora_" in k or k.startswith("value_head") for k in c1)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"algo": {"advantage": "grpo", "kl_in_reward": "true"}, "rollout": {"group_size": 4}},
+         "algo.kl_in_reward"),
+        ({"algo": {"dynamic_sampling": "true"}}, "algo.dynamic_sampling"),
+        ({"algo": {"lam": "1.5"}}, "algo.lam"),
+        ({"algo": {"kl_target": "0"}}, "algo.kl_target"),
+        ({"critic": {"value_clip": "0"}}, "critic.value_clip"),
+        ({"algo": {"advantage": "grpo", "kl_in_reward": "false"}}, "rollout.group_size"),
+    ],
+)  # fmt: skip
+def test_config_refuses_by_name(overrides, message):
+    from rlvr.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match=message):
+        load_config(preset="ppo", overrides=overrides)
+
+
+def test_ppo_preset_takes_one_sample_per_prompt():
+    from rlvr.config import load_config
+
+    cfg = load_config(preset="ppo")
+    assert cfg.rollout.group_size == 1 and cfg.algo.advantage == "gae" and cfg.algo.kl_in_reward
+    assert (
+        load_config(preset="ppo", overrides={"rollout": {"group_size": "4"}}).rollout.group_size
+        == 4
+    )

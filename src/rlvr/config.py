@@ -362,6 +362,12 @@ def _validate_ppo(cfg: Config) -> None:
         a.kl_target,
     )
     _check(a.kl_horizon > 0, "algo.kl_horizon", "> 0", a.kl_horizon)
+    _check(
+        not a.dynamic_sampling or cfg.rollout.group_size >= 2,
+        "algo.dynamic_sampling",
+        "false when rollout.group_size is 1 (a group of one is never mixed: all would be dropped)",
+        a.dynamic_sampling,
+    )
     _check(c.lr > 0, "critic.lr", "> 0", c.lr)
     _check(c.weight_decay >= 0, "critic.weight_decay", ">= 0", c.weight_decay)
     _check(c.warmup_steps >= 0, "critic.warmup_steps", ">= 0", c.warmup_steps)
