@@ -53,6 +53,8 @@ def test_config_refuses_vllm_on_the_cpu_by_name():
         ConfigError, match=r"^rollout\.vllm_dtype: got 'bfloat16', expected auto unless"
     ):
         validate(Config(rollout=RolloutConfig(engine="fast", vllm_dtype="bfloat16")))
+    with pytest.raises(ConfigError, match=r"^rollout\.vllm_memory: got 1\.5, expected in \(0, 1\)"):
+        validate(Config(rollout=RolloutConfig(engine="vllm", vllm_memory=1.5)))
 
 
 def test_train_refuses_vllm_on_cpu_before_any_work(tiny_model_dir, tmp_path, capsys):
