@@ -13,6 +13,11 @@ import torch
 from rlvr.cpu import native
 
 HAVE_CC = bool(shutil.which("cc") or shutil.which("gcc"))
+# Tests of the kernels and their build skip where they are off by choice or for want of a compiler.
+BUILDS = pytest.mark.skipif(
+    not HAVE_CC or os.environ.get("RLVR_NATIVE") == "0",
+    reason="C kernels off: no C compiler, or RLVR_NATIVE=0",
+)
 
 
 def _status(tmp_path, **env) -> dict:
@@ -37,7 +42,7 @@ print(json.dumps({"status": native.status(), "tokens": out.completion_ids.tolist
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.skipif(not HAVE_CC, reason="no C compiler on this machine")
+@BUILDS
 def test_builds_once_into_the_cache_and_matches_the_torch_path(tmp_path):
     on = _status(tmp_path)
     assert on["status"] == "on"
@@ -52,6 +57,7 @@ def test_builds_once_into_the_cache_and_matches_the_torch_path(tmp_path):
     assert on["tokens"] == off["tokens"]  # greedy: same tokens with or without the kernel
 
 
+@pytest.mark.skipif(os.environ.get("RLVR_NATIVE") == "0", reason="C kernels off: RLVR_NATIVE=0")
 def test_a_broken_compiler_falls_back_with_the_reason(tmp_path):
     fake = tmp_path / "cc"
     fake.write_text("#!/bin/sh\necho 'fake cc 1.0'\necho 'no such thing' >&2\nexit 1\n")
@@ -105,7 +111,7 @@ def test_fits_refuses_what_the_kernel_would_misread(change):
     assert not native.fits(**args)
 
 
-@pytest.mark.skipif(not HAVE_CC, reason="no C compiler on this machine")
+@BUILDS
 def test_rms_norm_matches_the_llama_norm_and_a_loop():
     from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
@@ -126,7 +132,7 @@ def test_rms_norm_matches_the_llama_norm_and_a_loop():
     assert native.rms_norm(x, norm.weight[:12], 1e-6) is None
 
 
-@pytest.mark.skipif(not HAVE_CC, reason="no C compiler on this machine")
+@BUILDS
 @pytest.mark.parametrize("temperature", [1.0, 0.6])
 def test_sampler_draws_the_softmax_and_reports_its_log_probs(temperature):
     """40,000 draws per case: each token's frequency within 4.5 standard errors of its
@@ -151,7 +157,7 @@ def test_sampler_draws_the_softmax_and_reports_its_log_probs(temperature):
     )
 
 
-@pytest.mark.skipif(not HAVE_CC, reason="no C compiler on this machine")
+@BUILDS
 def test_sampler_follows_the_global_seed_and_declines_what_it_does_not_do():
     logits = torch.randn(8, 50)
     torch.manual_seed(3)
@@ -164,7 +170,7 @@ def test_sampler_follows_the_global_seed_and_declines_what_it_does_not_do():
     assert native.sample(logits, 1.0, torch.arange(50)) is None  # nothing left: torch raises
 
 
-@pytest.mark.skipif(not HAVE_CC, reason="no C compiler on this machine")
+@BUILDS
 def test_an_unwritable_home_falls_back_to_a_private_temporary_directory(tmp_path):
     home = tmp_path / "home-is-a-file"
     home.write_text("")  # ~/.cache cannot be created under it
@@ -182,7 +188,7 @@ def test_an_unwritable_home_falls_back_to_a_private_temporary_directory(tmp_path
     assert list((private / "kernels").glob("rlvr_kernels-*.so"))
 
 
-@pytest.mark.skipif(not HAVE_CC, reason="no C compiler on this machine")
+@BUILDS
 def test_a_shared_temporary_directory_open_to_others_is_not_used(tmp_path):
     home = tmp_path / "home-is-a-file"
     home.write_text("")
