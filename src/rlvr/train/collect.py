@@ -139,6 +139,44 @@ def _groups(rows: list[Prompt], rollout: Rollout, scores: Scores, G: int) -> lis
     ]
 
 
+def _sampling_params(
+    cfg: Config, step: int, gen_batch: int, prompts: list[int] | None, first: int
+) -> SamplingParams:
+    """One generation batch's sampling; with `prompts` (the dataset indices of this rank's
+    prompts, the first at place `first` in the batch) one seed per prompt."""
+    r, seed = cfg.rollout, cfg.train.seed
+    row_seeds = None
+    if prompts is not None:
+        row_seeds = tuple(
+            derive_seed(seed, "gen", step, gen_batch, p, first + k) for k, p in enumerate(prompts)
+        )
+    return SamplingParams(
+        n=r.group_size,
+        max_new_tokens=r.max_new_tokens,
+        temperature=r.temperature,
+        top_p=r.top_p,
+        top_k=r.top_k,
+        min_new_tokens=r.min_new_tokens,
+        seed=derive_seed(seed, "gen", step, gen_batch),
+        row_seeds=row_seeds,
+    )
+
+
+def _examples(rows: list[Prompt], completions: list[str], rollout: Rollout, scores: Scores):
+    """The first len(rows) responses as the samples log shows them."""
+    return [
+        {
+            "prompt": row.text,
+            "completion": completions[i],
+            "answer": row.answer,
+            "reward": float(scores.total[i]),
+            "correct": bool(scores.correct[i]),
+            "length": int(rollout.lengths[i]),
+        }
+        for i, row in enumerate(rows)
+    ]
+
+
 def collect(
     step: int,
     cfg: Config,
@@ -152,8 +190,8 @@ def collect(
     """Generate and score until `prompts_per_step` groups are in hand
     (docs/algorithms.md#dynamic-sampling)."""
     d = d or Dist()
-    r, G, target = cfg.rollout, cfg.rollout.group_size, cfg.rollout.prompts_per_step
-    per_prompt_seeds = r.seed_per_prompt or d.enabled
+    G, target = cfg.rollout.group_size, cfg.rollout.prompts_per_step
+    per_prompt_seeds = cfg.rollout.seed_per_prompt or d.enabled
     buffer = DynamicSamplingBuffer(
         target, cfg.algo.max_gen_batches if cfg.algo.dynamic_sampling else 1
     )
@@ -164,19 +202,8 @@ def collect(
         batch = sampler.take(size)  # the same on every rank
         lo, hi = d.shard(size)
         mine = [prompts[i] for i in batch[lo:hi]]
-        b, seed = buffer.num_gen_batches, cfg.train.seed
-        params = SamplingParams(
-            n=G,
-            max_new_tokens=r.max_new_tokens,
-            temperature=r.temperature,
-            top_p=r.top_p,
-            top_k=r.top_k,
-            min_new_tokens=r.min_new_tokens,
-            seed=derive_seed(seed, "gen", step, b),
-            row_seeds=tuple(derive_seed(seed, "gen", step, b, batch[g], g) for g in range(lo, hi))
-            if per_prompt_seeds
-            else None,
-        )
+        seeds = [batch[g] for g in range(lo, hi)] if per_prompt_seeds else None
+        params = _sampling_params(cfg, step, buffer.num_gen_batches, seeds, lo)
         t0 = time.perf_counter()
         rollout = engine.generate([p.ids for p in mine], params)
         t1 = time.perf_counter()
@@ -185,18 +212,8 @@ def collect(
         scores = scorer(rows, completions, rollout, step=step)
         t_gen, t_score = t_gen + t1 - t0, t_score + time.perf_counter() - t1
         tally.add(rollout, scores, completions, G)
-        want = cfg.train.log_samples - len(examples)
-        examples += [
-            {
-                "prompt": rows[i].text,
-                "completion": completions[i],
-                "answer": rows[i].answer,
-                "reward": float(scores.total[i]),
-                "correct": bool(scores.correct[i]),
-                "length": int(rollout.lengths[i]),
-            }
-            for i in range(min(len(rows), max(want, 0)))
-        ]
+        want = max(cfg.train.log_samples - len(examples), 0)
+        examples += _examples(rows[:want], completions, rollout, scores)
         correct = torch.cat(d.gather(scores.correct))  # every group of the batch, in order
         if cfg.algo.dynamic_sampling:
             keep = keep_groups(correct, G)
