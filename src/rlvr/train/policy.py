@@ -101,9 +101,7 @@ def load_policy(
             except ValueError as e:  # e.g. target modules not found in the model
                 raise ConfigError(f"model.lora_target_modules: {e}") from None
         return Policy(_checkpointing(model, cfg).eval(), None)
-    model = load(
-        str(checkpoint) if checkpoint else m.name_or_path, dtype=m.dtype, device=device
-    )
+    model = load(str(checkpoint) if checkpoint else m.name_or_path, dtype=m.dtype, device=device)
     model = _checkpointing(model, cfg)
     ref = None
     if cfg.algo.kl_coef > 0:  # the reference is the starting policy, frozen
