@@ -249,11 +249,12 @@ def test_partial_last_metrics_line_does_not_block_resume(reference_run, tiny_mod
 
 
 def test_a_live_run_directory_is_locked(tiny_model_dir, tmp_path):
-    """`--resume` of a live run and a second run on its directory are refused naming the
-    holder's pid; two runs started together on one new directory: exactly one runs."""
+    """`--resume` of a live run (one long enough to outlast the checks) and a second run on
+    its directory are refused naming the holder's pid; two runs started together on one new
+    directory: exactly one runs."""
     run = tmp_path / "run"
     proc = subprocess.Popen(
-        _args(tiny_model_dir, run, steps=200), stderr=subprocess.PIPE, text=True
+        _args(tiny_model_dir, run, steps=100_000), stderr=subprocess.PIPE, text=True
     )
     try:
         _wait_for_lines(run / "metrics.jsonl", 1, proc)

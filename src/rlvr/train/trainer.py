@@ -21,126 +21,26 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 
-import torch
 from rich.console import Console
 
-from rlvr import cpu
-from rlvr.algos import KLController
-from rlvr.config import Config, ConfigError, to_dict
-from rlvr.models import autocast, eos_ids, load_tokenizer
-from rlvr.prompts import PromptSource, load_prompts
-from rlvr.rewards.scoring import Scorer
-from rlvr.rollout import ENGINES
-from rlvr.rollout.vllm import VLLMEngineError
-from rlvr.run.checkpoint import (
-    load_trainer_state,
-    resume_checkpoint,
-    save_checkpoint,
-    set_rng_state,
-)
-from rlvr.run.distributed import (
-    Dist,
-    full_state,
-    gathered,
-    init_distributed,
-    load_optimizer_state,
-    shutdown,
-    wrap,
-)
+from rlvr.config import Config, to_dict
+from rlvr.models import autocast
+from rlvr.run.distributed import gathered, shutdown
 from rlvr.run.health import HealthGuard
 from rlvr.run.metrics import NullLogger, RunLogger
-from rlvr.run.rundir import prepare_run_dir, truncate_jsonl, unlock_run_dir
+from rlvr.run.rundir import unlock_run_dir
 from rlvr.run.signals import StopSignal
 from rlvr.train.batch import Batch
-from rlvr.train.collect import PromptSampler, collect
-from rlvr.train.critic import Critic, CriticTargets, build_critic, critic_update, predict_values
-from rlvr.train.evaluation import eval_params, evaluate
-from rlvr.train.policy import Policy, load_policy
-from rlvr.train.ppo import kl_controller, token_advantages
+from rlvr.train.collect import collect
+from rlvr.train.critic import CriticTargets, critic_update, predict_values
+from rlvr.train.ppo import token_advantages
+from rlvr.train.setup import Given, Run, release_engine, resolve_device, setup
 from rlvr.train.update import advantages, batch_log_probs, policy_update
 
-
-@dataclass(frozen=True)
-class Given:
-    """Objects the Python API (`rlvr.api`) hands in instead of names in the config: a model
-    and tokenizer, reward functions by the names `cfg.reward` uses, and `callbacks`, each
-    called as `fn(step, metrics)` after every step (returning "stop" ends the run)."""
-
-    model: torch.nn.Module | None = None
-    tokenizer: object | None = None
-    reward_functions: dict[str, Callable] = field(default_factory=dict)
-    callbacks: tuple[Callable, ...] = ()
-
-
-def release_engine(engine) -> None:
-    """An engine with its own GPU memory (vllm) gives it back once its rollouts are in."""
-    release = getattr(engine, "release", None)
-    if release is not None:
-        release()
-
-
-@dataclass
-class Run:
-    """Everything a step needs, built once by `setup`."""
-
-    cfg: Config
-    d: Dist
-    device: torch.device
-    run_dir: Path
-    tokenizer: object
-    policy: Policy
-    module: torch.nn.Module  # the training forward's module (DDP-wrapped when distributed)
-    engine: object
-    scorer: Scorer
-    source: PromptSource
-    sampler: PromptSampler
-    optimizer: torch.optim.Optimizer
-    scheduler: torch.optim.lr_scheduler.LRScheduler
-    backend: cpu.Backend  # the CPU backend's gate, decided once for the run
-    critic: Critic | None = None  # PPO's value model (algo.advantage=gae)
-    kl_ctl: KLController | None = None  # the per-token reward's beta (algo.kl_in_reward)
-
-    def evaluate(self) -> dict[str, float]:
-        with gathered(self.policy.model), autocast(self.cfg.model.autocast, self.device):
-            result = evaluate(
-                self.engine,
-                self.tokenizer,
-                self.scorer,
-                self.source.eval,
-                params=eval_params(self.cfg),
-                d=self.d,
-            )
-        release_engine(self.engine)
-        return result
-
-    def save(self, step: int, eval_before: dict) -> Path | None:
-        """Checkpoint written by rank 0 (FSDP2 first gathers the shards); the others wait."""
-        path = None
-        weights, optimizer_state = full_state(self.policy.model, self.optimizer)  # collective
-        critic = self.critic.state() if self.critic is not None else None  # collective
-        if self.d.is_main:
-            state = {
-                "optimizer": optimizer_state,
-                "scheduler": self.scheduler.state_dict(),
-                "sampler_position": self.sampler.position,
-                "eval_before": eval_before,
-                "critic": critic,
-                "kl_controller": self.kl_ctl.state_dict() if self.kl_ctl is not None else None,
-            }
-            path = save_checkpoint(
-                self.run_dir,
-                step,
-                self.policy.model,
-                self.tokenizer,
-                state,
-                keep=self.cfg.train.keep_checkpoints,
-                model_state=weights,
-            )
-        self.d.barrier()
-        return self.d.broadcast(path)
+__all__ = ["Given", "Run", "resolve_device", "run_step", "setup", "train"]
 
 
 def run_step(step: int, run: Run) -> tuple[dict[str, float], list[dict]]:
@@ -214,133 +114,6 @@ def _advantages(run: Run, batch: Batch) -> tuple[Batch, dict[str, float], Critic
         values = predict_values(run.critic, batch.samples, batch.width, cfg, pad_id, run.device)
     got = token_advantages(batch, cfg, run.kl_ctl, run.d, values)
     return replace(batch, advantages=got.advantages), got.metrics, got.critic_targets
-
-
-def _build_critic(cfg: Config, device, d: Dist, state: dict | None) -> Critic | None:
-    """PPO's critic (gae only), resumed from `state`; built without touching the run's RNG."""
-    if cfg.algo.advantage != "gae":
-        return None
-    with torch.random.fork_rng(devices=[]):
-        return build_critic(cfg, device, d, state)
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise ConfigError(f"model.device: {name!r} asked for, but no CUDA device is available")
-    return torch.device(name)
-
-
-def setup(
-    cfg: Config, resume_dir: Path | None, console: Console, given: Given | None = None
-) -> tuple[Run, dict | None]:
-    """Build the run (resuming from the newest good checkpoint when asked)."""
-    given = given or Given()
-    if cfg.train.threads:
-        torch.set_num_threads(cfg.train.threads)
-    d, device = init_distributed(resolve_device(cfg.model.device))
-    if d.enabled and cfg.rollout.prompts_per_step % d.world_size:
-        raise ConfigError(
-            f"rollout.prompts_per_step: {cfg.rollout.prompts_per_step} is not "
-            f"divisible by the {d.world_size} ranks (each takes whole groups)"
-        )
-    run_dir = prepare_run_dir(cfg, resume=resume_dir is not None) if d.is_main else None
-    run_dir = Path(d.broadcast(str(run_dir)))
-    checkpoint = None
-    if resume_dir:  # raises CheckpointError when checkpoints exist but none verifies
-        warn = console.print if d.is_main else _quiet
-        checkpoint = resume_checkpoint(run_dir, cfg.train.save_every, warn=warn)
-        if checkpoint is None and d.is_main:  # killed before its first save: start over
-            console.print(f"{run_dir}: no intact checkpoint yet; starting the run over from step 0")
-            for name in ("metrics.jsonl", "samples.jsonl"):
-                truncate_jsonl(run_dir / name, 0)
-    tokenizer = given.tokenizer or load_tokenizer(cfg.model.name_or_path)
-    policy = load_policy(cfg, checkpoint, device, model=given.model)
-    model = policy.model
-    backend = _cpu_backend(policy)
-    source = load_prompts(cfg, tokenizer, getattr(model.config, "max_position_embeddings", None))
-    module = wrap(model, d, device, cfg.train.parallel)  # before the optimiser: FSDP2 shards
-    o = cfg.optim
-    trainable = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(
-        trainable,
-        lr=o.lr,
-        betas=(o.beta1, o.beta2),
-        weight_decay=o.weight_decay,
-        # One kernel for all parameters instead of ~10 ops per tensor (CPU and CUDA):
-        # measured 8 ms -> 2 ms per step on bench/vs_trl.py's 4.3M-parameter model.
-        fused=all(p.device.type in ("cpu", "cuda") and p.is_floating_point() for p in trainable),
-    )
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: min(1.0, (s + 1) / o.warmup_steps) if o.warmup_steps else 1.0
-    )
-    engine_kw = {"backend": backend} if cfg.rollout.engine == "fast" else {}
-    if cfg.rollout.engine == "vllm":  # this rank's GPU, its place among the ranks, numerics
-        engine_kw = dict(
-            device=device,
-            autocast=cfg.model.autocast,
-            dtype=cfg.rollout.vllm_dtype,
-            gpu_memory_utilization=cfg.rollout.vllm_memory,
-            rank=d.rank,
-            local_rank=d.local_rank,
-            world_size=d.world_size,
-        )
-    try:
-        engine = ENGINES[cfg.rollout.engine](
-            model, pad_id=tokenizer.pad_token_id, eos_ids=eos_ids(tokenizer, model), **engine_kw
-        )
-    except VLLMEngineError as e:  # no GPU, no or unsupported vllm, vLLM failed to start
-        raise ConfigError(str(e)) from None
-    except RuntimeError as e:
-        raise ConfigError(f"rollout.engine: {e}") from None
-    run = Run(
-        cfg=cfg,
-        d=d,
-        device=device,
-        run_dir=run_dir,
-        tokenizer=tokenizer,
-        policy=policy,
-        module=module,
-        engine=engine,
-        scorer=Scorer.build(cfg, source.task, given.reward_functions),
-        source=source,
-        sampler=PromptSampler(len(source.train), cfg.train.seed),
-        optimizer=optimizer,
-        scheduler=scheduler,
-        backend=backend,
-    )
-    run.kl_ctl = kl_controller(cfg)
-    if checkpoint is None:
-        run.critic = _build_critic(cfg, device, d, None)
-        return run, None
-    state = load_trainer_state(checkpoint)
-    run.critic = _build_critic(cfg, device, d, state.get("critic"))
-    if run.kl_ctl is not None and state.get("kl_controller") is not None:
-        run.kl_ctl.load_state_dict(state["kl_controller"])
-    load_optimizer_state(model, optimizer, state["optimizer"])
-    scheduler.load_state_dict(state["scheduler"])
-    run.sampler.position = state["sampler_position"]
-    set_rng_state(state["rng"])
-    if d.is_main:
-        for name in ("metrics.jsonl", "samples.jsonl"):
-            truncate_jsonl(run_dir / name, state["step"])
-        console.print(f"resuming {run_dir} from {checkpoint.name} (step {state['step']})")
-    return run, {"step": state["step"], "eval_before": state["eval_before"], "path": checkpoint}
-
-
-def _cpu_backend(policy: Policy) -> cpu.Backend:
-    """The CPU backend's gate for the run (`rlvr.cpu.enabled`: fp32 weights on the CPU), and
-    what it sets up once: malloc tuning, the frozen reference's packed weights."""
-    backend = cpu.backend(policy.model)
-    backend.tune_malloc()
-    if policy.reference_copy is not None:
-        backend.pack_frozen(policy.reference_copy)
-    return backend
-
-
-def _quiet(*_args) -> None:
-    pass
 
 
 def _accuracy_line(when: str, ev: dict) -> str:
