@@ -111,12 +111,13 @@ class Clock:
 
 
 def child_rlvr(args) -> dict:
-    import rlvr.train.trainer as rt
+    import rlvr.train.setup as rs  # builds the run: its tokenizer loader, Run.evaluate
+    import rlvr.train.trainer as rt  # the loop: run_step
 
     cfg = rlvr_config(args)
     clock = Clock()
     state = {"step": 0, "samples": 0, "gen_batches": 0}
-    run_step, evaluate = rt.run_step, rt.evaluate
+    run_step, evaluate = rt.run_step, rs.evaluate
 
     def counted_run_step(*a, **k):
         if clock.train_seconds() > args.max_minutes * 60:
@@ -146,7 +147,7 @@ def child_rlvr(args) -> dict:
             raise _Stop
         return ev
 
-    rt.run_step, rt.evaluate = counted_run_step, timed_evaluate
+    rt.run_step, rs.evaluate = counted_run_step, timed_evaluate
     with contextlib.suppress(_Stop):  # the target reached, or the budget spent
         rt.train(cfg, show_progress=False)
     return {

@@ -161,8 +161,10 @@ def child_trl(args) -> dict:
 
 
 def child_rlvr(args) -> dict:
-    import rlvr.train.trainer as rt
+    import rlvr.train.setup as rs  # builds the run: its tokenizer loader, Run.evaluate
+    import rlvr.train.trainer as rt  # the loop: run_step
     from rlvr.config import ConfigError, RolloutConfig, load_config
+    from rlvr.rollout import ENGINES
 
     if "min_new_tokens" not in RolloutConfig.__dataclass_fields__:
         raise SystemExit(
@@ -222,7 +224,7 @@ def child_rlvr(args) -> dict:
 
     # See _shared.load_char_tokenizer: AutoTokenizer mis-loads this tokenizer beside a qwen2
     # config, so rlvr's loader is pointed at the same loader TRL gets.
-    rt.load_tokenizer = load_char_tokenizer
+    rs.load_tokenizer = load_char_tokenizer
     ends: list[float] = []
     counts: list[dict] = []
     run_step = rt.run_step
@@ -235,7 +237,7 @@ def child_rlvr(args) -> dict:
 
     rt.run_step = timed_run_step
     ends.append(time.perf_counter())  # replaced below by the end of the first evaluation
-    engine_cls = rt.ENGINES[cfg.rollout.engine]
+    engine_cls = ENGINES[cfg.rollout.engine]
     gen = engine_cls.generate
     prompt_stats: list[tuple[int, int, int]] = []
 
@@ -251,7 +253,7 @@ def child_rlvr(args) -> dict:
         return out
 
     engine_cls.generate = generate
-    evaluate = rt.evaluate
+    evaluate = rs.evaluate
 
     def timed_evaluate(*a, **k):
         out = evaluate(*a, **k)
@@ -259,7 +261,7 @@ def child_rlvr(args) -> dict:
             ends[0] = time.perf_counter()
         return out
 
-    rt.evaluate = timed_evaluate
+    rs.evaluate = timed_evaluate
     rt.train(cfg, show_progress=False)
     steps = []
     for i, m in enumerate(counts):
