@@ -6,10 +6,8 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -29,32 +27,6 @@ def _sandbox_processes() -> int:
             with contextlib.suppress(OSError):
                 n += os.stat(f"/proc/{d}").st_uid >= 1_000_000
     return n
-
-
-@pytest.fixture()
-def server():
-    srv = socket.socket()
-    srv.bind(("127.0.0.1", 0))
-    srv.listen(8)
-    srv.settimeout(0.2)
-    accepted = []
-    stop = threading.Event()
-
-    def loop():
-        while not stop.is_set():
-            try:
-                conn, _ = srv.accept()
-            except OSError:
-                continue
-            accepted.append(conn.recv(100))
-            conn.close()
-
-    t = threading.Thread(target=loop, daemon=True)
-    t.start()
-    yield srv.getsockname()[1], accepted
-    stop.set()
-    t.join()
-    srv.close()
 
 
 CONNECT = """

@@ -12,11 +12,9 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -70,31 +68,6 @@ def copy():
         tried.append(f"{exe}: {err.decode(errors='replace').strip()[-200:]}")
     shutil.rmtree(d, ignore_errors=True)
     pytest.fail(f"no Python >= 3.9 that uid {_user()} can run: {tried}")
-
-
-@pytest.fixture()
-def server():
-    srv = socket.socket()
-    srv.bind(("127.0.0.1", 0))
-    srv.listen(8)
-    srv.settimeout(0.2)
-    accepted, stop = [], threading.Event()
-
-    def loop():
-        while not stop.is_set():
-            try:
-                conn, _ = srv.accept()
-            except OSError:
-                continue
-            accepted.append(conn.recv(100))
-            conn.close()
-
-    t = threading.Thread(target=loop, daemon=True)
-    t.start()
-    yield srv.getsockname()[1], accepted
-    stop.set()
-    t.join()
-    srv.close()
 
 
 def _attack(copy, port: int, isolation: str) -> tuple[dict, bool]:
