@@ -85,3 +85,24 @@ def tiny_qwen2_dir(tmp_path_factory, tokenizer):
     Qwen2ForCausalLM(config).save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
+
+
+@pytest.fixture(scope="module")
+def scaled_tiny_model(tokenizer):
+    """A small `build_tiny_model`, its matrices scaled up: at init a Qwen2 this narrow is
+    nearly uniform and greedy decoding repeats one token; scaled, its outputs vary."""
+    model = build_tiny_model(
+        tokenizer,
+        seed=0,
+        hidden_size=64,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        intermediate_size=128,
+        max_position_embeddings=128,
+    ).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.mul_(10.0)
+    return model

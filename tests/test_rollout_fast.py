@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from rlvr.models import build_tiny_model, build_tokenizer
+from rlvr.models import build_tokenizer
 from rlvr.rollout import ENGINES, FastEngine, HFEngine, SamplingParams
 from rlvr.rollout.fast import filter_logits
 from rlvr.train.batch import Sample, collate, token_log_probs
@@ -17,24 +17,8 @@ def tok():
 
 
 @pytest.fixture(scope="module")
-def model(tok):
-    """A small `build_tiny_model`, its matrices scaled up: at init a Qwen2 this narrow is
-    nearly uniform and greedy decoding repeats one token; scaled, its outputs vary."""
-    model = build_tiny_model(
-        tok,
-        seed=0,
-        hidden_size=64,
-        num_layers=2,
-        num_heads=4,
-        num_kv_heads=2,
-        intermediate_size=128,
-        max_position_embeddings=128,
-    ).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() == 2:
-                p.mul_(10.0)
-    return model
+def model(scaled_tiny_model):
+    return scaled_tiny_model
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from rlvr.models import build_tiny_model, build_tokenizer
+from rlvr.models import build_tokenizer
 from rlvr.rollout import FastEngine, SamplingParams
 from rlvr.rollout.fast import row_generators, sample_tokens
 from rlvr.rollout.streams import CounterStreams, _mix32_int, mix32, row_key
@@ -113,22 +113,8 @@ def tok():
 
 
 @pytest.fixture(scope="module")
-def model(tok):
-    model = build_tiny_model(
-        tok,
-        seed=0,
-        hidden_size=64,
-        num_layers=2,
-        num_heads=4,
-        num_kv_heads=2,
-        intermediate_size=128,
-        max_position_embeddings=128,
-    ).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() == 2:
-                p.mul_(10.0)
-    return model
+def model(scaled_tiny_model):
+    return scaled_tiny_model
 
 
 def _engine(model, tok, eos, streams="counter", check_every=None, retire=0.25):
