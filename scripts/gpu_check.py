@@ -43,33 +43,13 @@ PROMPTS = [
 TOLERANCE = {("fast", "none"): 1e-3, ("vllm", "none"): 2e-3, ("vllm", "bfloat16"): 0.02}
 
 
-def trainer_log_probs(model, rollout, pad_id: int, temperature: float = 1.0) -> torch.Tensor:
-    """(B, T) the trainer's log-probs of a rollout's responses (`rlvr.train.batch`)."""
-    from rlvr.train.batch import Sample, collate, token_log_probs
-
-    samples = [
-        Sample(
-            prompt_ids=rollout.prompt_ids[i],
-            completion_ids=rollout.completion_ids[i, : int(n)].tolist(),
-            truncated=bool(rollout.truncated[i]),
-            reward=0.0,
-            correct=False,
-            group=0,
-        )
-        for i, n in enumerate(rollout.lengths)
-    ]
-    device = next(model.parameters()).device
-    with torch.no_grad():
-        lp, _ = token_log_probs(model, collate(samples, pad_id, device), temperature=temperature)
-    return lp.float().cpu()
-
-
 def check_engine(
     name: str, device: str, autocast: str = "none", quick: bool = False
 ) -> tuple[bool, str]:
     from rlvr.models import autocast as autocast_ctx
     from rlvr.models import eos_ids, load_model, load_tokenizer
     from rlvr.rollout import ENGINES, SamplingParams
+    from rlvr.train.batch import rollout_log_probs
 
     if name == "vllm" and importlib.util.find_spec("vllm") is None:
         return True, "not installed"
@@ -99,7 +79,7 @@ def check_engine(
     seconds = time.perf_counter() - t0
     tokens = int(out.lengths.sum())
     with autocast_ctx(autocast, torch.device(device)):
-        ours = trainer_log_probs(model, out, tok.pad_token_id)
+        ours = rollout_log_probs(model, out, tok.pad_token_id)
     mask = out.response_mask.bool()[:, : ours.shape[1]]
     speed = f"{tokens / seconds:,.0f} tok/s ({tokens} tokens)"
     well_formed = out.completion_ids.shape[0] == len(prompts) * n and tokens > 0

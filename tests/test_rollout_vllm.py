@@ -26,6 +26,7 @@ from rlvr.rollout.vllm import (
     vllm_dtype,
 )
 from rlvr.schema import ModelConfig, RolloutConfig
+from rlvr.train.batch import rollout_log_probs
 
 HAS_GPU_VLLM = torch.cuda.is_available() and importlib.util.find_spec("vllm") is not None
 ROOT = Path(__file__).resolve().parent.parent
@@ -260,27 +261,6 @@ def test_rollout_from_vllm_outputs():
         rollout_from_outputs([[1, 3], [4]], completions[:3], 2, pad, [eos])
 
 
-def trainer_log_probs(model, rollout, pad_id: int, temperature: float = 1.0) -> torch.Tensor:
-    """(B, T) the trainer's log-probs of a rollout's responses (rlvr.train.batch)."""
-    from rlvr.train.batch import Sample, collate, token_log_probs
-
-    samples = [
-        Sample(
-            prompt_ids=rollout.prompt_ids[i],
-            completion_ids=rollout.completion_ids[i, : int(n)].tolist(),
-            truncated=bool(rollout.truncated[i]),
-            reward=0.0,
-            correct=False,
-            group=0,
-        )
-        for i, n in enumerate(rollout.lengths)
-    ]
-    device = next(model.parameters()).device
-    with torch.no_grad():
-        lp, _ = token_log_probs(model, collate(samples, pad_id, device), temperature=temperature)
-    return lp.cpu()
-
-
 @pytest.mark.skipif(not HAS_GPU_VLLM, reason="needs a CUDA GPU and vllm")
 def test_log_probs_match_the_trainer(tokenizer):
     """Tokens may differ between engines at near-ties; vLLM's log-probs of its own samples
@@ -292,6 +272,6 @@ def test_log_probs_match_the_trainer(tokenizer):
     prompts = [tokenizer("Compute 12+34.")["input_ids"], tokenizer("Compute 50-7.")["input_ids"]]
     params = SamplingParams(n=4, max_new_tokens=24, seed=1)
     out = ENGINES["vllm"](model, **kw).generate(prompts, params)
-    ours = trainer_log_probs(model, out, tokenizer.pad_token_id)
+    ours = rollout_log_probs(model, out, tokenizer.pad_token_id)
     mask = out.response_mask.bool()[:, : ours.shape[1]]
     assert (ours[mask] - out.sampling_log_probs[:, : ours.shape[1]][mask]).abs().max() < 1e-3

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from transformers import DynamicCache
 
 from rlvr.models import cache_kwarg, unwrap_model
-from rlvr.rollout.base import dedupe, left_pad
+from rlvr.rollout.base import Rollout, dedupe, left_pad
 
 
 @dataclass(frozen=True)
@@ -31,6 +31,13 @@ class Sample:
     correct: bool
     group: int
     sampling_log_probs: torch.Tensor | None = None  # (length,) the engine's own, if it has them
+
+    @classmethod
+    def placeholder(cls, pad_id: int) -> Sample:
+        """A one-token row without loss (group -1): a rank with no rows in a mini-batch runs
+        it so that it still joins the collectives (DDP's all-reduce, FSDP2's gathers) with a
+        zero gradient."""
+        return cls([pad_id], [pad_id], True, 0.0, False, -1)
 
 
 @dataclass(frozen=True)
@@ -162,6 +169,28 @@ def token_log_probs(
     return _score(
         out.logits[:, :-1, :], mb.input_ids[:, mb.prompt_width :], temperature, with_entropy
     )
+
+
+def rollout_log_probs(
+    model: torch.nn.Module, rollout: Rollout, pad_id: int, temperature: float = 1.0
+) -> torch.Tensor:
+    """(B, T) fp32 on the CPU: the trainer's log-probs of a rollout's responses, as the update
+    computes them, to compare with an engine's own (`Rollout.sampling_log_probs`)."""
+    samples = [
+        Sample(
+            prompt_ids=rollout.prompt_ids[i],
+            completion_ids=rollout.completion_ids[i, : int(n)].tolist(),
+            truncated=bool(rollout.truncated[i]),
+            reward=0.0,
+            correct=False,
+            group=0,
+        )
+        for i, n in enumerate(rollout.lengths)
+    ]
+    device = next(model.parameters()).device
+    with torch.no_grad():
+        lp, _ = token_log_probs(model, collate(samples, pad_id, device), temperature=temperature)
+    return lp.float().cpu()
 
 
 def _score(

@@ -184,12 +184,6 @@ def predict_values(
     return out
 
 
-def _dummy(pad_id: int) -> Sample:
-    """A one-token row without loss: a rank with no rows in a mini-batch still joins the
-    collectives (DDP's all-reduce, FSDP2's gathers) with a zero gradient."""
-    return Sample([pad_id], [pad_id], True, 0.0, False, -1)
-
-
 @dataclass(frozen=True)
 class CriticTargets:
     """Per-row tensors of the step, (N, T) on the CPU: V at rollout time, the GAE returns and
@@ -264,7 +258,7 @@ def _update(critic, samples, num_groups, targets, cfg, pad_id, device, d) -> dic
 def _micro_loss(critic, samples, micro, targets, clip, n_tok, pad_id, device):
     """The micro-batch's value loss normalised by the mini-batch's global token count."""
     rows = micro or [0]
-    batch = [samples[i] for i in micro] if micro else [_dummy(pad_id)]
+    batch = [samples[i] for i in micro] if micro else [Sample.placeholder(pad_id)]
     values = _forward(critic.module, batch, pad_id, device)
     T = values.shape[1]
     idx = torch.tensor(rows, dtype=torch.long)

@@ -132,7 +132,7 @@ def batch_log_probs(
 def _dummy(pad_id: int) -> Batch:
     """A one-token, fully masked micro-batch: loss 0, gradient 0. A rank with nothing to
     train in a mini-batch runs it so that every rank joins the gradient all-reduce."""
-    return Batch([Sample([pad_id], [pad_id], True, 0.0, False, -1)], 0, torch.zeros(1))
+    return Batch([Sample.placeholder(pad_id)], 0, torch.zeros(1))
 
 
 @dataclass
