@@ -1,8 +1,14 @@
 """Shared fixtures: tiny randomly initialised Llama and Qwen2 models and their tokenizer, saved with
-save_pretrained to a local directory, exactly as a user's model would be."""
+save_pretrained to a local directory, exactly as a user's model would be, and the loopback server
+the sandbox suites probe.
+
+This is the suite's only conftest.py: test modules import `require_native_kernels` from it by
+name (`from conftest import ...`), which a second conftest.py in a subfolder would shadow."""
 
 import os
 import shutil
+import socket
+import threading
 
 import pytest
 import torch
@@ -106,3 +112,30 @@ def scaled_tiny_model(tokenizer):
             if p.dim() == 2:
                 p.mul_(10.0)
     return model
+
+
+@pytest.fixture()
+def server():
+    """A TCP server on 127.0.0.1: yields (port, the first bytes of each accepted connection),
+    so a test can prove that a sandboxed program did or did not reach the loopback."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(8)
+    srv.settimeout(0.2)
+    accepted, stop = [], threading.Event()
+
+    def loop():
+        while not stop.is_set():
+            try:
+                conn, _ = srv.accept()
+            except OSError:
+                continue
+            accepted.append(conn.recv(100))
+            conn.close()
+
+    t = threading.Thread(target=loop, daemon=True)
+    t.start()
+    yield srv.getsockname()[1], accepted
+    stop.set()
+    t.join()
+    srv.close()
