@@ -7,6 +7,7 @@ import torch
 
 from rlvr.models import (
     TAG_TOKENS,
+    TOOL_TOKENS,
     build_tiny_model,
     build_tokenizer,
     load_model,
@@ -57,6 +58,38 @@ def test_chat_template(tokenizer):
     )
     no_prompt = tokenizer.apply_chat_template(messages, tokenize=False)
     assert no_prompt == text.removesuffix("<|im_start|>assistant\n")
+
+
+def test_tool_tokens_follow_the_old_ids(tokenizer):
+    assert len(tokenizer) == 108
+    assert [tokenizer.convert_tokens_to_ids(t) for t in TOOL_TOKENS] == [104, 105, 106, 107]
+    # the ids before them are the 104 of the character vocabulary, unchanged
+    assert tokenizer.convert_tokens_to_ids(["<|endoftext|>", "<think>", "\n", "0", " "]) == [
+        0,
+        4,
+        8,
+        9,
+        103,
+    ]
+    text = '<tool_call>{"name": "calc"}</tool_call><tool_response>12</tool_response>'
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    assert ids[0] == 104 and ids[-1] == 107 and 105 in ids and 106 in ids
+    assert tokenizer.decode(ids, skip_special_tokens=True) == text
+
+
+def test_chat_template_tool_role(tokenizer):
+    messages = [
+        {"role": "user", "content": "Compute 3*4+1."},
+        {"role": "assistant", "content": "<tool_call>{}</tool_call>"},
+        {"role": "tool", "content": "12"},
+    ]
+    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    assert text == (
+        "<|im_start|>user\nCompute 3*4+1.<|im_end|>\n"
+        "<|im_start|>assistant\n<tool_call>{}</tool_call><|im_end|>\n"
+        "<|im_start|>tool\n<tool_response>12</tool_response><|im_end|>\n"
+        "<|im_start|>assistant\n"
+    )
 
 
 def test_tiny_model_is_deterministic_per_seed(tokenizer):

@@ -39,11 +39,19 @@ UNK_TOKEN = "<unk>"
 # Not special: they must survive `decode(..., skip_special_tokens=True)` so that rewards
 # can see them, as in Qwen3 / DeepSeek-R1 tokenizers.
 TAG_TOKENS = ("<think>", "</think>", "<answer>", "</answer>")
+# Hermes / Qwen2.5 tool-call tags, also not special (a tool parser must see them); appended
+# after the 100 ids above so that ids 0..103 keep their meaning.
+TOOL_TOKENS = ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>")
 
-# Qwen2.5-style ChatML template, without Qwen's default system prompt.
+# Qwen2.5-style ChatML template, without Qwen's default system prompt. A "tool" message is
+# the tool's result wrapped in <tool_response></tool_response>, as Qwen2.5 renders it.
 CHAT_TEMPLATE = (
     "{%- for message in messages %}"
+    "{%- if message['role'] == 'tool' %}"
+    "{{- '<|im_start|>tool\\n<tool_response>' + message['content'] + '</tool_response><|im_end|>\\n' }}"
+    "{%- else %}"
     "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{%- endif %}"
     "{%- endfor %}"
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
 )
@@ -57,16 +65,20 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
 
     Special tokens (single ids): ``<|endoftext|>`` (pad), ``<|im_start|>``, ``<|im_end|>``
     (eos), ``<unk>``; added non-special tokens: ``<think>``, ``</think>``, ``<answer>``,
-    ``</answer>``. Ids are fixed by construction, so the vocabulary never depends on data.
+    ``</answer>`` (ids 4..7) and ``<tool_call>``, ``</tool_call>``, ``<tool_response>``,
+    ``</tool_response>`` (ids 104..107, after the characters). 108 ids, fixed by
+    construction, so the vocabulary never depends on data.
     """
     specials = [PAD_TOKEN, IM_START, EOS_TOKEN, UNK_TOKEN]
     chars = ["\n", *string.printable[:95]]  # digits, letters, punctuation, space
-    vocab = {tok: i for i, tok in enumerate([*specials, *TAG_TOKENS, *chars])}
+    vocab = {tok: i for i, tok in enumerate([*specials, *TAG_TOKENS, *chars, *TOOL_TOKENS])}
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK_TOKEN))
     tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
     tok.decoder = decoders.Fuse()
     tok.add_special_tokens([AddedToken(t, normalized=False, special=True) for t in specials])
-    tok.add_tokens([AddedToken(t, normalized=False, special=False) for t in TAG_TOKENS])
+    tok.add_tokens(
+        [AddedToken(t, normalized=False, special=False) for t in (*TAG_TOKENS, *TOOL_TOKENS)]
+    )
     return PreTrainedTokenizerFast(
         tokenizer_object=tok,
         pad_token=PAD_TOKEN,
