@@ -10,7 +10,7 @@ NAMES = sorted(TASKS)
 
 
 def test_task_names():
-    assert set(TASKS) >= {"arithmetic", "chain", "sort"}
+    assert set(TASKS) >= {"arithmetic", "chain", "sort", "calc"}
     for name, task in TASKS.items():
         assert isinstance(task, Task)
         assert task.name == name
@@ -128,6 +128,45 @@ def test_chain_lengths_vary_past_a_modest_cap():
     ]
     assert max(lengths) <= task.max_new_tokens
     assert min(lengths) < 24 and sum(n > 40 for n in lengths) > 10
+
+
+def test_calc_reference_conversation():
+    from rlvr.models import build_tokenizer
+
+    task = TASKS["calc"]
+    assert task.tools == ("calc",) and TASKS["arithmetic"].tools == ()
+    ex = Example("347*28+519", "10235", {"a": 347, "b": 28, "c": 519, "op": "+"})
+    assert task.instruction(ex) == (
+        "Compute 347*28+519. Use the calc tool. Answer in <answer></answer>."
+    )
+    call = '<tool_call>{"name": "calc", "arguments": {"expression": "%s"}}</tool_call>'
+    assert task.reference_messages(ex) == [
+        {"role": "assistant", "content": call % "347*28"},
+        {"role": "tool", "content": "9716"},
+        {"role": "assistant", "content": call % "9716+519"},
+        {"role": "tool", "content": "10235"},
+        {"role": "assistant", "content": "<answer>10235</answer>"},
+    ]
+    # the completion is the chat template's rendering of those turns after the prompt
+    tokenizer = build_tokenizer()
+    lengths = []
+    for ex in task.make_examples("test", 300, seed=0):
+        prompt = tokenizer.apply_chat_template(
+            task.prompt_messages(ex), add_generation_prompt=True, tokenize=False
+        )
+        full = tokenizer.apply_chat_template(
+            [*task.prompt_messages(ex), *task.reference_messages(ex)], tokenize=False
+        )
+        completion = task.reference_completion(ex)
+        assert full == prompt + completion + "<|im_end|>\n"
+        lengths.append(len(tokenizer(completion, add_special_tokens=False)["input_ids"]) + 1)
+        m = ex.meta
+        assert ex.question == f"{m['a']}*{m['b']}{m['op']}{m['c']}"
+        assert 100 <= m["a"] <= 999 and 10 <= m["b"] <= 99 and 100 <= m["c"] <= 999
+        assert int(ex.answer) == m["a"] * m["b"] + (m["c"] if m["op"] == "+" else -m["c"]) > 0
+        # the answer is not readable from the first tool result alone
+        assert not task.verify(f"<answer>{m['a'] * m['b']}</answer>", ex)
+    assert max(lengths) <= task.max_new_tokens
 
 
 def test_sort_answers():

@@ -71,6 +71,7 @@ class Task(ABC):
     max_new_tokens: int
     test_fraction: float = 0.2
     max_misses: int = 10_000  # draws in a row that give nothing new before giving up
+    tools: tuple[str, ...] = ()  # built-in tools the task needs (rlvr.tools names), if any
 
     @abstractmethod
     def sample(self, rng: random.Random) -> Example:
