@@ -58,6 +58,12 @@ class Rollout:
     sampling_log_probs: (B, T) the engine's own log-probs of the sampled tokens, if it has them
         (diagnostics only: old log-probs always come from the trainer's forward,
         docs/algorithms.md#old-and-reference-log-probs).
+
+    With tools (docs/tools.md) a response is the whole conversation after the prompt: the
+    model's turns and the tool turns between them, in one row. `lengths` counts both, and
+    tool_mask: (B, T) bool, True on the tokens a tool turn put there (context, never
+        trained); tool_calls, tool_errors: (B,) calls run and calls answered with an error;
+        tool_seconds: (B,) time spent in the row's tool calls. None without tools.
     """
 
     prompt_ids: list[list[int]]
@@ -66,12 +72,27 @@ class Rollout:
     truncated: torch.Tensor
     group_size: int
     sampling_log_probs: torch.Tensor | None = None
+    tool_mask: torch.Tensor | None = None
+    tool_calls: torch.Tensor | None = None
+    tool_errors: torch.Tensor | None = None
+    tool_seconds: torch.Tensor | None = None
 
     @property
     def response_mask(self) -> torch.Tensor:
-        """(B, T) float mask: 1 on generated tokens including EOS, 0 on padding."""
+        """(B, T) float mask: 1 on the model's generated tokens including EOS, 0 on padding
+        and on tool tokens."""
         steps = torch.arange(self.completion_ids.shape[1], device=self.lengths.device)
-        return (steps[None, :] < self.lengths[:, None]).float()
+        mask = steps[None, :] < self.lengths[:, None]
+        if self.tool_mask is not None:
+            mask &= ~self.tool_mask.to(mask.device)
+        return mask.float()
+
+    @property
+    def model_lengths(self) -> torch.Tensor:
+        """(B,) the tokens the model generated in each response (tool tokens not counted)."""
+        if self.tool_mask is None:
+            return self.lengths
+        return self.lengths - self.tool_mask.sum(1).to(self.lengths.device)
 
     def __len__(self) -> int:
         return len(self.prompt_ids)

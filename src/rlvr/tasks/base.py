@@ -63,11 +63,13 @@ class Task(ABC):
 
     Subclasses set ``name`` and ``max_new_tokens`` (a completion budget that fits every
     reference completion) and implement ``sample``, ``instruction`` and
-    ``reference_completion``.
+    ``reference_completion``. ``tools`` names the tools the task needs (``rlvr.tools``:
+    built-in names or "module:function"); a run uses them when ``rollout.tools`` is unset.
     """
 
     name: str
     system_prompt: str | None = None
+    tools: tuple[str, ...] = ()
     max_new_tokens: int
     test_fraction: float = 0.2
     max_misses: int = 10_000  # draws in a row that give nothing new before giving up

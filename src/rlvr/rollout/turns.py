@@ -1,0 +1,106 @@
+"""Bookkeeping of responses with tool turns, shared by the engines (docs/tools.md).
+
+A response row is the prompt's continuation: the model's turns and, after each tool call,
+the tool's turn (`Toolbox.respond`) as context. The rules every engine follows, so that they
+agree token for token under greedy decoding:
+
+- a model token that is an EOS ends the response (EOS inside a tool turn does not);
+- a model token that completes the close tag (`</tool_call>`) while the row has made fewer
+  than `max_calls` calls ends the model's turn: the tool runs and its turn is appended;
+- the response ends, truncated, when the model has generated `max_new_tokens` tokens or the
+  row holds the total budget (`Toolbox.total_tokens`), checked before a tool would run; a
+  tool turn that does not fit is cut at the budget.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import torch
+
+from rlvr.rollout.base import Rollout
+
+if TYPE_CHECKING:  # rlvr.tools imports the sandbox, which imports the rewards
+    from rlvr.tools import Toolbox
+
+
+@dataclass
+class RowTurns:
+    """One response being built: its ids, which are tool tokens, and its tool calls."""
+
+    ids: list[int] = field(default_factory=list)
+    tool: list[bool] = field(default_factory=list)
+    log_probs: list[float] = field(default_factory=list)
+    model_tokens: int = 0
+    turn_start: int = 0
+    calls: int = 0
+    errors: int = 0
+    seconds: float = 0.0
+    done: bool = False
+    eos: bool = False
+
+    def add_model_token(
+        self, token: int, eos_ids, toolbox: Toolbox, max_new: int, total: int, lp: float = 0.0
+    ) -> bool:
+        """Append one generated token; True when it ends the turn with a call to run."""
+        self.ids.append(token)
+        self.tool.append(False)
+        self.log_probs.append(lp)
+        self.model_tokens += 1
+        if token in eos_ids:
+            self.done = self.eos = True
+            return False
+        if self.model_tokens >= max_new or len(self.ids) >= total:
+            self.done = True  # truncated: no budget left for a tool turn or another token
+            return False
+        return self.calls < toolbox.max_calls and toolbox.ends_call(self.ids[self.turn_start :])
+
+    def run_tool(self, toolbox: Toolbox, total: int) -> list[int]:
+        """Run the call ending the current turn; append (and return) the tool turn's ids,
+        cut at the budget (the row is then done, truncated)."""
+        reply = toolbox.respond(self.ids[self.turn_start :])
+        self.calls += 1
+        self.errors += int(reply.result.error)
+        self.seconds += reply.result.seconds
+        room = total - len(self.ids)
+        ids = reply.ids[:room]
+        self.ids += ids
+        self.tool += [True] * len(ids)
+        self.log_probs += [0.0] * len(ids)
+        self.turn_start = len(self.ids)
+        if len(self.ids) >= total:
+            self.done = True
+        return ids
+
+
+def turns_rollout(
+    prompts: list[list[int]],
+    turns: list[RowTurns],
+    pad_id: int,
+    group_size: int,
+    with_log_probs: bool = False,
+) -> Rollout:
+    """The rows as a `Rollout`: right-padded ids, tool mask, lengths, truncation, counts."""
+    B = len(turns)
+    width = max((len(t.ids) for t in turns), default=0)
+    ids = torch.full((B, width), pad_id, dtype=torch.long)
+    tool = torch.zeros((B, width), dtype=torch.bool)
+    lps = torch.zeros((B, width), dtype=torch.float32)
+    for i, t in enumerate(turns):
+        n = len(t.ids)
+        ids[i, :n] = torch.tensor(t.ids, dtype=torch.long)
+        tool[i, :n] = torch.tensor(t.tool, dtype=torch.bool)
+        lps[i, :n] = torch.tensor(t.log_probs, dtype=torch.float32)
+    return Rollout(
+        prompt_ids=prompts,
+        completion_ids=ids,
+        lengths=torch.tensor([len(t.ids) for t in turns], dtype=torch.long),
+        truncated=torch.tensor([not t.eos for t in turns], dtype=torch.bool),
+        group_size=group_size,
+        sampling_log_probs=lps if with_log_probs else None,
+        tool_mask=tool,
+        tool_calls=torch.tensor([t.calls for t in turns], dtype=torch.long),
+        tool_errors=torch.tensor([t.errors for t in turns], dtype=torch.long),
+        tool_seconds=torch.tensor([t.seconds for t in turns], dtype=torch.float64),
+    )

@@ -1,0 +1,102 @@
+"""Rollouts with tool calls on a scripted real tiny model (tests/tool_script.py): two tool
+turns in one row while another row ends without a tool, the tool turns' mask, the rounds of
+the hf engine against a turn-by-turn `generate`, and the fast engine against both."""
+
+import pytest
+import torch
+
+from rlvr.models import build_tokenizer
+from rlvr.rollout import HFEngine, SamplingParams
+from rlvr.tools import Toolbox
+from tool_script import script, scripted_model
+
+
+@pytest.fixture(scope="module")
+def setup():
+    tok = build_tokenizer()
+    box = Toolbox(["calc"], tok)
+    return tok, box, scripted_model(tok, box), script(tok, box)
+
+
+def _greedy(n=1, max_new=256):
+    return SamplingParams(n=n, max_new_tokens=max_new, greedy=True)
+
+
+def test_two_tool_turns_in_one_row_while_another_ends_without(setup):
+    tok, box, model, ((a, a_done), (b, b_done)) = setup
+    engine = HFEngine(model, pad_id=tok.pad_token_id, eos_ids=[tok.eos_token_id], tools=box)
+    r = engine.generate([a, b], _greedy(n=2))
+    assert r.completion_ids[0, : r.lengths[0]].tolist() == a_done
+    assert r.completion_ids[2, : r.lengths[2]].tolist() == b_done
+    assert r.tool_calls.tolist() == [2, 2, 0, 0] and r.tool_errors.tolist() == [0, 0, 0, 0]
+    assert not r.truncated.any()
+    # the tool mask covers exactly the two tool turns
+    reply1, reply2 = box.reply_ids("408"), box.reply_ids("413")
+    text = tok.decode(r.completion_ids[0, : r.lengths[0]][r.tool_mask[0, : r.lengths[0]]])
+    assert text == tok.decode(reply1 + reply2)
+    assert int(r.tool_mask[0].sum()) == len(reply1) + len(reply2)
+    assert not r.tool_mask[2:].any()
+    assert (
+        r.model_lengths.tolist()
+        == [len(a_done) - len(reply1) - len(reply2)] * 2 + [len(b_done)] * 2
+    )
+    assert r.response_mask[0].sum() == r.model_lengths[0]
+
+
+def test_budgets_and_call_limit(setup):
+    tok, box, model, ((a, a_done), _) = setup
+    pad, eos = tok.pad_token_id, [tok.eos_token_id]
+    first_call = a_done.index(box.close_ids[0]) + 1
+    reply = box.reply_ids("408")
+    # the total budget ends inside the first tool turn: cut there, truncated
+    cut = Toolbox(["calc"], tok, max_total_tokens=first_call + 5)
+    r = HFEngine(model, pad_id=pad, eos_ids=eos, tools=cut).generate([a], _greedy())
+    assert r.lengths.tolist() == [first_call + 5] and r.truncated.tolist() == [True]
+    assert r.completion_ids[0].tolist() == a_done[: first_call + 5]
+    assert r.tool_calls.tolist() == [1] and int(r.tool_mask.sum()) == 5
+    # max_new_tokens counts the model's tokens only when the total budget is larger
+    big = Toolbox(["calc"], tok, max_total_tokens=400)
+    r = HFEngine(model, pad_id=pad, eos_ids=eos, tools=big).generate(
+        [a], _greedy(max_new=first_call + 3)
+    )
+    assert r.lengths.tolist() == [first_call + len(reply) + 3] and r.truncated.tolist() == [True]
+    assert int(r.tool_mask.sum()) == len(reply)
+    # no calls left: the close tag is plain text, the row decodes on without a tool turn
+    none = Toolbox(["calc"], tok, max_calls=0)
+    r = HFEngine(model, pad_id=pad, eos_ids=eos, tools=none).generate([a], _greedy(max_new=60))
+    assert r.tool_calls.tolist() == [0] and not r.tool_mask.any()
+    assert r.completion_ids[0, :first_call].tolist() == a_done[:first_call]
+
+
+def _turn_by_turn(model, tok, box, prompt, max_new):
+    """Greedy `generate` one turn at a time on one row: stop at EOS or the close tag, run
+    the tool, append its turn, generate again."""
+    ids = list(prompt)
+    done = []
+    for _ in range(box.max_calls + 1):
+        out = model.generate(
+            input_ids=torch.tensor([ids]),
+            attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+            max_new_tokens=max_new - len(done),
+            do_sample=False,
+            eos_token_id=[tok.eos_token_id, *box.close_ids],
+            pad_token_id=tok.pad_token_id,
+        )[0, len(ids) :].tolist()
+        done += out
+        ids += out
+        if out[-1] != box.close_ids[-1]:
+            return done
+        reply = box.respond(out).ids
+        done += reply
+        ids += reply
+    return done
+
+
+def test_hf_rounds_equal_turn_by_turn_generate(setup):
+    tok, box, model, ((a, _), (b, _)) = setup
+    engine = HFEngine(model, pad_id=tok.pad_token_id, eos_ids=[tok.eos_token_id], tools=box)
+    r = engine.generate([a, b], _greedy())
+    for i, p in enumerate([a, b]):
+        assert r.completion_ids[i, : r.lengths[i]].tolist() == _turn_by_turn(
+            model, tok, box, p, 256
+        )
