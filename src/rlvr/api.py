@@ -158,7 +158,9 @@ def resolve_paths(cfg: Config) -> Config:
         cfg,
         data=dataclasses.replace(d, path=local(d.path), eval_path=local(d.eval_path)),
         model=dataclasses.replace(m, name_or_path=local(m.name_or_path)),
-        reward=dataclasses.replace(r, accuracy=accuracy, extra=extra, params=params),
+        reward=dataclasses.replace(
+            r, accuracy=accuracy, extra=extra, params=params, model=local(r.model)
+        ),
         train=dataclasses.replace(t, output_dir=output),
     )
 

@@ -17,6 +17,7 @@ from rlvr.data import DatasetError
 from rlvr.evaluate import cmd_eval
 from rlvr.plots import cmd_plot
 from rlvr.rewards.combine import RewardError
+from rlvr.rm.command import cmd_rm
 from rlvr.run.checkpoint import CheckpointError
 from rlvr.run.distributed import torchrun_rank
 from rlvr.run.health import TrainingHealthError
@@ -203,6 +204,7 @@ COMMANDS = {
     "export": cmd_export,
     "plot": cmd_plot,
     "ablate": cmd_ablate,
+    "rm": cmd_rm,
 }
 
 
@@ -226,11 +228,12 @@ def _main(argv: list[str] | None) -> int:
             )
             return 2
         print(
-            "usage: rlvr {train,eval,export,plot,ablate} ...\n\n  train   train a policy with GRPO/DAPO "
+            "usage: rlvr {train,eval,export,plot,ablate,rm} ...\n\n  train   train a policy with GRPO/DAPO "
             "(no arguments: the built-in offline demo)\n  eval    avg@k, pass@k, greedy accuracy "
             "of a model, run or checkpoint on a task or dataset\n  export  a run's model as a plain Hugging Face model "
             "(--merge folds in LoRA)\n  plot    training curves (PNG) from run directories\n"
             "  ablate  DAPO's ablation ladder (naive GRPO ... DAPO) over seeds, with a report\n"
+            "  rm      train an outcome reward model on a policy's rule-labelled responses\n"
             "\nrlvr COMMAND --help for details."
         )
         return 0

@@ -230,6 +230,7 @@ def validate(cfg: Config) -> None:
     _check(a.kl_coef >= 0, "algo.kl_coef", ">= 0", a.kl_coef)
     _check(a.mu >= 1, "algo.mu", ">= 1", a.mu)
     _validate_ppo(cfg)
+    _validate_reference(cfg)
     _check(a.mini_batches >= 1, "algo.mini_batches", ">= 1", a.mini_batches)
     _check(
         r.prompts_per_step % a.mini_batches == 0,
@@ -375,6 +376,46 @@ def _validate_ppo(cfg: Config) -> None:
     _check(
         c.value_clip is None or c.value_clip > 0, "critic.value_clip", "none or > 0", c.value_clip
     )
+
+
+def _validate_reference(cfg: Config) -> None:
+    """Reference resets and the iterative reward model (docs/iterative_rl.md)."""
+    a, w = cfg.algo, cfg.reward
+    _check(a.ref_sync_every >= 0, "algo.ref_sync_every", ">= 0", a.ref_sync_every)
+    _check(
+        a.ref_sync_every == 0 or a.kl_coef > 0,
+        "algo.ref_sync_every",
+        "0 when algo.kl_coef is 0 (the run has no reference to reset)",
+        a.ref_sync_every,
+    )
+    _check(0 < a.ref_mixup_alpha <= 1, "algo.ref_mixup_alpha", "in (0, 1]", a.ref_mixup_alpha)
+    resets = a.ref_sync_every > 0 or (w.model_refresh_every > 0 and a.kl_coef > 0)
+    _check(
+        a.ref_mixup_alpha == 1 or resets,
+        "algo.ref_mixup_alpha",
+        "1 unless the reference is reset (algo.ref_sync_every, or reward.model_refresh_every "
+        "with kl_coef > 0)",
+        a.ref_mixup_alpha,
+    )
+    _check(w.model_refresh_every >= 0, "reward.model_refresh_every", ">= 0", w.model_refresh_every)
+    _check(
+        w.model_refresh_every == 0 or w.model is not None,
+        "reward.model_refresh_every",
+        "0 unless reward.model names the reward model to refresh",
+        w.model_refresh_every,
+    )
+    _check(
+        w.model is None or not a.dynamic_sampling,
+        "reward.model",
+        "none under algo.dynamic_sampling (it keeps groups by the rule's verdict, which a "
+        "reward-model run must not see)",
+        w.model,
+    )
+    _check(0 <= w.rm_replay_frac <= 1, "reward.rm_replay_frac", "in [0, 1]", w.rm_replay_frac)
+    _check(w.rm_lr > 0, "reward.rm_lr", "> 0", w.rm_lr)
+    _check(w.rm_epochs >= 1, "reward.rm_epochs", ">= 1", w.rm_epochs)
+    if w.model is not None and not Path(w.model).exists():
+        raise ConfigError(f"reward.model: {w.model} does not exist")
 
 
 # torch's intra-op pool gains nothing past one thread per CPU; far past it, thread creation

@@ -146,6 +146,10 @@ class AlgoConfig:
     mu: optimisation passes over each rollout batch.
     mini_batches: optimiser steps per pass (the rollout batch is split into this many).
     log_ratio_clamp: clamp |log rho| to this value (none = no clamp); clamped values are counted.
+    ref_sync_every: reset the KL reference every N steps (0 = never; reward.model_refresh_every
+        resets it on its own clock): ref <- alpha * policy + (1 - alpha) * ref (TRL's sync_ref_model).
+    ref_mixup_alpha: alpha of the reference reset: 1 = hard (ref <- policy), < 1 = soft (TRL's
+        ref_model_mixup_alpha).
     """
 
     advantage: Literal["grpo", "dr_grpo", "rloo", "gae", "reinforce_pp"] = "grpo"
@@ -171,6 +175,8 @@ class AlgoConfig:
     mu: int = 1
     mini_batches: int = 1
     log_ratio_clamp: float | None = None
+    ref_sync_every: int = 0
+    ref_mixup_alpha: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -193,6 +199,15 @@ class RewardConfig:
         process that is killed at the limit (default: in the trainer's process, abandoned at the limit).
     sandbox_isolation: the code sandbox: "auto" (Linux namespaces, or refuse to run model code),
         "namespaces" (the same, by name), "none" (explicit opt-out: no isolation, limits only).
+    model: a reward model (an `rlvr rm` run directory or a sequence classifier): its probability
+        that a response is correct replaces the accuracy reward in the total; "correct" (the
+        metrics, held-out accuracy) stays the rule's verdict (none = the rule's reward).
+    model_refresh_every: DeepSeekMath's iterative RL: every M steps the reward model trains
+        further on the iteration's rule-labelled responses plus replay, and the KL reference
+        is reset (0 = the reward model stays frozen).
+    rm_replay_frac: share of the historical rule-labelled data replayed in each refresh.
+    rm_lr: the reward model's AdamW learning rate in a refresh.
+    rm_epochs: passes over a refresh's data.
     """
 
     accuracy: str = "task"
@@ -207,6 +222,11 @@ class RewardConfig:
     timeout_s: float = 300.0
     isolate_user: bool = False
     sandbox_isolation: Literal["auto", "namespaces", "none"] = "auto"
+    model: str | None = None
+    model_refresh_every: int = 0
+    rm_replay_frac: float = 0.1
+    rm_lr: float = 1e-4
+    rm_epochs: int = 1
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,7 @@ from rlvr.run.rundir import prepare_run_dir, truncate_jsonl
 from rlvr.train.collect import PromptSampler
 from rlvr.train.critic import Critic, build_critic
 from rlvr.train.evaluation import eval_params, evaluate
+from rlvr.train.outer import OuterLoop, build_outer
 from rlvr.train.policy import Policy, load_policy
 from rlvr.train.ppo import kl_controller
 
@@ -80,6 +81,7 @@ class Run:
     backend: cpu.Backend  # the CPU backend's gate, decided once for the run
     critic: Critic | None = None  # PPO's value model (algo.advantage=gae)
     kl_ctl: KLController | None = None  # the per-token reward's beta (algo.kl_in_reward)
+    outer: OuterLoop | None = None  # reference resets, the reward model's refresh (outer.py)
 
     def evaluate(self) -> dict[str, float]:
         with gathered(self.policy.model), autocast(self.cfg.model.autocast, self.device):
@@ -107,6 +109,7 @@ class Run:
                 "eval_before": eval_before,
                 "critic": critic,
                 "kl_controller": self.kl_ctl.state_dict() if self.kl_ctl is not None else None,
+                "outer": self.outer.state() if self.outer is not None else None,
             }
             path = save_checkpoint(
                 self.run_dir,
@@ -185,6 +188,7 @@ def setup(
         backend=backend,
     )
     run.kl_ctl = kl_controller(cfg)
+    run.outer = build_outer(run)  # may put the reward model in front of the scorer
     if checkpoint is None:
         run.critic = _build_critic(cfg, device, d, None)
         return run, None
@@ -243,6 +247,8 @@ def _resume(run: Run, checkpoint: Path, console: Console) -> dict:
     run.critic = _build_critic(cfg, run.device, d, state.get("critic"))
     if run.kl_ctl is not None and state.get("kl_controller") is not None:
         run.kl_ctl.load_state_dict(state["kl_controller"])
+    if run.outer is not None and state.get("outer") is not None:
+        run.outer.load_state(state["outer"])
     load_optimizer_state(run.policy.model, run.optimizer, state["optimizer"])
     run.scheduler.load_state_dict(state["scheduler"])
     run.sampler.position = state["sampler_position"]

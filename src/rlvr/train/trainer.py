@@ -187,6 +187,8 @@ def _train(
         while step < cfg.train.max_steps and not d.max(float(stop.requested)):
             step += 1
             metrics, examples = run_step(step, run)
+            if run.outer is not None:  # reference resets, the reward model's refresh
+                metrics.update(run.outer.after_step(step))
             if cfg.train.eval_every and step % cfg.train.eval_every == 0:
                 metrics.update({f"eval/{k}": v for k, v in run.evaluate().items()})
             for text in guard.check(step, metrics, final):

@@ -1,0 +1,82 @@
+"""`rlvr rm`'s own keys (`--rm.key=value`); the policy, task and sampling come from the
+training config's keys (`--model.name_or_path`, `--data.task`, `--rollout.temperature`, ...)."""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import yaml
+
+from rlvr.config import ConfigError, _coerce
+from rlvr.schema import field_docs
+
+
+@dataclass(frozen=True)
+class RMConfig:
+    """The reward model and its training.
+
+    loss: bce (pointwise, each response against its rule label) or bt (Bradley-Terry over the
+        (correct, wrong) pairs of each prompt's responses).
+    lr: AdamW learning rate (constant).
+    epochs: passes over the training responses.
+    batch_groups: prompts per batch (each with all its responses).
+    train_prompts: training prompts, each answered samples_per_prompt times by the policy.
+    eval_prompts: held-out prompts (the task's held-out split), answered the same way.
+    samples_per_prompt: responses sampled per prompt at rollout.temperature.
+    max_length: tokens the reward model reads, cut from the left (the response's end is kept).
+    backbone: the causal LM whose backbone carries the head (none = model.name_or_path).
+    save_every: checkpoint every N optimiser steps (0 = only at the end).
+    seed: the seed of the sampling, the head's initialisation and the batch order.
+    """
+
+    loss: Literal["bce", "bt"] = "bce"
+    lr: float = 3e-4
+    epochs: int = 3
+    batch_groups: int = 8
+    train_prompts: int = 1024
+    eval_prompts: int = 256
+    samples_per_prompt: int = 8
+    max_length: int = 512
+    backbone: str | None = None
+    save_every: int = 50
+    seed: int = 0
+
+
+def rm_config(changes: dict[str, Any], source: str = "command line") -> RMConfig:
+    """RMConfig from {key: value} (strings from the command line or YAML values), checked."""
+    hints = typing.get_type_hints(RMConfig)
+    updates = {}
+    for key, value in changes.items():
+        if key not in hints:
+            raise ConfigError(
+                f"{source}: unknown key rm.{key}; valid keys of rm: {', '.join(hints)}"
+            )
+        updates[key] = _coerce(f"rm.{key}", hints[key], value)
+    cfg = dataclasses.replace(RMConfig(), **updates)
+    for key in ("epochs", "batch_groups", "train_prompts", "eval_prompts", "max_length"):
+        if getattr(cfg, key) < 1:
+            raise ConfigError(f"rm.{key}: got {getattr(cfg, key)!r}, expected >= 1")
+    if cfg.samples_per_prompt < 2 and cfg.loss == "bt":
+        raise ConfigError("rm.samples_per_prompt: Bradley-Terry pairs need >= 2 per prompt")
+    if cfg.samples_per_prompt < 1:
+        raise ConfigError(f"rm.samples_per_prompt: got {cfg.samples_per_prompt}, expected >= 1")
+    if not cfg.lr > 0:
+        raise ConfigError(f"rm.lr: got {cfg.lr!r}, expected > 0")
+    if cfg.save_every < 0:
+        raise ConfigError(f"rm.save_every: got {cfg.save_every!r}, expected >= 0")
+    return cfg
+
+
+def dump(cfg: RMConfig) -> str:
+    return yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False)
+
+
+def help_text() -> str:
+    docs, default = field_docs(RMConfig), RMConfig()
+    return "\n".join(
+        f"  --rm.{f.name}={getattr(default, f.name)!r}  {docs.get(f.name, '')}"
+        for f in dataclasses.fields(RMConfig)
+    )

@@ -1,0 +1,90 @@
+"""The reward model: a Hugging Face `AutoModelForSequenceClassification` with one label (a
+scalar head on a causal LM's backbone), so the `reward_model` reward loads its directory.
+
+It reads the prompt as the policy continued it (chat template included) followed by the
+response, exactly the text the `reward_model` reward joins (`prompt_texts` + completion), cut
+from the left to `max_length` tokens so the end of the response is always read; batches are
+padded on the right, and the saved tokenizer pads on the right too, so the reward reads the
+same logits. It never sees the reference answer.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from rlvr.models import load_tokenizer, resolve_model_path
+from rlvr.rollout import derive_seed
+
+
+class RewardModel:
+    def __init__(self, model: torch.nn.Module, tokenizer, max_length: int = 512):
+        self.model, self.tokenizer, self.max_length = model, tokenizer, max_length
+        self.model.eval()  # no dropout: scores are a function of the weights
+
+    @classmethod
+    def from_backbone(cls, name_or_path: str, seed: int, max_length: int = 512) -> RewardModel:
+        """A new reward model on `name_or_path`'s backbone, its head drawn from `seed`
+        without touching the global RNG."""
+        from transformers import AutoModelForSequenceClassification
+
+        path = resolve_model_path(name_or_path)
+        tok = load_tokenizer(name_or_path)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(derive_seed(seed, "rm-head"))
+            model = AutoModelForSequenceClassification.from_pretrained(
+                path, num_labels=1, dtype=torch.float32
+            )
+        return cls(_configured(model, tok), tok, max_length)
+
+    @classmethod
+    def load(cls, path: str | Path, max_length: int = 512) -> RewardModel:
+        from transformers import AutoModelForSequenceClassification
+
+        path = str(path)
+        tok = load_tokenizer(path)
+        model = AutoModelForSequenceClassification.from_pretrained(path, dtype=torch.float32)
+        if model.config.num_labels != 1:
+            raise ValueError(f"{path}: a reward model has one label, this one has "
+                             f"{model.config.num_labels}")  # fmt: skip
+        return cls(_configured(model, tok), tok, max_length)
+
+    def save(self, path: Path) -> None:
+        self.model.save_pretrained(path, safe_serialization=True)
+        self.tokenizer.save_pretrained(path)
+
+    def encode(self, prompts: list[str], responses: list[str]) -> list[list[int]]:
+        texts = [p + r for p, r in zip(prompts, responses, strict=True)]
+        ids = self.tokenizer(texts, add_special_tokens=False)["input_ids"]
+        return [x[-self.max_length :] for x in ids]
+
+    def forward(self, ids: list[list[int]]) -> torch.Tensor:
+        """(B,) logits of the encoded texts (with grad when enabled)."""
+        width = max(len(x) for x in ids)
+        pad = self.tokenizer.pad_token_id
+        device = next(self.model.parameters()).device
+        input_ids = torch.full((len(ids), width), pad, dtype=torch.long)
+        mask = torch.zeros((len(ids), width), dtype=torch.long)
+        for i, x in enumerate(ids):
+            input_ids[i, : len(x)] = torch.tensor(x)
+            mask[i, : len(x)] = 1
+        out = self.model(input_ids=input_ids.to(device), attention_mask=mask.to(device))
+        return out.logits[:, 0].float()
+
+    @torch.no_grad()
+    def score(self, prompts: list[str], responses: list[str], batch_size: int = 64) -> torch.Tensor:
+        """(B,) logits; sigmoid of one is the model's probability that the response is correct."""
+        ids = self.encode(prompts, responses)
+        out = [self.forward(ids[i : i + batch_size]) for i in range(0, len(ids), batch_size)]
+        return torch.cat(out).cpu() if out else torch.zeros(0)
+
+
+def _configured(model: torch.nn.Module, tok) -> torch.nn.Module:
+    """The classifier finds each row's last token by the pad id: it must be set."""
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    model.config.pad_token_id = tok.pad_token_id
+    tok.padding_side = "right"
+    tok.truncation_side = "left"
+    return model
