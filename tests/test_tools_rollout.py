@@ -11,8 +11,18 @@ from rlvr.tools import Toolbox
 from tool_script import script, scripted_model
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Decoding a tiny model is dominated by per-step overheads: one thread is faster, and
+    far faster on a busy machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="module")
-def setup():
+def setup(one_thread):
     tok = build_tokenizer()
     box = Toolbox(["calc"], tok)
     return tok, box, scripted_model(tok, box), script(tok, box)
@@ -100,3 +110,37 @@ def test_hf_rounds_equal_turn_by_turn_generate(setup):
         assert r.completion_ids[i, : r.lengths[i]].tolist() == _turn_by_turn(
             model, tok, box, p, 256
         )
+
+
+@pytest.mark.parametrize("backend", ["off", "on"])
+def test_fast_engine_equals_the_hf_rounds(setup, backend):
+    """Greedy: the fast engine (torch path, and the CPU backend's path where its gate is on)
+    gives the hf engine's rows token for token, with the same tool mask and counts, also
+    when the budgets cut a row inside a tool turn."""
+    from rlvr import cpu
+    from rlvr.rollout import FastEngine
+
+    tok, box, model, ((a, a_done), (b, _)) = setup
+    pad, eos = tok.pad_token_id, [tok.eos_token_id]
+    kw = {"backend": cpu.OFF} if backend == "off" else {}
+    first_call = a_done.index(box.close_ids[0]) + 1
+    cases = [
+        (box, _greedy(n=2)),
+        (Toolbox(["calc"], tok, max_total_tokens=first_call + 5), _greedy()),
+        (Toolbox(["calc"], tok, max_total_tokens=400), _greedy(max_new=first_call + 3)),
+        (Toolbox(["calc"], tok, max_calls=1), _greedy(max_new=150)),
+    ]
+    for tools, params in cases:
+        want = HFEngine(model, pad_id=pad, eos_ids=eos, tools=tools).generate([a, b, a], params)
+        got = FastEngine(model, pad_id=pad, eos_ids=eos, tools=tools, **kw).generate(
+            [a, b, a], params
+        )
+        assert torch.equal(got.lengths, want.lengths)
+        assert torch.equal(got.truncated, want.truncated)
+        for i, n in enumerate(want.lengths.tolist()):
+            assert got.completion_ids[i, :n].tolist() == want.completion_ids[i, :n].tolist()
+            assert torch.equal(got.tool_mask[i, :n], want.tool_mask[i, :n])
+        assert torch.equal(got.tool_calls, want.tool_calls)
+        assert torch.equal(got.tool_errors, want.tool_errors)
+        # the engine's log-probs: 0 on tool tokens, the trainer's on the model's own
+        assert not got.sampling_log_probs[got.tool_mask].any()

@@ -116,6 +116,23 @@ def _reward_names(funcs: Sequence[str | Callable]) -> tuple[list[str], dict[str,
     return names, functions
 
 
+def _tool_names(tools: Sequence[str | Callable]) -> tuple[list[str], dict[str, Callable]]:
+    """Each tool's name in `rollout.tools` ("module:function" when importable, else its
+    own name) and the callables by those names (docs/tools.md)."""
+    names: list[str] = []
+    functions: dict[str, Callable] = {}
+    for fn in tools:
+        if isinstance(fn, str):
+            names.append(_absolute_spec(fn))
+            continue
+        if not callable(fn):
+            raise ConfigError(f"tools: {fn!r} is neither a tool name nor a function")
+        name = _importable(fn) or getattr(fn, "__name__", None) or type(fn).__name__
+        names.append(name)
+        functions[name] = fn
+    return names, functions
+
+
 def _reward_changes(
     funcs: Sequence[str | Callable] | str | Callable, weights: Sequence[float] | None
 ) -> tuple[dict[str, Any], dict[str, Callable]]:
@@ -272,9 +289,11 @@ class Trainer:
         output_dir: str | Path | None = None,
         tokenizer: Any = None,
         *,
+        tools: Sequence[str | Callable] = (),
         show_progress: bool = True,
     ):
         self.model_arg, self.tokenizer = model, tokenizer
+        self.tools = list(tools or ())
         self.reward_funcs, self.reward_weights = reward_funcs, reward_weights
         self.train_dataset, self.eval_dataset = train_dataset, eval_dataset
         self.preset, self.config_arg = preset, config
@@ -306,6 +325,10 @@ class Trainer:
             raise ConfigError("reward_weights: given without reward_funcs")
         if self.output_dir is not None:
             changes.setdefault("train", {})["output_dir"] = str(self.output_dir)
+        self.tool_functions: dict[str, Callable] = {}
+        if self.tools:
+            names, self.tool_functions = _tool_names(self.tools)
+            changes.setdefault("rollout", {})["tools"] = names
         return changes
 
     def _build(self, resume: Path | None) -> Config:
@@ -371,6 +394,7 @@ class Trainer:
             model=None if isinstance(self.model_arg, (str, Path)) else self.model_arg,
             tokenizer=tokenizer,
             reward_functions=self.functions,
+            tools=self.tool_functions,
             callbacks=self.callbacks,
         )
         run_dir = run_training(
@@ -419,6 +443,7 @@ def train(
     output_dir: str | Path | None = None,
     tokenizer: Any = None,
     *,
+    tools: Sequence[str | Callable] = (),
     resume_from_checkpoint: bool | str | Path | None = None,
     show_progress: bool = True,
 ) -> TrainResult:
@@ -441,6 +466,9 @@ def train(
     callbacks: each called as `fn(step, metrics)` after every step; returning "stop" ends
         the run (with the final checkpoint and evaluation).
     output_dir: the run directory (default runs/<timestamp>).
+    tools: functions the model may call inside its responses (type hints and a docstring
+        with Args:, as TRL takes them) and/or names ("calc", "python", "module:function");
+        docs/tools.md. Empty: the config's (the task's own tools by default).
     resume_from_checkpoint: True (continue the run in `output_dir`) or a run directory.
     """
     trainer = Trainer(
@@ -454,6 +482,7 @@ def train(
         callbacks,
         output_dir,
         tokenizer,
+        tools=tools,
         show_progress=show_progress,
     )
     return trainer.train(resume_from_checkpoint=resume_from_checkpoint)

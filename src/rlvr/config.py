@@ -324,6 +324,7 @@ def validate(cfg: Config) -> None:
         r.vllm_dtype,
     )
     _check(0 < r.vllm_memory < 1, "rollout.vllm_memory", "in (0, 1)", r.vllm_memory)
+    _validate_tools(r)
     if cfg.data.path is None:
         from rlvr.tasks import TASKS
 
@@ -416,6 +417,24 @@ def _validate_reference(cfg: Config) -> None:
     _check(w.rm_epochs >= 1, "reward.rm_epochs", ">= 1", w.rm_epochs)
     if w.model is not None and not Path(w.model).exists():
         raise ConfigError(f"reward.model: {w.model} does not exist")
+
+
+def _validate_tools(r: RolloutConfig) -> None:
+    """The tool keys (docs/tools.md); the tools themselves are resolved when the run is built."""
+    _check(r.max_tool_calls >= 0, "rollout.max_tool_calls", ">= 0", r.max_tool_calls)
+    _check(
+        r.max_total_tokens is None or r.max_total_tokens >= r.max_new_tokens,
+        "rollout.max_total_tokens",
+        f"none or >= rollout.max_new_tokens ({r.max_new_tokens})",
+        r.max_total_tokens,
+    )
+    _check(r.tool_timeout_s > 0, "rollout.tool_timeout_s", "> 0", r.tool_timeout_s)
+    _check(
+        not r.tools or r.min_new_tokens == 0,
+        "rollout.min_new_tokens",
+        "0 with rollout.tools (EOS suppression is for benchmarks without tools)",
+        r.min_new_tokens,
+    )
 
 
 # torch's intra-op pool gains nothing past one thread per CPU; far past it, thread creation

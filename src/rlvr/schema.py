@@ -100,6 +100,13 @@ class RolloutConfig:
         model.dtype), float32, bfloat16 or float16.
     vllm_memory: fraction of the GPU's memory the vllm engine takes while awake (weights and
         KV cache; vLLM's gpu_memory_utilization).
+    tools: tools the model may call inside a response (docs/tools.md): built-in names (calc,
+        python), "module:function" or "path/file.py:function"; empty = the task's own tools.
+    max_tool_calls: tool calls run per response; a call past it is left as plain text.
+    max_total_tokens: with tools, the whole response's budget (the model's tokens and the tool
+        turns together); none = rollout.max_new_tokens, which then caps both. max_new_tokens
+        always caps the model's own tokens.
+    tool_timeout_s: wall-clock limit of one tool call; past it the model reads an error.
     """
 
     engine: Literal["fast", "hf", "vllm"] = "fast"
@@ -113,6 +120,10 @@ class RolloutConfig:
     seed_per_prompt: bool = False
     vllm_dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     vllm_memory: float = 0.35
+    tools: tuple[str, ...] = ()
+    max_tool_calls: int = 4
+    max_total_tokens: int | None = None
+    tool_timeout_s: float = 10.0
 
 
 @dataclass(frozen=True)

@@ -209,7 +209,10 @@ class Scorer:
             errors.update(res.errors)
         if a.soft_overlong:
             penalty = soft_overlong_penalty(
-                rollout.lengths, max_len=self.cfg.rollout.max_new_tokens, cache_len=a.overlong_cache
+                # the model's own tokens: tool turns are not the model's length
+                rollout.model_lengths,
+                max_len=self.cfg.rollout.max_new_tokens,
+                cache_len=a.overlong_cache,
             ).float()
             terms["soft_overlong"] = penalty
             total = total + penalty

@@ -25,6 +25,7 @@ at the sampled token, fp32) match `token_log_probs` on the same sequences.
 from __future__ import annotations
 
 import contextlib
+from functools import partial
 
 import torch
 from transformers import DynamicCache, PreTrainedModel, StaticCache
@@ -33,6 +34,7 @@ from transformers.cache_utils import StaticLayer
 from rlvr import cpu
 from rlvr.models import cache_kwarg
 from rlvr.rollout.base import Rollout, SamplingParams, dedupe, left_pad, lengths_from_eos
+from rlvr.rollout.fast_tools import decode_with_tools
 from rlvr.rollout.streams import CounterStreams
 
 
@@ -176,6 +178,7 @@ class FastEngine:
         prefix_attention: bool = True,
         lean: bool = True,
         backend: cpu.Backend | None = None,
+        tools=None,
     ):
         if cache not in ("static", "dynamic"):
             raise ValueError(f"cache must be 'static' or 'dynamic', not {cache!r}")
@@ -185,6 +188,7 @@ class FastEngine:
         self.prefix_attention = prefix_attention
         self.lean = lean
         self.backend = cpu.backend(model) if backend is None else backend
+        self.tools = tools  # a rlvr.tools.Toolbox: responses with tool turns (fast_tools.py)
         self._cache_kw = cache_kwarg(model)
 
     def sync_weights(self) -> None:
@@ -233,6 +237,10 @@ class FastEngine:
 
     def _generate(self, prompt_ids: list[list[int]], params: SamplingParams, plan):
         n, T = params.n, params.max_new_tokens
+        if self.tools is not None:
+            if params.min_new_tokens:
+                raise ValueError("min_new_tokens is not supported with tools")
+            T = self.tools.total_tokens(T) if T else 0
         rows = [p for p in prompt_ids for _ in range(n)]
         B = len(rows)
         device = next(self.model.parameters()).device
@@ -267,8 +275,9 @@ class FastEngine:
         if plan is None or not plan.keep_prompts_once(cache, prompt_mask, expand):
             cache.reorder_cache(expand)  # each prompt's cache rows copied to its samples
         logits = logits.index_select(0, expand)
+        decode = self._decode if self.tools is None else partial(decode_with_tools, self)
         with plan.attending() if plan is not None else contextlib.nullcontext():
-            return self._decode(logits, cache, plan, prompt_mask, expand, generators, params, rows)
+            return decode(logits, cache, plan, prompt_mask, expand, generators, params, rows)
 
     def _sample(self, logits, params, suppress, generators, plan, step):
         """The CPU backend's C sampler for plain temperature sampling, else `sample_tokens`."""

@@ -54,7 +54,12 @@ class RowTurns:
         if self.model_tokens >= max_new or len(self.ids) >= total:
             self.done = True  # truncated: no budget left for a tool turn or another token
             return False
-        return self.calls < toolbox.max_calls and toolbox.ends_call(self.ids[self.turn_start :])
+        k = len(toolbox.close_ids)
+        return (
+            self.calls < toolbox.max_calls
+            and len(self.ids) - self.turn_start >= k
+            and self.ids[-k:] == toolbox.close_ids
+        )
 
     def run_tool(self, toolbox: Toolbox, total: int) -> list[int]:
         """Run the call ending the current turn; append (and return) the tool turn's ids,

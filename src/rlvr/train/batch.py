@@ -31,6 +31,16 @@ class Sample:
     correct: bool
     group: int
     sampling_log_probs: torch.Tensor | None = None  # (length,) the engine's own, if it has them
+    # (length,) bool, True on tool tokens (docs/tools.md): context the policy reads, never
+    # trains on; None when the response has no tool turn
+    tool_mask: torch.Tensor | None = None
+
+    def model_mask(self, width: int) -> torch.Tensor:
+        """(width,) bool: the response's own tokens (EOS included), not tool tokens or padding."""
+        mask = torch.arange(width) < len(self.completion_ids)
+        if self.tool_mask is not None:
+            mask[: len(self.tool_mask)] &= ~self.tool_mask
+        return mask
 
     @classmethod
     def placeholder(cls, pad_id: int) -> Sample:
@@ -94,6 +104,15 @@ class Batch:
         """The rows of groups lo .. hi - 1 that are here."""
         return [i for i, s in enumerate(self.samples) if lo <= s.group < hi]
 
+    def model_mask(self, width: int | None = None) -> torch.Tensor:
+        """(N, width) bool: each response's own tokens, without tool tokens and padding."""
+        width = self.width if width is None else width
+        return (
+            torch.stack([s.model_mask(width) for s in self.samples])
+            if self.samples
+            else (torch.zeros((0, width), dtype=torch.bool))
+        )
+
     def sampling_log_probs(self, width: int) -> torch.Tensor | None:
         """(N, width) the engine's log-probs, 0 past each length; None where it has none."""
         rows = [s.sampling_log_probs for s in self.samples]
@@ -117,7 +136,7 @@ class MicroBatch:
     attention_mask: torch.Tensor  # (B, P + T)
     position_ids: torch.Tensor  # (B, P + T), counting from each row's first real token
     prompt_width: int  # P
-    response_mask: torch.Tensor  # (B, T) 1 on generated tokens incl. EOS
+    response_mask: torch.Tensor  # (B, T) 1 on generated tokens incl. EOS, 0 on tool tokens
 
 
 def _pad_rows(rows: list[torch.Tensor], width: int) -> torch.Tensor:
@@ -140,8 +159,7 @@ def collate(samples: list[Sample], pad_id: int, device: torch.device | str) -> M
         attn[i, P - p : P + c] = 1
     # Same positions generation used for left-padded prompts, so log-probs match sampling.
     position_ids = (attn.cumsum(-1) - 1).clamp(min=0)
-    lengths = torch.tensor([len(s.completion_ids) for s in samples])
-    mask = (torch.arange(T)[None, :] < lengths[:, None]).float()
+    mask = torch.stack([s.model_mask(T) for s in samples]).float()
     return MicroBatch(
         input_ids=ids.to(device),
         attention_mask=attn.to(device),
@@ -184,6 +202,7 @@ def rollout_log_probs(
             reward=0.0,
             correct=False,
             group=0,
+            tool_mask=None if rollout.tool_mask is None else rollout.tool_mask[i, : int(n)],
         )
         for i, n in enumerate(rollout.lengths)
     ]
@@ -217,7 +236,7 @@ class SharedMicroBatch:
     prompt_lengths: torch.Tensor  # (U,)
     expand: torch.Tensor  # (B,) prompt row of each completion
     completion_ids: torch.Tensor  # (B, T)
-    response_mask: torch.Tensor  # (B, T) 1 on generated tokens incl. EOS
+    response_mask: torch.Tensor  # (B, T) 1 on generated tokens incl. EOS, 0 on tool tokens
 
 
 def collate_shared(
@@ -230,8 +249,7 @@ def collate_shared(
     c_ids = torch.full((B, T), pad_id, dtype=torch.long)
     for i, s in enumerate(samples):
         c_ids[i, : len(s.completion_ids)] = torch.tensor(s.completion_ids, dtype=torch.long)
-    lengths = torch.tensor([len(s.completion_ids) for s in samples])
-    mask = (torch.arange(T)[None, :] < lengths[:, None]).float()
+    mask = torch.stack([s.model_mask(T) for s in samples]).float()
     return SharedMicroBatch(
         prompt_ids=p_ids.to(device),
         prompt_mask=p_mask.to(device),

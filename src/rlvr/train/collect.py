@@ -93,6 +93,9 @@ class Tally:
         for name, count in scores.failures.items():
             s[f"failures/{name}"] += count
         self.len_max = max(self.len_max, max(lengths, default=0))
+        if rollout.tool_calls is not None:
+            for key, value in tool_sums(rollout, scores.correct).items():
+                s[key] += value
 
     def metrics(self, d: Dist) -> dict[str, float]:
         keys = sorted(set().union(*d.gather(sorted(self.sums))))  # every rank's names
@@ -115,7 +118,44 @@ class Tally:
             "generated_tokens": total["tokens"],
             "responses": total["n"],
         }
+        if "tools/samples" in total:
+            out.update(tool_metrics(total))
         return out
+
+
+def tool_sums(rollout: Rollout, correct: torch.Tensor) -> dict[str, float]:
+    """What the tool metrics add up over a rollout with tools (docs/tools.md#metrics)."""
+    called = rollout.tool_calls > 0
+    correct = correct.bool().cpu()
+    return {
+        "tools/samples": float(len(called)),
+        "tools/calls": float(rollout.tool_calls.sum()),
+        "tools/errors": float(rollout.tool_errors.sum()),
+        "tools/seconds": float(rollout.tool_seconds.sum()),
+        "tools/tokens": float(rollout.tool_mask.sum()),
+        "tools/with_call": float(called.sum()),
+        "tools/correct_with_call": float((correct & called).sum()),
+        "tools/correct_without_call": float((correct & ~called).sum()),
+    }
+
+
+def tool_metrics(total: dict[str, float]) -> dict[str, float]:
+    """Per-sample tool metrics from the step's `tool_sums` (all ranks): calls, errors and
+    turns per sample, the tool time, the share of samples that called a tool, and the
+    accuracy of the samples with a call and of those without (0 where there are none)."""
+    n = max(total["tools/samples"], 1.0)
+    with_call = total["tools/with_call"]
+    without = total["tools/samples"] - with_call
+    return {
+        "tools/calls_per_sample": total["tools/calls"] / n,
+        "tools/errors_per_sample": total["tools/errors"] / n,
+        "tools/turns_per_sample": 1.0 + total["tools/calls"] / n,
+        "tools/call_frac": with_call / n,
+        "tools/time_s": total["tools/seconds"],
+        "tools/tokens_per_sample": total["tools/tokens"] / n,
+        "tools/accuracy_with_call": total["tools/correct_with_call"] / max(with_call, 1.0),
+        "tools/accuracy_without_call": total["tools/correct_without_call"] / max(without, 1.0),
+    }
 
 
 def _groups(rows: list[Prompt], rollout: Rollout, scores: Scores, G: int) -> list[list[Sample]]:
@@ -132,6 +172,9 @@ def _groups(rows: list[Prompt], rollout: Rollout, scores: Scores, G: int) -> lis
                 sampling_log_probs=None
                 if engine_lp is None
                 else engine_lp[i, : rollout.lengths[i]],
+                tool_mask=None
+                if rollout.tool_mask is None
+                else rollout.tool_mask[i, : rollout.lengths[i]],
             )
             for i in range(g * G, (g + 1) * G)
         ]

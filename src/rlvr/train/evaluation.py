@@ -50,7 +50,9 @@ def evaluate(
     if not prompts:
         return {}
     mine = list(range(d.rank, len(prompts), d.world_size))
-    sums = [0.0, 0.0, 0.0, 0.0]  # correct answers, prompts with one correct, tokens, truncated
+    # correct answers, prompts with one correct, tokens, truncated; with tools: calls, answers
+    # with a call, correct answers with a call
+    sums = [0.0] * 7
     for start in range(0, len(mine), chunk_prompts):
         idx = mine[start : start + chunk_prompts]
         chunk = [prompts[i] for i in idx]
@@ -71,6 +73,11 @@ def evaluate(
                     "correct": bool(correct[i]),
                     "length": int(rollout.lengths[i]),
                     "truncated": bool(rollout.truncated[i]),
+                    **(
+                        {"tool_calls": int(rollout.tool_calls[i])}
+                        if rollout.tool_calls is not None
+                        else {}
+                    ),
                 }
                 for i, p in enumerate(rows)
             ]
@@ -79,9 +86,23 @@ def evaluate(
         sums[1] += float(correct.max(dim=1).values.sum())
         sums[2] += float(rollout.lengths.sum())
         sums[3] += float(rollout.truncated.sum())
-    correct, solved, tokens, truncated = d.sum(sums)
+        if rollout.tool_calls is not None:
+            called = rollout.tool_calls > 0
+            sums[4] += float(rollout.tool_calls.sum())
+            sums[5] += float(called.sum())
+            sums[6] += float((called & (correct.flatten() > 0)).sum())
+    correct, solved, tokens, truncated, calls, with_call, right_with_call = d.sum(sums)
     answers = len(prompts) * params.n
+    tools = {}
+    if getattr(engine, "tools", None) is not None:  # docs/tools.md#metrics
+        tools = {
+            "tool_calls_per_sample": calls / answers,
+            "tool_call_frac": with_call / answers,
+            "accuracy_with_call": right_with_call / max(with_call, 1.0),
+            "accuracy_without_call": (correct - right_with_call) / max(answers - with_call, 1.0),
+        }
     return {
+        **tools,
         "accuracy": correct / answers,
         "pass_at_k": solved / len(prompts),
         "k": params.n,

@@ -45,10 +45,9 @@ def kl_controller(cfg: Config) -> KLController | None:
 
 
 def loss_mask(batch: Batch, cfg: Config) -> torch.Tensor:
-    """(N, T) bool: the tokens that carry rewards and advantages (every generated token, none
-    of a truncated response under algo.overlong_filter)."""
-    lengths = torch.tensor([len(s.completion_ids) for s in batch.samples], dtype=torch.long)
-    mask = torch.arange(batch.width)[None, :] < lengths[:, None]
+    """(N, T) bool: the tokens that carry rewards and advantages (every generated token, no
+    tool token, none of a truncated response under algo.overlong_filter)."""
+    mask = batch.model_mask()
     if cfg.algo.overlong_filter:
         truncated = torch.tensor([s.truncated for s in batch.samples], dtype=torch.bool)
         mask = overlong_filter_mask(mask, truncated).bool()

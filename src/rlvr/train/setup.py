@@ -34,6 +34,7 @@ from rlvr.run.distributed import (
     wrap,
 )
 from rlvr.run.rundir import prepare_run_dir, truncate_jsonl
+from rlvr.tools import Toolbox
 from rlvr.train.collect import PromptSampler
 from rlvr.train.critic import Critic, build_critic
 from rlvr.train.evaluation import eval_params, evaluate
@@ -45,12 +46,14 @@ from rlvr.train.ppo import kl_controller
 @dataclass(frozen=True)
 class Given:
     """Objects the Python API (`rlvr.api`) hands in instead of names in the config: a model
-    and tokenizer, reward functions by the names `cfg.reward` uses, and `callbacks`, each
-    called as `fn(step, metrics)` after every step (returning "stop" ends the run)."""
+    and tokenizer, reward functions by the names `cfg.reward` uses, tool functions by the
+    names `rollout.tools` uses, and `callbacks`, each called as `fn(step, metrics)` after
+    every step (returning "stop" ends the run)."""
 
     model: torch.nn.Module | None = None
     tokenizer: object | None = None
     reward_functions: dict[str, Callable] = field(default_factory=dict)
+    tools: dict[str, Callable] = field(default_factory=dict)
     callbacks: tuple[Callable, ...] = ()
 
 
@@ -170,7 +173,8 @@ def setup(
     source = load_prompts(cfg, tokenizer, getattr(model.config, "max_position_embeddings", None))
     module = wrap(model, d, device, cfg.train.parallel)  # before the optimiser: FSDP2 shards
     optimizer, scheduler = _optimizer(cfg, model)
-    engine = _engine(cfg, model, tokenizer, device, d, backend)
+    toolbox = _toolbox(cfg, source, tokenizer, given)
+    engine = _engine(cfg, model, tokenizer, device, d, backend, toolbox)
     run = Run(
         cfg=cfg,
         d=d,
@@ -214,12 +218,34 @@ def _optimizer(cfg: Config, model: torch.nn.Module):
     return optimizer, scheduler
 
 
-def _engine(cfg: Config, model, tokenizer, device, d: Dist, backend: cpu.Backend):
+def _toolbox(cfg: Config, source: PromptSource, tokenizer, given: Given) -> Toolbox | None:
+    """The tools of `rollout.tools`, else the task's own (docs/tools.md); None without any."""
+    r = cfg.rollout
+    specs = r.tools or tuple(getattr(source.task, "tools", ()) or ())
+    if not specs:
+        return None
+    if r.min_new_tokens:
+        raise ConfigError("rollout.min_new_tokens: got a value > 0, expected 0 with tools")
+    try:
+        return Toolbox(
+            [given.tools.get(s, s) for s in specs],
+            tokenizer,
+            max_calls=r.max_tool_calls,
+            max_total_tokens=r.max_total_tokens,
+            timeout_s=r.tool_timeout_s,
+        )
+    except ValueError as e:
+        raise ConfigError(f"rollout.tools: {e}") from None
+
+
+def _engine(cfg: Config, model, tokenizer, device, d: Dist, backend: cpu.Backend, toolbox=None):
     """The rollout engine `rollout.engine` names, on this rank's device; a failure to
     build it is a ConfigError naming the key."""
     engine_kw = {"backend": backend} if cfg.rollout.engine == "fast" else {}
+    if toolbox is not None:
+        engine_kw["tools"] = toolbox
     if cfg.rollout.engine == "vllm":  # this rank's GPU, its place among the ranks, numerics
-        engine_kw = dict(
+        engine_kw.update(
             device=device,
             autocast=cfg.model.autocast,
             dtype=cfg.rollout.vllm_dtype,

@@ -55,10 +55,14 @@ def _loss_mask(response_mask: torch.Tensor, samples: list[Sample], cfg: Config) 
 
 
 def _loss_counts(samples: list[Sample], cfg: Config) -> list[float]:
-    """Loss tokens and sequences with any (the normalisers) of these samples."""
-    lengths = torch.tensor([len(s.completion_ids) for s in samples], dtype=torch.long)
-    width = int(lengths.max()) if len(samples) else 0
-    response = (torch.arange(width)[None, :] < lengths[:, None]).float()
+    """Loss tokens and sequences with any (the normalisers) of these samples; tool tokens
+    are not loss tokens."""
+    width = max((len(s.completion_ids) for s in samples), default=0)
+    response = (
+        torch.stack([s.model_mask(width) for s in samples]).float()
+        if samples
+        else (torch.zeros((0, 0)))
+    )
     per_row = _loss_mask(response, samples, cfg).sum(1)
     return [float(per_row.sum()), float((per_row > 0).sum())]
 
