@@ -69,7 +69,6 @@ class Task(ABC):
 
     name: str
     system_prompt: str | None = None
-    tools: tuple[str, ...] = ()
     max_new_tokens: int
     test_fraction: float = 0.2
     max_misses: int = 10_000  # draws in a row that give nothing new before giving up
