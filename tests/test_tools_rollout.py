@@ -144,3 +144,36 @@ def test_fast_engine_equals_the_hf_rounds(setup, backend):
         assert torch.equal(got.tool_errors, want.tool_errors)
         # the engine's log-probs: 0 on tool tokens, the trainer's on the model's own
         assert not got.sampling_log_probs[got.tool_mask].any()
+
+
+def test_vllm_rounds_logic_equals_the_hf_rounds(setup):
+    """The vllm engine's round logic (`vllm_tools.tool_rounds`), driven here by greedy
+    `generate` one request at a time in place of vLLM, gives the hf engine's rows."""
+    from rlvr.rollout.vllm_tools import tool_rounds
+
+    tok, box, model, ((a, _), (b, _)) = setup
+
+    def generate(requests):
+        out = []
+        for r in requests:
+            ids = model.generate(
+                input_ids=torch.tensor([r.ids]),
+                attention_mask=torch.ones(1, len(r.ids), dtype=torch.long),
+                max_new_tokens=r.max_tokens,
+                do_sample=False,
+                eos_token_id=r.stop_ids,
+                pad_token_id=tok.pad_token_id,
+            )[0, len(r.ids) :].tolist()
+            out.append((ids, [0.0] * len(ids)))
+        return out
+
+    params = _greedy(max_new=150)
+    small = Toolbox(["calc"], tok, max_calls=1)
+    for tools in (box, small):
+        want = HFEngine(model, pad_id=tok.pad_token_id, eos_ids=[tok.eos_token_id], tools=tools)
+        want = want.generate([a, b], params)
+        got = tool_rounds(tools, [a, b], [0, 1], params, [tok.eos_token_id], generate, 0)
+        assert torch.equal(got.completion_ids, want.completion_ids)
+        assert torch.equal(got.tool_mask, want.tool_mask)
+        assert torch.equal(got.lengths, want.lengths) and torch.equal(got.truncated, want.truncated)
+        assert got.tool_calls.tolist() == want.tool_calls.tolist()

@@ -44,6 +44,7 @@ import numpy as np
 import torch
 
 from rlvr.rollout.base import Rollout, SamplingParams, lengths_from_eos
+from rlvr.rollout.vllm_tools import Request, tool_rounds
 from rlvr.rollout.weight_sync import base_name, push_weights, trainable_names
 
 VLLM_RANGE = (">=0.22", "<0.34")  # pyproject's `vllm` extra; checked against its sources
@@ -211,7 +212,9 @@ class VLLMEngine:
         rank: int = 0,
         local_rank: int = 0,
         world_size: int = 1,
+        tools=None,
     ):
+        self.tools = tools  # a rlvr.tools.Toolbox: tool rounds (vllm_tools.py)
         device = torch.device(device or next(model.parameters()).device)
         if device.type == "cuda" and device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())
@@ -268,6 +271,18 @@ class VLLMEngine:
         from vllm.inputs import TokensPrompt
 
         seeds = sample_seeds(params, len(prompt_ids))
+        if self.tools is not None:
+            rows = [p for p in prompt_ids for _ in range(params.n)]
+            row_seeds = [s for prompt_seeds in seeds for s in prompt_seeds]
+            return tool_rounds(
+                self.tools,
+                rows,
+                row_seeds,
+                params,
+                self.eos_ids,
+                self._requests(params),
+                self.pad_id,
+            )
         requests, sampling = [], []
         for prompt, prompt_seeds in zip(prompt_ids, seeds):
             for seed in prompt_seeds:
@@ -291,6 +306,37 @@ class VLLMEngine:
             outputs = self.llm.generate(requests, sampling, use_tqdm=False) if requests else []
         completions = [out.outputs[0] for out in outputs]
         return rollout_from_outputs(prompt_ids, completions, params.n, self.pad_id, self.eos_ids)
+
+    def _requests(self, params: SamplingParams):
+        """A `vllm_tools.Generate` on this engine: one vLLM request per row."""
+        from vllm import SamplingParams as VSamplingParams
+        from vllm.inputs import TokensPrompt
+
+        def generate(requests: list[Request]) -> list[tuple[list[int], list[float]]]:
+            prompts = [TokensPrompt(prompt_token_ids=list(r.ids)) for r in requests]
+            sampling = [
+                VSamplingParams(
+                    n=1,
+                    temperature=0.0 if params.greedy else params.temperature,
+                    top_p=params.top_p,
+                    top_k=params.top_k,
+                    max_tokens=r.max_tokens,
+                    stop_token_ids=r.stop_ids,
+                    seed=r.seed,
+                    logprobs=0,
+                    detokenize=False,
+                )
+                for r in requests
+            ]
+            with preserved_rng(self.device), _no_autocast():
+                self.residency.wake(["weights", "kv_cache"])
+                outputs = self.llm.generate(prompts, sampling, use_tqdm=False)
+            out = [o.outputs[0] for o in outputs]
+            return [
+                (list(c.token_ids), _token_log_probs(list(c.token_ids), c.logprobs)) for c in out
+            ]
+
+        return generate
 
 
 def rollout_from_outputs(
