@@ -66,24 +66,28 @@ def load_char_tokenizer(path: str):
     return tok
 
 
-def task_prompts(tokenizer, task_name: str, split: str, n: int, seed: int):
-    """(chat-rendered prompt text, Example) pairs of a built-in rlvr task, as rlvr renders them."""
+def task_prompts(tokenizer, task_name: str, split: str, n: int, seed: int, system_prompt=None):
+    """(chat-rendered prompt text, Example) pairs of a built-in rlvr task, as rlvr renders them
+    (`system_prompt` first, as rlvr's `data.system_prompt`)."""
     from rlvr.prompts import render_messages
     from rlvr.tasks import TASKS
 
     task = TASKS[task_name]
     out = []
     for ex in task.make_examples(split, n, seed):
-        text, _ = render_messages(task.prompt_messages(ex), tokenizer)
+        messages = task.prompt_messages(ex)
+        if system_prompt:
+            messages = [{"role": "system", "content": system_prompt}, *messages]
+        text, _ = render_messages(messages, tokenizer)
         out.append((text, ex))
     return out
 
 
-def trl_dataset(tokenizer, task_name: str, n: int, seed: int):
+def trl_dataset(tokenizer, task_name: str, n: int, seed: int, system_prompt=None):
     """A TRL prompt dataset (standard, not conversational: the prompt is already rendered)."""
     from datasets import Dataset
 
-    rows = task_prompts(tokenizer, task_name, "train", n, seed)
+    rows = task_prompts(tokenizer, task_name, "train", n, seed, system_prompt)
     return Dataset.from_dict(
         {
             "prompt": [text for text, _ in rows],
@@ -133,6 +137,8 @@ class TRLTimer:
       train:      from the start of `training_step` to the `on_step_end` callback, minus
                   `prepare`: the policy forward, loss, backward, clipping and optimiser step.
       step:       wall time between consecutive `on_step_end` callbacks (logging included).
+    `*_cpu`: the same spans in this process's CPU time (`time.process_time`), which a busy
+    machine's time-sharing does not inflate (bench/shapes.py).
     """
 
     def __init__(self) -> None:
@@ -143,6 +149,7 @@ class TRLTimer:
 
     def _reset(self) -> None:
         self.cur = dict(generation=0.0, log_probs=0.0, prepare=0.0, completion_tokens=0)
+        self.cur.update(generation_cpu=0.0, prepare_cpu=0.0)
         self.cur.update(prompt_tokens=0, unique_prompt_tokens=0, rows=0)
 
     HOOKED = (
@@ -166,9 +173,10 @@ class TRLTimer:
         gen = trainer_cls._generate_single_turn
 
         def _generate_single_turn(self, prompt_ids, *args, **kwargs):
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             out = gen(self, prompt_ids, *args, **kwargs)
             timer.cur["generation"] += time.perf_counter() - t0
+            timer.cur["generation_cpu"] += time.process_time() - c0
             timer.cur["completion_tokens"] += sum(len(c) for c in out[0])
             timer.cur["prompt_tokens"] += sum(len(p) for p in prompt_ids)
             timer.cur["unique_prompt_tokens"] += sum(len(p) for p in {tuple(p) for p in prompt_ids})
@@ -188,9 +196,10 @@ class TRLTimer:
         prep = trainer_cls._prepare_inputs
 
         def _prepare_inputs(self, *args, **kwargs):
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             out = prep(self, *args, **kwargs)
             timer.cur["prepare"] += time.perf_counter() - t0
+            timer.cur["prepare_cpu"] += time.process_time() - c0
             return out
 
         step = trainer_cls.training_step
@@ -198,6 +207,7 @@ class TRLTimer:
         def training_step(self, *args, **kwargs):
             if timer._t_train_start is None:
                 timer._t_train_start = time.perf_counter()
+                timer._c_train_start = time.process_time()
             return step(self, *args, **kwargs)
 
         trainer_cls._generate_single_turn = _generate_single_turn
@@ -212,13 +222,16 @@ class TRLTimer:
 
         class _StepEnd(TrainerCallback):
             def on_train_begin(self, args, state, control, **kwargs):
-                timer._last_end = time.perf_counter()
+                timer._last_end, timer._last_end_cpu = time.perf_counter(), time.process_time()
 
             def on_step_end(self, args, state, control, **kwargs):
-                now = time.perf_counter()
+                now, now_cpu = time.perf_counter(), time.process_time()
                 rec = dict(timer.cur)
                 rec["step"] = now - timer._last_end
                 rec["train"] = now - timer._t_train_start - rec["prepare"]
+                rec["step_cpu"] = now_cpu - timer._last_end_cpu
+                rec["train_cpu"] = now_cpu - timer._c_train_start - rec["prepare_cpu"]
+                timer._last_end_cpu = now_cpu
                 rec["end"] = now
                 timer.steps.append(rec)
                 timer._last_end, timer._t_train_start = now, None

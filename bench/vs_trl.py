@@ -105,13 +105,13 @@ def child_trl(args) -> dict:
         # TRL's default is True; rlvr has none, so the same computation means off here.
         gradient_checkpointing=args.trl_gradient_checkpointing,
         model_init_kwargs={"dtype": "float32"},
-        per_device_train_batch_size=PROMPTS_PER_STEP * GROUP,
+        per_device_train_batch_size=args.prompts * args.group,
         gradient_accumulation_steps=1,
         steps_per_generation=1,
         num_iterations=1,
-        num_generations=GROUP,
-        max_completion_length=LENGTH,
-        generation_kwargs={"min_new_tokens": LENGTH},
+        num_generations=args.group,
+        max_completion_length=args.length,
+        generation_kwargs={"min_new_tokens": args.length},
         temperature=1.0,
         top_p=1.0,
         top_k=0,
@@ -138,7 +138,7 @@ def child_trl(args) -> dict:
         model=args.model_dir,
         reward_funcs=trl_task_reward(TASK),
         args=config,
-        train_dataset=trl_dataset(tok, TASK, TRAIN_SIZE, args.seed),
+        train_dataset=trl_dataset(tok, TASK, TRAIN_SIZE, args.seed, args.system_prompt),
         processing_class=tok,
         callbacks=[timer.callback()],
     )
@@ -150,6 +150,9 @@ def child_trl(args) -> dict:
             "generation": s["generation"],
             "log_probs": s["log_probs"],
             "train": s["train"],
+            "step_cpu": s["step_cpu"],
+            "generation_cpu": s["generation_cpu"],
+            "train_cpu": s["train_cpu"],
             "completion_tokens": s["completion_tokens"],
             "prompt_tokens": s["prompt_tokens"],
             "unique_prompt_tokens": s["unique_prompt_tokens"],
@@ -169,7 +172,7 @@ def child_rlvr(args) -> dict:
     if "min_new_tokens" not in RolloutConfig.__dataclass_fields__:
         raise SystemExit(
             "rlvr has no rollout.min_new_tokens: completion lengths cannot be forced to "
-            f"{LENGTH}; the comparison needs it (EOS suppressed before that many tokens)"
+            f"{args.length}; the comparison needs it (EOS suppressed before that many tokens)"
         )
     overrides = {
         "model": {
@@ -178,12 +181,12 @@ def child_rlvr(args) -> dict:
             "device": "cpu",
             "autocast": "bfloat16" if args.bf16 else "none",
         },
-        "data": {"task": TASK, "train_size": TRAIN_SIZE},
+        "data": {"task": TASK, "train_size": TRAIN_SIZE, "system_prompt": args.system_prompt},
         "rollout": {
-            "prompts_per_step": PROMPTS_PER_STEP,
-            "group_size": GROUP,
-            "max_new_tokens": LENGTH,
-            "min_new_tokens": LENGTH,
+            "prompts_per_step": args.prompts,
+            "group_size": args.group,
+            "max_new_tokens": args.length,
+            "min_new_tokens": args.length,
             "temperature": 1.0,
             "top_p": 1.0,
             "top_k": 0,
@@ -202,7 +205,7 @@ def child_rlvr(args) -> dict:
             "warmup_steps": 0,
             "weight_decay": 0.0,
             "max_grad_norm": 1.0,
-            "micro_batch_sequences": PROMPTS_PER_STEP * GROUP,
+            "micro_batch_sequences": args.prompts * args.group,
         },
         "train": {
             "max_steps": args.warmup + args.steps,
@@ -226,23 +229,29 @@ def child_rlvr(args) -> dict:
     # config, so rlvr's loader is pointed at the same loader TRL gets.
     rs.load_tokenizer = load_char_tokenizer
     ends: list[float] = []
+    ends_cpu: list[float] = []  # the same instants in CPU time
+    gen_cpu: list[float] = []
     counts: list[dict] = []
     run_step = rt.run_step
 
     def timed_run_step(*a, **k):
         metrics, examples = run_step(*a, **k)
         ends.append(time.perf_counter())
+        ends_cpu.append(time.process_time())
         counts.append(metrics)
         return metrics, examples
 
     rt.run_step = timed_run_step
     ends.append(time.perf_counter())  # replaced below by the end of the first evaluation
+    ends_cpu.append(time.process_time())
     engine_cls = ENGINES[cfg.rollout.engine]
     gen = engine_cls.generate
     prompt_stats: list[tuple[int, int, int]] = []
 
     def generate(self, prompt_ids, params):
+        c0 = time.process_time()
         out = gen(self, prompt_ids, params)
+        gen_cpu.append(time.process_time() - c0)
         prompt_stats.append(
             (
                 sum(len(p) for p in prompt_ids) * params.n,
@@ -258,7 +267,7 @@ def child_rlvr(args) -> dict:
     def timed_evaluate(*a, **k):
         out = evaluate(*a, **k)
         if not counts:
-            ends[0] = time.perf_counter()
+            ends[0], ends_cpu[0] = time.perf_counter(), time.process_time()
         return out
 
     rs.evaluate = timed_evaluate
@@ -273,6 +282,10 @@ def child_rlvr(args) -> dict:
                 "generation": m["time/generation"],
                 "log_probs": m["time/log_probs"],
                 "train": m["time/update"],
+                "step_cpu": ends_cpu[i + 1] - ends_cpu[i],
+                "generation_cpu": gen_cpu[i],
+                # the rest of the step: scoring, log-probs (none at beta 0), the update
+                "train_cpu": ends_cpu[i + 1] - ends_cpu[i] - gen_cpu[i],
                 "completion_tokens": int(m["generated_tokens"]),
                 "prompt_tokens": prompt_tokens,
                 "unique_prompt_tokens": unique,
@@ -286,19 +299,36 @@ def child_main(args) -> None:
     set_threads(args.threads)
     dtype = torch.bfloat16 if args.bf16 else torch.float32
     peaks = [matmul_peak(args.threads, rounds=3, dtype=dtype)]
+    cpu_peaks = [matmul_peak(args.threads, rounds=3, dtype=dtype, clock=time.process_time)]
     result = child_trl(args) if args.child == "trl" else child_rlvr(args)
     result["peak_rss_mib"] = peak_rss_mib()  # before the matmul below (it allocates 12 MiB)
     result["matmul_peaks"] = [*peaks, matmul_peak(args.threads, rounds=3, dtype=dtype)]
+    cpu_peaks.append(matmul_peak(args.threads, rounds=3, dtype=dtype, clock=time.process_time))
+    result["matmul_peaks_cpu"] = cpu_peaks
     Path(args.out).write_text(json.dumps(result))
 
 
 # ----------------------------------------------------------------------------- parent
 
 
+def add_shape_args(p: argparse.ArgumentParser) -> None:
+    """The run's shape, passed to the children (bench/shapes.py varies these)."""
+    p.add_argument("--prompts", type=int, default=PROMPTS_PER_STEP, help=argparse.SUPPRESS)
+    p.add_argument("--group", type=int, default=GROUP, help=argparse.SUPPRESS)
+    p.add_argument("--length", type=int, default=LENGTH, help=argparse.SUPPRESS)
+    p.add_argument("--system-prompt", default=None, help=argparse.SUPPRESS)
+
+
 def matmul_peak(
-    threads: int, n: int = 1024, reps: int = 10, rounds: int = 7, dtype=torch.float32
+    threads: int,
+    n: int = 1024,
+    reps: int = 10,
+    rounds: int = 7,
+    dtype=torch.float32,
+    clock=time.perf_counter,
 ) -> float:
-    """Best matmul rate (FLOP/s) of n x n `dtype` matrices with `threads` threads."""
+    """Best matmul rate (FLOP/s) of n x n `dtype` matrices with `threads` threads, timed by
+    `clock` (`time.process_time`: per CPU second, which time-sharing does not lower)."""
     torch.set_num_threads(threads)
     g = torch.Generator().manual_seed(0)
     a, b = (torch.randn(n, n, generator=g).to(dtype) for _ in range(2))
@@ -306,10 +336,10 @@ def matmul_peak(
     torch.matmul(a, b, out=out)
     best = float("inf")
     for _ in range(rounds):
-        t0 = time.perf_counter()
+        t0 = clock()
         for _ in range(reps):
             torch.matmul(a, b, out=out)
-        best = min(best, time.perf_counter() - t0)
+        best = min(best, clock() - t0)
     return 2 * n**3 * reps / best
 
 
@@ -378,6 +408,16 @@ def run_child(kind: str, beta: float, args, model_dir: Path, work: Path, tag: st
         "--seed",
         str(args.seed),
     ]
+    cmd += [
+        "--prompts",
+        str(args.prompts),
+        "--group",
+        str(args.group),
+        "--length",
+        str(args.length),
+    ]
+    if args.system_prompt:
+        cmd += ["--system-prompt", args.system_prompt]
     if args.rlvr_engine:
         cmd += ["--rlvr-engine", args.rlvr_engine]
     if args.trl_gradient_checkpointing:
@@ -394,7 +434,7 @@ def run_child(kind: str, beta: float, args, model_dir: Path, work: Path, tag: st
         raise SystemExit(f"{kind} run {tag} failed (exit {proc.returncode})")
     res = json.loads(out.read_text())
     res["wall_s"] = wall
-    expected = PROMPTS_PER_STEP * GROUP * LENGTH
+    expected = args.prompts * args.group * args.length
     bad = [s["completion_tokens"] for s in res["steps"] if s["completion_tokens"] != expected]
     if bad:
         raise SystemExit(
@@ -411,7 +451,11 @@ def _median(run: dict, key: str) -> float:
     return statistics.median(s[key] for s in run["timed"])
 
 
-def summarise(runs: list[dict], shape: dict, peak: float, beta: float, kind: str) -> dict:
+def summarise(
+    runs: list[dict], shape: dict, peak: float, beta: float, kind: str, cpu_peak: float = 0.0
+) -> dict:
+    """Medians over every timed step of `runs`; with `cpu_peak` (FLOP per CPU second) also the
+    CPU-time figures (`*_cpu`)."""
     timed = [s for r in runs for s in r["timed"]]
 
     def med(key: str) -> float:
@@ -437,6 +481,17 @@ def summarise(runs: list[dict], shape: dict, peak: float, beta: float, kind: str
         "step_spread": [min(s["step"] for s in timed), max(s["step"] for s in timed)],
         "threads": sorted({r["threads"] for r in runs}),
     }
+    if cpu_peak and all("step_cpu" in s for s in timed):
+        gen_flops = flops["generation"]
+        trn_flops = flops["train_shared" if kind == "rlvr" else "train"]
+        out.update(
+            sec_per_step_cpu=med("step_cpu"),
+            tokens_per_cpu_s=tokens / med("step_cpu"),
+            generation_cpu_s=med("generation_cpu"),
+            train_cpu_s=med("train_cpu"),
+            gen_mfu_cpu=gen_flops / med("generation_cpu") / cpu_peak,
+            train_mfu_cpu=trn_flops / med("train_cpu") / cpu_peak,
+        )
     if beta > 0 and out["log_probs_s"] > 0:
         out["log_probs_mfu"] = flops["log_probs_per_pass"] / out["log_probs_s"] / peak
     return out
@@ -470,6 +525,7 @@ def main() -> None:
     p.add_argument("--model-dir", help=argparse.SUPPRESS)
     p.add_argument("--work-dir", help=argparse.SUPPRESS)
     p.add_argument("--out", help=argparse.SUPPRESS)
+    add_shape_args(p)
     args = p.parse_args()
     if args.child:
         child_main(args)

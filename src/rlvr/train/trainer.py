@@ -30,6 +30,7 @@ from rlvr.config import Config, to_dict
 from rlvr.models import autocast
 from rlvr.run.distributed import gathered, shutdown
 from rlvr.run.health import HealthGuard
+from rlvr.run.memory import MemoryGuard
 from rlvr.run.metrics import NullLogger, RunLogger
 from rlvr.run.rundir import unlock_run_dir
 from rlvr.run.signals import StopSignal
@@ -167,6 +168,9 @@ def _train(
     guard = HealthGuard(
         max_bad_steps=cfg.train.max_bad_steps, entropy_floor=cfg.train.entropy_floor
     )
+    longest_prompt = max((len(p.ids) for p in run.source.train), default=0)
+    reference_copy = run.policy.reference_copy is not None
+    memory = MemoryGuard.for_run(cfg, run.policy.model, longest_prompt, reference_copy)
     logger = (
         RunLogger(
             run_dir,
@@ -186,6 +190,7 @@ def _train(
             log.message(_accuracy_line("before", eval_before))
         while step < cfg.train.max_steps and not d.max(float(stop.requested)):
             step += 1
+            memory.check(step)  # a clear error instead of the OOM killer
             metrics, examples = run_step(step, run)
             if run.outer is not None:  # reference resets, the reward model's refresh
                 metrics.update(run.outer.after_step(step))

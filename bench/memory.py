@@ -1,0 +1,232 @@
+"""Peak memory of rlvr's training steps: measured probes, the memory model fitted to them, and
+the longest response a Qwen2-0.5B-shaped model can train on in a given RAM.
+
+    python bench/memory.py --lengths        # peak RSS vs response length, gradient checkpointing off/on
+    python bench/memory.py --probes         # the model's probes (896 wide, 2 and 4 layers)
+    python bench/memory.py --fit            # fit rlvr.run.memory's constants to the probes
+    python bench/memory.py --limits 24      # longest response in 24 GiB, 0.5B shape
+
+Every probe is one child process running `rlvr.train.trainer.train` for two steps (the second
+holds AdamW's moments): random-init Qwen2 on rlvr's character vocabulary, the arithmetic task,
+one prompt x G=8, every response forced to the probe's length (`rollout.min_new_tokens`),
+beta 0, fp32, 1 thread; peak RSS is the child's `ru_maxrss`. Results are appended to
+`--results` (default bench/results/memory.jsonl); a rerun skips probes already there. Keep
+every probe well under the machine's free RAM: the probes here stay under ~4 GiB.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from _shared import build_qwen2, load_char_tokenizer, peak_rss_mib  # noqa: E402
+
+from rlvr.run import memory  # noqa: E402
+
+GROUP = 8
+# Qwen2-0.5B's layer: hidden 896, 14 heads of 64, 2 key/value heads, intermediate 4864, 24 layers.
+QWEN05 = dict(
+    hidden_size=896, num_attention_heads=14, num_key_value_heads=2, intermediate_size=4864
+)
+QWEN05_LAYERS = 24
+QWEN05_VOCAB = 151936  # its own vocabulary (tied embedding), for the limits with real logits
+GRID30M = dict(hidden_size=512, num_hidden_layers=7, num_attention_heads=8, intermediate_size=2048)
+
+# (name, model shape, response length, gradient checkpointing, lora)
+LENGTHS = [
+    (f"30M-T{t}-{'gc' if gc else 'nogc'}", GRID30M, t, gc, False)
+    for gc in (False, True)
+    for t in (64, 256, 1024)
+]
+PROBES = [
+    ("q05-L2-T256", {**QWEN05, "num_hidden_layers": 2}, 256, False, False),
+    ("q05-L2-T1024", {**QWEN05, "num_hidden_layers": 2}, 1024, False, False),
+    ("q05-L4-T512", {**QWEN05, "num_hidden_layers": 4}, 512, False, False),
+    ("q05-L4-T512-gc", {**QWEN05, "num_hidden_layers": 4}, 512, True, False),
+    ("q05-L4-T512-lora", {**QWEN05, "num_hidden_layers": 4}, 512, False, True),
+]
+
+
+def child(args) -> None:
+    import torch
+
+    import rlvr.train.setup as rs
+    import rlvr.train.trainer as rt
+    from rlvr.config import load_config
+
+    spec = json.loads(args.child)
+    model = {"name_or_path": spec["model_dir"], "dtype": "float32", "device": "cpu"}
+    if spec["lora"]:
+        model.update(lora_rank=16, lora_alpha=32)
+    overrides = {
+        "model": model,
+        "data": {"task": "arithmetic", "train_size": 64},
+        "rollout": {
+            "prompts_per_step": 1,
+            "group_size": GROUP,
+            "max_new_tokens": spec["length"],
+            "min_new_tokens": spec["length"],
+        },
+        "algo": {"kl_coef": 0.0, "dynamic_sampling": False, "mu": 1, "mini_batches": 1},
+        "optim": {"micro_batch_sequences": GROUP, "gradient_checkpointing": spec["gc"]},
+        "train": {
+            "max_steps": 2,
+            "output_dir": spec["out_dir"],
+            "eval_size": 0,
+            "eval_every": 0,
+            "save_every": 0,
+            "log_samples": 0,
+            "threads": 1,
+        },
+    }
+    cfg = load_config(None, overrides, preset="grpo")
+    rs.load_tokenizer = load_char_tokenizer  # see _shared.load_char_tokenizer
+    seen = {}
+    guard_for_run = memory.MemoryGuard.for_run
+
+    def for_run(*a, **k):  # the trainer's own guard: record what it predicts for this run
+        g = guard_for_run(*a, **k)
+        seen["shape"], seen["work"] = g.shape.__dict__, g.work.__dict__
+        return g
+
+    memory.MemoryGuard.for_run = staticmethod(for_run)
+    torch.set_num_threads(1)
+    rt.train(cfg, show_progress=False)
+    Path(spec["result"]).write_text(json.dumps({"peak_rss_mib": peak_rss_mib(), **seen}))
+
+
+def run_probe(name: str, shape: dict, length: int, gc: bool, lora: bool, work: Path) -> dict:
+    mdir = work / "models" / json.dumps(shape, sort_keys=True).replace('"', "")[:120]
+    if not (mdir / "config.json").exists():
+        build_qwen2(mdir, seed=0, max_position_embeddings=2048, **shape)
+    spec = dict(
+        model_dir=str(mdir),
+        length=length,
+        gc=gc,
+        lora=lora,
+        out_dir=str(work / "runs" / name),
+        result=str(work / f"{name}.json"),
+    )
+    env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
+    env["RLVR_MEMORY_GUARD"] = "0"  # measure, don't stop
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", json.dumps(spec)]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if proc.returncode != 0:
+        sys.stderr.write(proc.stdout[-3000:] + proc.stderr[-6000:])
+        raise SystemExit(f"probe {name} failed (exit {proc.returncode})")
+    got = json.loads(Path(spec["result"]).read_text())
+    return {"probe": name, "length": length, "gc": gc, "lora": lora, **got}
+
+
+def features(rec: dict) -> tuple[float, float, float, float]:
+    """(runtime, state, activation, fixed) bytes of a probe with every constant at 1."""
+    shape = memory.Shape(**rec["shape"])
+    work = memory.Work(**rec["work"])
+    saved = memory.RUNTIME, memory.STATE, memory.ACTIVATION
+    memory.RUNTIME, memory.STATE, memory.ACTIVATION = 0.0, 1.0, 0.0
+    state = memory.predict(shape, work)
+    memory.STATE, memory.ACTIVATION = 0.0, 1.0
+    act = memory.predict(shape, work)
+    memory.RUNTIME, memory.STATE, memory.ACTIVATION = saved
+    return 1.0, state["state"], act["activations"], act["kv_cache"]
+
+
+def fit(recs: list[dict]) -> tuple[float, float, float]:
+    """Least squares: peak - kv = RUNTIME + STATE x state + ACTIVATION x activations."""
+    import torch
+
+    X = torch.tensor([features(r)[:3] for r in recs], dtype=torch.float64)
+    y = torch.tensor(
+        [r["peak_rss_mib"] * 2**20 - features(r)[3] for r in recs], dtype=torch.float64
+    )
+    sol = torch.linalg.lstsq(X, y.unsqueeze(1)).solution.squeeze(1)
+    return float(sol[0]), float(sol[1]), float(sol[2])
+
+
+def longest(limit_gib: float, lora: bool, gc: bool, vocab: int) -> int:
+    """The longest response (tokens) whose predicted peak fits in `limit_gib`, 0.5B shape."""
+    per_layer = 896 * 896 * 2 + 896 * 128 * 2 + 3 * 896 * 4864 + 896 + 2 * 128 + 2 * 896
+    params = QWEN05_LAYERS * per_layer + vocab * 896 * (1 if vocab > 1000 else 2) + 896
+    # rank 16 A and B on rlvr's default targets: q, k, v, o, gate, up, down
+    lora_params = QWEN05_LAYERS * 16 * (2 * (896 + 896) + 2 * (896 + 128) + 3 * (896 + 4864))
+    shape = memory.Shape(
+        QWEN05_LAYERS, 896, 4864, 128, vocab, params + lora * lora_params,
+        lora_params if lora else params,
+    )  # fmt: skip
+    lo, hi = 0, 1 << 20
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        work = memory.Work(GROUP, GROUP, 47, mid, 0 if gc else 1, gc, False)
+        if memory.predict(shape, work)["total"] <= limit_gib * memory.GIB:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--lengths", action="store_true", help="30M model, 64/256/1024, gc off/on")
+    p.add_argument("--probes", action="store_true", help="the memory model's probes")
+    p.add_argument("--fit", action="store_true", help="fit the model's constants to the probes")
+    p.add_argument("--limits", type=float, default=None, help="GiB: longest response, 0.5B")
+    p.add_argument("--results", default=str(HERE / "results" / "memory.jsonl"))
+    p.add_argument("--child", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.child:
+        child(args)
+        return
+    path = Path(args.results)
+    done = {}
+    if path.exists():
+        done = {r["probe"]: r for r in map(json.loads, path.read_text().splitlines())}
+    todo = (LENGTHS if args.lengths else []) + (PROBES if args.probes else [])
+    with tempfile.TemporaryDirectory(prefix="memory_") as tmp:
+        for name, shape, length, gc, lora in todo:
+            if name in done:
+                continue
+            rec = run_probe(name, shape, length, gc, lora, Path(tmp))
+            pred = memory.predict(memory.Shape(**rec["shape"]), memory.Work(**rec["work"]))
+            rec["predicted_mib"] = pred["total"] / 2**20
+            done[name] = rec
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with path.open("a") as f:
+                f.write(json.dumps(rec) + "\n")
+            print(
+                f"{name}: peak RSS {rec['peak_rss_mib']:.0f} MiB, model predicts "
+                f"{rec['predicted_mib']:.0f} MiB",
+                flush=True,
+            )
+    if args.fit:
+        probes = [done[n] for n, *_ in PROBES if n in done]
+        runtime, state, act = fit(probes)
+        print(
+            f"fit over {len(probes)} probes: RUNTIME {runtime / memory.GIB:.3f} GiB, "
+            f"STATE {state:.3f}, ACTIVATION {act:.3f}"
+        )
+        for r in probes + [done[n] for n, *_ in LENGTHS if n in done]:
+            f = features(r)
+            pred = (runtime * f[0] + state * f[1] + act * f[2] + f[3]) / 2**20
+            print(f"  {r['probe']}: measured {r['peak_rss_mib']:.0f} MiB, fit {pred:.0f} MiB")
+    if args.limits:
+        for vocab in (108, QWEN05_VOCAB):
+            for lora in (False, True):
+                for gc in (False, True):
+                    t = longest(args.limits, lora, gc, vocab)
+                    print(
+                        f"0.5B shape, vocab {vocab}, {'LoRA r16' if lora else 'full'}, "
+                        f"gradient checkpointing {'on' if gc else 'off'}: longest response "
+                        f"in {args.limits:g} GiB ~ {t} tokens (1 prompt x G={GROUP})"
+                    )
+
+
+if __name__ == "__main__":
+    main()

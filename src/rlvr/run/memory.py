@@ -1,0 +1,175 @@
+"""Peak memory of a training step, predicted before it runs, and a clear stop when it won't fit.
+
+A CPU run that outgrows RAM is killed by the kernel's OOM killer (no swap): no message, no
+checkpoint of the step. `MemoryGuard.check` runs before every step and raises
+`MemoryBudgetError` with one line naming the knobs when the predicted peak exceeds what the
+process can still get: its resident set now plus the system's MemAvailable
+(`/proc/meminfo`), or `RLVR_MEMORY_LIMIT_GB` when set. `RLVR_MEMORY_GUARD=0` turns it off.
+
+The model (bytes; P parameters, P_t of them trained, L layers, width d, intermediate f,
+key/value width kv, vocabulary V, training tokens n per micro-batch):
+
+    peak = RUNTIME + STATE * (4 P + 12 P_t + 4 P [reference copy])
+         + ACTIVATION * 4 n (L (10 d + 4 f + 3 kv) + 3 V)      no gradient checkpointing
+         + ACTIVATION * 4 n (L d + 10 d + 4 f + 3 kv + 3 V)     with it (one layer live)
+         + the rollout's KV cache, 8 L kv per generated or prompt position of every row
+
+10 d + 4 f + 3 kv are the per-token values a Qwen2/Llama layer keeps for its backward (norm
+inputs and outputs, q/k/v, attention output, residuals; gate, up, SiLU and product), 3 V the
+logits, their log-softmax and its gradient. RUNTIME, STATE and ACTIVATION are fitted by
+`bench/memory.py` to peak RSS probes of real training steps (see its output in bench/README.md).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+
+from rlvr.schema import ConfigError
+
+GIB = 1024**3
+
+# Fitted by `python bench/memory.py --fit` (least squares over its probes: 896-wide Qwen2,
+# 2 and 4 layers, 256 and 1024 response tokens, full fine-tune).
+RUNTIME = 0.55 * GIB  # torch, transformers, tokenizer, the engine's buffers
+STATE = 1.0  # weights, gradients, AdamW moments (multiplier on the count above)
+ACTIVATION = 1.0  # autograd's saved tensors and temporaries (multiplier on the count above)
+
+
+class MemoryBudgetError(ConfigError):
+    """The next step's predicted peak memory exceeds what is available; one line naming the
+    config keys that lower it (a ConfigError, so the CLI prints it as one line)."""
+
+
+@dataclass(frozen=True)
+class Shape:
+    layers: int
+    hidden: int
+    intermediate: int
+    kv: int
+    vocab: int
+    params: int
+    trainable: int
+
+    @staticmethod
+    def of(model: torch.nn.Module) -> Shape | None:
+        """The decoder's shape from its config; None for a model without the Llama fields."""
+        c = getattr(model, "config", None)
+        names = ("num_hidden_layers", "hidden_size", "intermediate_size", "vocab_size")
+        if c is None or not all(isinstance(getattr(c, n, None), int) for n in names):
+            return None
+        heads = getattr(c, "num_attention_heads", 1) or 1
+        kv_heads = getattr(c, "num_key_value_heads", None) or heads
+        head_dim = getattr(c, "head_dim", None) or c.hidden_size // heads
+        params = sum(p.numel() for p in model.parameters())
+        trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        return Shape(
+            c.num_hidden_layers,
+            c.hidden_size,
+            c.intermediate_size,
+            kv_heads * head_dim,
+            c.vocab_size,
+            params,
+            trainable,
+        )
+
+
+@dataclass(frozen=True)
+class Work:
+    """One step's sizes: rows generated, rows per training micro-batch, lengths."""
+
+    rows: int
+    micro_rows: int
+    prompt: int
+    response: int
+    groups_per_micro: int = 0  # > 0: prompt sharing (each prompt forwarded once per micro-batch)
+    gradient_checkpointing: bool = False
+    reference_copy: bool = False
+
+
+def predict(shape: Shape, work: Work) -> dict[str, float]:
+    """Peak bytes of one step, by part (see the module docstring), and their "total"."""
+    s, w = shape, work
+    if w.groups_per_micro:
+        tokens = w.groups_per_micro * w.prompt + w.micro_rows * w.response
+    else:
+        tokens = w.micro_rows * (w.prompt + w.response)
+    layer = 10 * s.hidden + 4 * s.intermediate + 3 * s.kv
+    kept = s.hidden * s.layers + layer if w.gradient_checkpointing else layer * s.layers
+    parts = {
+        "runtime": RUNTIME,
+        "state": STATE * (4 * s.params + 12 * s.trainable + 4 * s.params * w.reference_copy),
+        "activations": ACTIVATION * 4 * tokens * (kept + 3 * s.vocab),
+        "kv_cache": 8.0 * s.layers * s.kv * w.rows * (w.prompt + w.response),
+    }
+    parts["total"] = sum(parts.values())
+    return parts
+
+
+def available_bytes() -> tuple[float, str]:
+    """What this process can still use: its RSS plus MemAvailable, or RLVR_MEMORY_LIMIT_GB."""
+    limit = os.environ.get("RLVR_MEMORY_LIMIT_GB")
+    if limit:
+        try:
+            return float(limit) * GIB, "RLVR_MEMORY_LIMIT_GB"
+        except ValueError:
+            raise MemoryBudgetError(
+                f"RLVR_MEMORY_LIMIT_GB={limit!r}: expected a number of GiB"
+            ) from None
+    meminfo = {}
+    with open("/proc/meminfo") as f:
+        for line in f:
+            key, _, rest = line.partition(":")
+            meminfo[key] = int(rest.split()[0]) * 1024
+    with open("/proc/self/statm") as f:
+        rss = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    return meminfo["MemAvailable"] + rss, "MemAvailable + this process's RSS"
+
+
+class MemoryGuard:
+    """Checks the predicted peak of the run's largest step against available memory."""
+
+    def __init__(self, shape: Shape | None, work: Work) -> None:
+        self.shape, self.work = shape, work
+        self.enabled = shape is not None and os.environ.get("RLVR_MEMORY_GUARD", "1") != "0"
+
+    @staticmethod
+    def for_run(cfg, model, prompt_len: int, reference_copy: bool) -> MemoryGuard:
+        r, o = cfg.rollout, cfg.optim
+        rows = r.prompts_per_step * r.group_size
+        micro = min(o.micro_batch_sequences, rows)
+        share = o.share_prompt and not o.gradient_checkpointing
+        work = Work(
+            rows=rows,
+            micro_rows=micro,
+            prompt=prompt_len,
+            response=r.max_new_tokens,
+            groups_per_micro=-(-micro // r.group_size) if share else 0,
+            gradient_checkpointing=o.gradient_checkpointing,
+            reference_copy=reference_copy,
+        )
+        return MemoryGuard(Shape.of(model), work)
+
+    def predicted(self) -> dict[str, float]:
+        return predict(self.shape, self.work)
+
+    def check(self, step: int) -> None:
+        if not self.enabled or self.shape is None:
+            return
+        need = self.predicted()["total"]
+        have, source = available_bytes()
+        if need <= have:
+            return
+        w = self.work
+        knobs = (
+            f"lower rollout.max_new_tokens ({w.response}), optim.micro_batch_sequences "
+            f"({w.micro_rows}) or rollout.prompts_per_step x group_size ({w.rows})"
+        )
+        if not w.gradient_checkpointing:
+            knobs += ", or set optim.gradient_checkpointing=true"
+        raise MemoryBudgetError(
+            f"step {step} would need about {need / GIB:.1f} GiB at its peak but {have / GIB:.1f} "
+            f"GiB is available ({source}): {knobs} (RLVR_MEMORY_GUARD=0 skips this check)"
+        )
