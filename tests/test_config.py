@@ -62,6 +62,27 @@ def test_tiny_defaults_apply_only_to_the_builtin_model(tmp_path):
     assert cfg.optim.lr == 1e-6  # the papers' default for real models
 
 
+def test_tiny_task_defaults_follow_the_task(tmp_path):
+    assert load_config().rollout.max_new_tokens == 32  # arithmetic: the default run
+    chain = load_config(None, ["--data.task=chain"])
+    assert chain.rollout.max_new_tokens == 64 and chain.optim.lr == 4e-4
+    calc = load_config(None, ["--data.task=calc"], preset="grpo")
+    assert (calc.rollout.max_new_tokens, calc.rollout.max_total_tokens) == (160, 224)
+    assert calc.rollout.tools == ()  # the task's own tool
+    f = tmp_path / "c.yaml"
+    f.write_text("data:\n  task: chain\nrollout:\n  max_new_tokens: 40\n")
+    assert load_config(f).rollout.max_new_tokens == 40  # the user's value wins
+    assert load_config(f, ["--rollout.max_new_tokens=48"]).rollout.max_new_tokens == 48
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"prompt": "1+1", "answer": "2"}\n')
+    cfg = load_config(None, ["--data.task=chain", f"--data.path={data}"])
+    assert cfg.rollout.max_new_tokens == 32  # a dataset, not the task
+    model_dir = tmp_path / "m"
+    model_dir.mkdir()
+    cfg = load_config(None, ["--data.task=chain", f"--model.name_or_path={model_dir}"])
+    assert cfg.rollout.max_new_tokens == 32
+
+
 def test_resolved_config_round_trips(tmp_path):
     cfg = load_config(None, ["--reward.extra=format=0.5"])
     f = tmp_path / "resolved.yaml"

@@ -25,6 +25,7 @@ from rlvr.schema import (  # noqa: F401 (re-exported: rlvr.config is the public 
     PRESETS,
     SECTIONS,
     TINY_DEFAULTS,
+    TINY_TASK_DEFAULTS,
     AlgoConfig,
     Config,
     ConfigError,
@@ -181,6 +182,10 @@ def load_config(
     user = _merge(file_changes, overrides)
     if user.get("model", {}).get("name_or_path", "rlvr-tiny") == "rlvr-tiny":
         cfg = apply_changes(cfg, TINY_DEFAULTS, "built-in tiny model defaults")
+        task = user.get("data", {}).get("task", cfg.data.task)
+        if not user.get("data", {}).get("path") and task in TINY_TASK_DEFAULTS:
+            changes = TINY_TASK_DEFAULTS[task]
+            cfg = apply_changes(cfg, changes, f"built-in tiny model defaults for task {task}")
     if file_changes:
         cfg = apply_changes(cfg, file_changes, str(path))
     cfg = apply_changes(cfg, overrides, "command line")

@@ -426,6 +426,18 @@ TINY_DEFAULTS: dict[str, dict[str, Any]] = {
     "train": {"max_steps": 60, "threads": 2},
 }
 
+# Per built-in task, on top of TINY_DEFAULTS (rlvr-tiny with `data.task` and no `data.path`):
+# a length cap that fits every reference answer, and for `calc` the budget of the model's
+# own tokens (two tool calls and the answer take about 125) within the whole response's
+# (tool turns included: 175-181 tokens). `calc`'s tool comes from the task (rollout.tools
+# empty). `arithmetic` is the default run as above.
+TINY_TASK_DEFAULTS: dict[str, dict[str, dict[str, Any]]] = {
+    "arithmetic": {},
+    "chain": {"rollout": {"max_new_tokens": 64}},
+    "sort": {"rollout": {"max_new_tokens": 16}},
+    "calc": {"rollout": {"max_new_tokens": 160, "max_total_tokens": 224}},
+}
+
 
 def field_docs(cls: type) -> dict[str, str]:
     """The `name: text` lines of a dataclass docstring, for help and error messages."""
