@@ -96,6 +96,7 @@ def cmd_eval(argv: list[str]) -> int:
     from rlvr.rewards.scoring import Scorer
     from rlvr.rollout import ENGINES
     from rlvr.train.evaluation import eval_params, evaluate
+    from rlvr.train.setup import Given, _toolbox
 
     over_argv, rest = split_overrides(argv)
     args, unknown = _parser().parse_known_args(rest)
@@ -106,8 +107,12 @@ def cmd_eval(argv: list[str]) -> int:
     if not source.eval:
         raise ConfigError("no held-out prompts: set --num-prompts > 0 or --data.eval_path")
     scorer = Scorer.build(cfg, source.task)
+    toolbox = _toolbox(cfg, source, tokenizer, Given())  # rollout.tools, or the task's
     engine = ENGINES[cfg.rollout.engine](
-        model, pad_id=tokenizer.pad_token_id, eos_ids=eos_ids(tokenizer, model)
+        model,
+        pad_id=tokenizer.pad_token_id,
+        eos_ids=eos_ids(tokenizer, model),
+        **({"tools": toolbox} if toolbox is not None else {}),
     )
     sampled_rows: list[dict] = []
     greedy_rows: list[dict] = []
@@ -131,6 +136,7 @@ def cmd_eval(argv: list[str]) -> int:
         "num_prompts": sampled["num_prompts"],
         "mean_length": sampled["mean_length"],
         "truncation_rate": sampled["truncation_rate"],
+        **{k: sampled[k] for k in ("tool_calls_per_sample", "tool_call_frac") if k in sampled},
     }
     if args.output:
         out = Path(args.output)
