@@ -435,6 +435,12 @@ def _validate_tools(r: RolloutConfig) -> None:
     )
     _check(r.tool_timeout_s > 0, "rollout.tool_timeout_s", "> 0", r.tool_timeout_s)
     _check(
+        len(r.tool_call_tags) == 2 and all(r.tool_call_tags),
+        "rollout.tool_call_tags",
+        "two non-empty tags, the call's opening and closing one",
+        r.tool_call_tags,
+    )
+    _check(
         not r.tools or r.min_new_tokens == 0,
         "rollout.min_new_tokens",
         "0 with rollout.tools (EOS suppression is for benchmarks without tools)",

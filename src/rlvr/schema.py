@@ -107,6 +107,8 @@ class RolloutConfig:
         turns together); none = rollout.max_new_tokens, which then caps both. max_new_tokens
         always caps the model's own tokens.
     tool_timeout_s: wall-clock limit of one tool call; past it the model reads an error.
+    tool_call_tags: the two tags around a tool call's JSON in the model's text (Hermes /
+        Qwen2.5's by default); the row stops when the model completes the second.
     """
 
     engine: Literal["fast", "hf", "vllm"] = "fast"
@@ -124,6 +126,7 @@ class RolloutConfig:
     max_tool_calls: int = 4
     max_total_tokens: int | None = None
     tool_timeout_s: float = 10.0
+    tool_call_tags: tuple[str, ...] = ("<tool_call>", "</tool_call>")
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,7 @@ from rlvr.run.distributed import (
     wrap,
 )
 from rlvr.run.rundir import prepare_run_dir, truncate_jsonl
-from rlvr.tools import Toolbox
+from rlvr.tools import Toolbox, ToolFormat
 from rlvr.train.collect import PromptSampler
 from rlvr.train.critic import Critic, build_critic
 from rlvr.train.evaluation import eval_params, evaluate
@@ -233,6 +233,7 @@ def _toolbox(cfg: Config, source: PromptSource, tokenizer, given: Given) -> Tool
             max_calls=r.max_tool_calls,
             max_total_tokens=r.max_total_tokens,
             timeout_s=r.tool_timeout_s,
+            fmt=ToolFormat(call_open=r.tool_call_tags[0], call_close=r.tool_call_tags[1]),
         )
     except ValueError as e:
         raise ConfigError(f"rollout.tools: {e}") from None
