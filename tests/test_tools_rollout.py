@@ -112,17 +112,18 @@ def test_hf_rounds_equal_turn_by_turn_generate(setup):
         )
 
 
-@pytest.mark.parametrize("backend", ["off", "on"])
-def test_fast_engine_equals_the_hf_rounds(setup, backend):
-    """Greedy: the fast engine (torch path, and the CPU backend's path where its gate is on)
-    gives the hf engine's rows token for token, with the same tool mask and counts, also
-    when the budgets cut a row inside a tool turn."""
+@pytest.mark.parametrize("path", ["prefill", "per_step", "backend"])
+def test_fast_engine_equals_the_hf_rounds(setup, path):
+    """Greedy: the fast engine gives the hf engine's rows token for token, with the same tool
+    mask and counts, also when the budgets cut a row inside a tool turn: on the torch path
+    (a tool turn as one multi-token prefill of its row, or fed one token a step) and on the
+    CPU backend's path where its gate is on."""
     from rlvr import cpu
     from rlvr.rollout import FastEngine
 
     tok, box, model, ((a, a_done), (b, _)) = setup
     pad, eos = tok.pad_token_id, [tok.eos_token_id]
-    kw = {"backend": cpu.OFF} if backend == "off" else {}
+    kw = {} if path == "backend" else {"backend": cpu.OFF}
     first_call = a_done.index(box.close_ids[0]) + 1
     cases = [
         (box, _greedy(n=2)),
@@ -132,9 +133,9 @@ def test_fast_engine_equals_the_hf_rounds(setup, backend):
     ]
     for tools, params in cases:
         want = HFEngine(model, pad_id=pad, eos_ids=eos, tools=tools).generate([a, b, a], params)
-        got = FastEngine(model, pad_id=pad, eos_ids=eos, tools=tools, **kw).generate(
-            [a, b, a], params
-        )
+        fast = FastEngine(model, pad_id=pad, eos_ids=eos, tools=tools, **kw)
+        fast.tool_prefill = path == "prefill"
+        got = fast.generate([a, b, a], params)
         assert torch.equal(got.lengths, want.lengths)
         assert torch.equal(got.truncated, want.truncated)
         for i, n in enumerate(want.lengths.tolist()):
@@ -177,3 +178,24 @@ def test_vllm_rounds_logic_equals_the_hf_rounds(setup):
         assert torch.equal(got.tool_mask, want.tool_mask)
         assert torch.equal(got.lengths, want.lengths) and torch.equal(got.truncated, want.truncated)
         assert got.tool_calls.tolist() == want.tool_calls.tolist()
+
+
+@pytest.mark.parametrize("path", ["prefill", "per_step", "backend"])
+def test_sampled_log_probs_are_the_trainers(setup, path):
+    """Sampled at temperature 1 (rows diverge: broken calls, error turns, calls at other
+    places, rows retired mid-way), the engine's log-prob of every model token equals the
+    trainer's on the whole row, tool turns as context."""
+    from rlvr import cpu
+    from rlvr.rollout import FastEngine
+    from rlvr.train.batch import rollout_log_probs
+
+    tok, box, model, ((a, _), (b, _)) = setup
+    kw = {} if path == "backend" else {"backend": cpu.OFF}
+    fast = FastEngine(model, pad_id=tok.pad_token_id, eos_ids=[tok.eos_token_id], tools=box, **kw)
+    fast.tool_prefill = path == "prefill"
+    params = SamplingParams(n=6, max_new_tokens=200, seed=3, row_seeds=(11, 12))
+    r = fast.generate([a, b], params)
+    assert r.tool_calls.sum() > 3 and r.tool_errors.sum() > 0  # the case is exercised
+    trainer = rollout_log_probs(model, r, tok.pad_token_id)
+    own = r.response_mask.bool()
+    torch.testing.assert_close(r.sampling_log_probs[own], trainer[own], atol=2e-4, rtol=0)

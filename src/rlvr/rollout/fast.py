@@ -165,6 +165,9 @@ class FastEngine:
 
     row_streams = "auto"
     check_every: int | None = None
+    # With tools on the torch path: a tool turn is one multi-token prefill of its row
+    # (`rlvr.rollout.ragged`); False feeds it one token a step as the backend's paths do.
+    tool_prefill = True
 
     def __init__(
         self,

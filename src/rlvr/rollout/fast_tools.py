@@ -1,5 +1,7 @@
-"""The `fast` engine's decoding loop with tools (docs/tools.md; the rules are
-`rlvr.rollout.turns`'s, shared with the hf engine).
+"""The `fast` engine's decoding loop with tools on the CPU backend's paths (docs/tools.md;
+the rules are `rlvr.rollout.turns`'s, shared with the hf engine). On the torch path (no
+backend plan, the static cache) a tool turn is instead one multi-token prefill of its row
+(`rlvr.rollout.ragged`).
 
 Every row decodes in the same batched loop as without tools. When a row's model token
 closes a tool call, the tool runs at once and its turn is queued for that row: in the
@@ -15,11 +17,17 @@ from __future__ import annotations
 import torch
 
 from rlvr.rollout.base import Rollout
+from rlvr.rollout.ragged import decode_ragged
 
 
 def decode_with_tools(engine, logits, cache, plan, prompt_mask, expand, generators, params, rows):
     """`FastEngine._decode` for an engine with `tools`: one token per live row per step,
     a queued tool token where the row has one."""
+    from rlvr.rollout.fast import _LiveLayer
+
+    plain = engine.cache == "static" and all(type(x) is _LiveLayer for x in cache.layers)
+    if plan is None and plain and engine.tool_prefill:
+        return decode_ragged(engine, logits, cache, prompt_mask, expand, generators, params, rows)
     box = engine.tools
     max_new = params.max_new_tokens
     T = box.total_tokens(max_new)
