@@ -16,6 +16,7 @@ from rlvr.algos import KLController
 from rlvr.config import Config, ConfigError
 from rlvr.models import autocast, eos_ids, load_tokenizer
 from rlvr.prompts import PromptSource, load_prompts
+from rlvr.rewards.sandbox import SandboxUnavailable, resolve_isolation
 from rlvr.rewards.scoring import Scorer
 from rlvr.rollout import ENGINES
 from rlvr.rollout.vllm import VLLMEngineError
@@ -34,7 +35,7 @@ from rlvr.run.distributed import (
     wrap,
 )
 from rlvr.run.rundir import prepare_run_dir, truncate_jsonl
-from rlvr.tools import Toolbox, ToolFormat
+from rlvr.tools import Toolbox, ToolFormat, make_python_tool
 from rlvr.train.collect import PromptSampler
 from rlvr.train.critic import Critic, build_critic
 from rlvr.train.evaluation import eval_params, evaluate
@@ -226,9 +227,16 @@ def _toolbox(cfg: Config, source: PromptSource, tokenizer, given: Given) -> Tool
         return None
     if r.min_new_tokens:
         raise ConfigError("rollout.min_new_tokens: got a value > 0, expected 0 with tools")
+    tools = [given.tools.get(s, s) for s in specs]
+    if "python" in tools:  # the sandbox the code reward uses: refused now, not at a call
+        try:
+            resolve_isolation(cfg.reward.sandbox_isolation)
+        except SandboxUnavailable as e:
+            raise ConfigError(f"rollout.tools: python: {e}") from None
+        tools[tools.index("python")] = make_python_tool(cfg.reward.sandbox_isolation)
     try:
         return Toolbox(
-            [given.tools.get(s, s) for s in specs],
+            tools,
             tokenizer,
             max_calls=r.max_tool_calls,
             max_total_tokens=r.max_total_tokens,
