@@ -81,7 +81,7 @@ def test_the_bound_never_exceeds_the_real_count(tokenizers_with_a_bound, text, w
 
 
 def test_builtin_bound_is_its_longest_token(tokenizer):
-    assert chars_per_token(tokenizer) == len("<|endoftext|>")
+    assert chars_per_token(tokenizer) == len("</tool_response>")
 
 
 @pytest.mark.parametrize(

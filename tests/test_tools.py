@@ -211,3 +211,18 @@ def test_config_keys_and_the_runs_toolbox():
     )
     box = _toolbox(tags, none, tok, Given())
     assert box.fmt.call_open == "[C]" and box.close_ids == tok.encode("[/C]")
+
+
+def test_prompts_must_leave_room_for_the_total_budget(tmp_path):
+    """With tools a response may be max_total_tokens long: a prompt that leaves less room
+    than that in the model's context is refused by that key."""
+    from rlvr.config import ConfigError, load_config
+    from rlvr.prompts import load_prompts
+
+    tok = build_tokenizer()
+    over = {"data": {"task": "calc"}, "rollout": {"max_new_tokens": 100, "max_total_tokens": 200}}
+    cfg = load_config(overrides=over)
+    n = len(load_prompts(cfg, tok, None).train[0].ids)
+    load_prompts(cfg, tok, n + 200 + 20)  # room enough
+    with pytest.raises(ConfigError, match=r"^rollout\.max_total_tokens: train prompt 0"):
+        load_prompts(cfg, tok, n + 150)

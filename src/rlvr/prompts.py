@@ -128,14 +128,24 @@ def _from_dataset(cfg: Config, tokenizer, max_context: int | None) -> PromptSour
 def _check_length(text: str, per_token: float, where: str, cfg: Config, max_context: int) -> None:
     """ConfigError when `text` is provably longer than the context leaves for the prompt
     (rlvr.token_bound); tokenizing a 10 MB prompt would cost gigabytes before the exact check."""
-    budget = max_context - cfg.rollout.max_new_tokens
+    key, response = _response_budget(cfg)
+    budget = max_context - response
     if min_tokens(text, per_token) > budget:
         raise ConfigError(
             f"{where}: the prompt has {len(text)} characters, so at least "
             f"{min_tokens(text, per_token)} tokens (a token of this tokenizer stands for at most "
-            f"{per_token:g} characters); with rollout.max_new_tokens "
-            f"{cfg.rollout.max_new_tokens} it exceeds the model's context of {max_context} tokens"
+            f"{per_token:g} characters); with {key} "
+            f"{response} it exceeds the model's context of {max_context} tokens"
         )
+
+
+def _response_budget(cfg: Config) -> tuple[str, int]:
+    """The key and value of a response's longest length: with tools, the total budget of the
+    model's and the tools' tokens (docs/tools.md), else max_new_tokens."""
+    r = cfg.rollout
+    if r.max_total_tokens is not None:
+        return "rollout.max_total_tokens", r.max_total_tokens
+    return "rollout.max_new_tokens", r.max_new_tokens
 
 
 def load_prompts(cfg: Config, tokenizer, max_context: int | None) -> PromptSource:
@@ -152,13 +162,14 @@ def load_prompts(cfg: Config, tokenizer, max_context: int | None) -> PromptSourc
             f"the {len(source.train)} training prompts of {source.name}"
         )
     if max_context is not None:
-        budget = max_context - cfg.rollout.max_new_tokens
+        key, response = _response_budget(cfg)
+        budget = max_context - response
         for split, prompts in (("train", source.train), ("eval", source.eval)):
             for i, p in enumerate(prompts):
                 if len(p.ids) > budget:
                     raise ConfigError(
-                        f"rollout.max_new_tokens: {split} prompt {i} has {len(p.ids)} tokens; with "
-                        f"max_new_tokens {cfg.rollout.max_new_tokens} it exceeds the model's "
+                        f"{key}: {split} prompt {i} has {len(p.ids)} tokens; with "
+                        f"{key.split('.')[1]} {response} it exceeds the model's "
                         f"context of {max_context} tokens"
                     )
     return source
