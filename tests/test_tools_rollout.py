@@ -191,7 +191,9 @@ def test_sampled_log_probs_are_the_trainers(setup, path):
 
     tok, box, model, ((a, _), (b, _)) = setup
     kw = {} if path == "backend" else {"backend": cpu.OFF}
-    fast = FastEngine(model, pad_id=tok.pad_token_id, eos_ids=[tok.eos_token_id], tools=box, **kw)
+    eos = [tok.eos_token_id]
+    # compacting whenever a row ends: rows retire in the steps their neighbours' tools answer
+    fast = FastEngine(model, pad_id=0, eos_ids=eos, tools=box, retire_fraction=1e-9, **kw)
     fast.tool_prefill = path == "prefill"
     params = SamplingParams(n=6, max_new_tokens=200, seed=3, row_seeds=(11, 12))
     r = fast.generate([a, b], params)
