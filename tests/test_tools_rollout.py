@@ -192,7 +192,7 @@ def test_sampled_log_probs_are_the_trainers(setup, path):
     tok, box, model, ((a, _), (b, _)) = setup
     kw = {} if path == "backend" else {"backend": cpu.OFF}
     eos = [tok.eos_token_id]
-    # compacting whenever a row ends: rows retire in the steps their neighbours' tools answer
+    # the batch compacted whenever a row ends, between and during other rows' tool turns
     fast = FastEngine(model, pad_id=0, eos_ids=eos, tools=box, retire_fraction=1e-9, **kw)
     fast.tool_prefill = path == "prefill"
     params = SamplingParams(n=6, max_new_tokens=200, seed=3, row_seeds=(11, 12))
