@@ -180,3 +180,44 @@ def test_critic_model_path_must_have_a_backbone(tmp_path):
     cfg = load_config(overrides={"critic": {"model": str(tmp_path / "missing")}}, preset="ppo")
     with pytest.raises((ConfigError, FileNotFoundError)):
         build_critic(cfg, CPU, Dist())
+
+
+def test_tool_tokens_get_no_advantage_no_value_target_and_gae_skips_them(tiny_model_dir, tokenizer):
+    """PPO's targets come from the loss mask, which drops tool tokens: their advantages and
+    critic targets are 0, the model's tokens get what GAE gives the row without the tool
+    tokens, and returns at tool positions do not change the critic's update."""
+    from rlvr.algos import gae
+    from rlvr.train.batch import Batch
+    from rlvr.train.ppo import token_advantages
+
+    cfg = _cfg(tiny_model_dir, lam=0.9, gamma=0.95)
+    tool = torch.tensor([False, False, True, True, True, False, False])
+    ids = torch.randint(5, 60, (7,), generator=torch.Generator().manual_seed(3)).tolist()
+    samples = [
+        Sample([9, 10, 11], ids, False, 1.0, True, 0, tool_mask=tool),
+        Sample([9, 12], ids[:4], False, 0.0, False, 1),
+    ]
+    values = torch.randn(2, 7, generator=torch.Generator().manual_seed(4))
+    got = token_advantages(Batch(samples, 2), cfg, None, Dist(), values)
+    mask = got.critic_targets.mask
+    assert mask[0].tolist() == [1, 1, 0, 0, 0, 1, 1] and mask[1].tolist() == [1] * 4 + [0] * 3
+    assert torch.all(got.advantages[0, 2:5] == 0) and torch.all(
+        got.critic_targets.returns[0, 2:5] == 0
+    )
+    own = ~tool  # the row without its tool tokens: the same GAE on the model's 4 tokens
+    rewards = torch.zeros(1, 4)
+    rewards[0, -1] = 1.0
+    _, expect = gae(rewards, values[:1, own], torch.ones(1, 4), gamma=0.95, lam=0.9)
+    assert_close(got.critic_targets.returns[0, own], expect[0])
+
+    def update(returns):
+        critic = build_critic(cfg, CPU, Dist())
+        old = predict_values(critic, samples, 7, cfg, tokenizer.pad_token_id, CPU)
+        t = CriticTargets(old_values=old, returns=returns, mask=mask)
+        critic_update(critic, samples, 2, t, cfg, tokenizer.pad_token_id, CPU)
+        return _weights(critic)
+
+    noisy = got.critic_targets.returns.clone()
+    noisy[0, 2:5] = 100.0  # what a tool token's target holds must not matter
+    a, b = update(got.critic_targets.returns), update(noisy)
+    assert all(torch.equal(a[k], b[k]) for k in a)
