@@ -6,6 +6,7 @@ import json
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -16,6 +17,8 @@ from rlvr.models import load_model
 from rlvr.train.batch import Sample, collate, token_log_probs
 from rlvr.train.policy import load_policy
 from rlvr.train.reference import ReferenceSync, mix_
+
+USER = f"{Path(__file__).parent / 'e2e_rewards.py'}:digit_share=1.0"
 
 
 def _policy(model_dir, **model):
@@ -131,7 +134,7 @@ def test_a_reset_without_a_reference_is_refused_by_name():
 
 def _args(model_dir, run, *extra):
     return [sys.executable, "-m", "rlvr", "train", "--preset", "grpo",
-            f"--model.name_or_path={model_dir}", "--algo.ref_sync_every=2",
+            f"--model.name_or_path={model_dir}", "--algo.ref_sync_every=2", f"--reward.extra={USER}",
             "--algo.ref_mixup_alpha=0.5", "--rollout.prompts_per_step=4",
             "--rollout.group_size=4", "--rollout.max_new_tokens=10", "--train.eval_size=8",
             "--data.train_size=64", "--optim.lr=1e-2", "--train.threads=1", "--save-every", "1",
@@ -163,4 +166,48 @@ def test_killed_between_resets_resumes_to_the_same_run(tiny_model_dir, tmp_path,
     cmd = [sys.executable, "-m", "rlvr", "train", "--resume", str(run), "--no-progress"]
     res = subprocess.run(cmd, capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
-    assert _rows(run) == rows  # kl included: the reset reference came back exactly
+    assert _rows(run) == rows  # bit for bit, kl included: the reference came back exactly
+
+
+def _ranks(model_dir, run, nproc, parallel):
+    from test_distributed import _run_group
+
+    args = _args(model_dir, run, "--nproc", str(nproc), f"--train.parallel={parallel}",
+                 "--algo.ref_sync_every=1", "--rollout.seed_per_prompt=true",
+                 "--optim.lr=1e-3", "--max-steps", "3", "--train.keep_checkpoints=5")  # fmt: skip
+    rc, err = _run_group(args)
+    assert rc == 0, err[-3000:]
+    return run
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp2"])
+def test_two_ranks_reset_the_reference_as_one_process(tiny_model_dir, tmp_path, parallel):
+    one = _ranks(tiny_model_dir, tmp_path / "one", 1, "ddp")
+    two = _ranks(tiny_model_dir, tmp_path / "two", 2, parallel)
+    m1, m2 = _rows(one), _rows(two)
+    assert [r.get("ref/reset") for r in m2] == [1.0, 1.0, 1.0]
+    for a, b in zip(m1, m2):
+        assert a["kl"] == pytest.approx(b["kl"], rel=1e-3, abs=1e-7)
+    for step in (1, 2, 3):
+        s1, s2 = (torch.load(r / "checkpoints" / f"step-{step:06d}" / "trainer_state.pt",
+                             weights_only=False)["outer"]["reference"] for r in (one, two))  # fmt: skip
+        assert s1["resets"] == s2["resets"] == step
+        for k, v in s1["weights"].items():
+            torch.testing.assert_close(v, s2["weights"][k], atol=1e-5, rtol=0, msg=k)
+
+
+def test_lora_adapters_start_from_the_run_seed(tiny_model_dir):
+    """A LoRA run starts from the same adapters every time (the resets' resume test needs it)."""
+    pytest.importorskip("peft")
+
+    def adapters(seed):
+        cfg = load_config(None, {"preset": "grpo", "train": {"seed": seed},
+                                 "model": {"name_or_path": str(tiny_model_dir), "lora_rank": 4}})  # fmt: skip
+        torch.manual_seed(seed + 100)  # the global RNG does not decide them
+        model = load_policy(cfg, None, torch.device("cpu")).model
+        return {k: v for k, v in model.state_dict().items() if "lora_A" in k}
+
+    a, b, c = adapters(0), adapters(0), adapters(1)
+    assert a and all(torch.equal(a[k], b[k]) for k in a)
+    assert any(not torch.equal(a[k], c[k]) for k in a)

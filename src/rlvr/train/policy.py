@@ -16,6 +16,7 @@ import torch
 
 from rlvr.config import Config, ConfigError
 from rlvr.models import load_model
+from rlvr.rollout.base import derive_seed
 
 
 @dataclass
@@ -96,8 +97,10 @@ def load_policy(
         if checkpoint is not None:
             model = peft.PeftModel.from_pretrained(base, str(checkpoint), is_trainable=True)
         else:
-            try:
-                model = peft.get_peft_model(base, _lora_config(cfg))
+            try:  # the adapters' initial A from the run's seed: a rerun starts the same
+                with torch.random.fork_rng(devices=[]):
+                    torch.manual_seed(derive_seed(cfg.train.seed, "lora-init"))
+                    model = peft.get_peft_model(base, _lora_config(cfg))
             except ValueError as e:  # e.g. target modules not found in the model
                 raise ConfigError(f"model.lora_target_modules: {e}") from None
         return Policy(_checkpointing(model, cfg).eval(), None)
