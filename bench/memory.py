@@ -126,29 +126,43 @@ def run_probe(name: str, shape: dict, length: int, gc: bool, lora: bool, work: P
     return {"probe": name, "length": length, "gc": gc, "lora": lora, **got}
 
 
-def features(rec: dict) -> tuple[float, float, float, float]:
-    """(runtime, state, activation, fixed) bytes of a probe with every constant at 1."""
-    shape = memory.Shape(**rec["shape"])
-    work = memory.Work(**rec["work"])
-    saved = memory.RUNTIME, memory.STATE, memory.ACTIVATION
-    memory.RUNTIME, memory.STATE, memory.ACTIVATION = 0.0, 1.0, 0.0
-    state = memory.predict(shape, work)
-    memory.STATE, memory.ACTIVATION = 0.0, 1.0
-    act = memory.predict(shape, work)
-    memory.RUNTIME, memory.STATE, memory.ACTIVATION = saved
-    return 1.0, state["state"], act["activations"], act["kv_cache"]
+def _parts(rec: dict, **constants) -> dict[str, float]:
+    """rlvr.run.memory.predict for a probe's recorded shape and work, with `constants` set."""
+    saved = {k: getattr(memory, k) for k in constants}
+    for k, v in constants.items():
+        setattr(memory, k, v)
+    try:
+        return memory.predict(memory.Shape(**rec["shape"]), memory.Work(**rec["work"]))
+    finally:
+        for k, v in saved.items():
+            setattr(memory, k, v)
 
 
-def fit(recs: list[dict]) -> tuple[float, float, float]:
-    """Least squares: peak - kv = RUNTIME + STATE x state + ACTIVATION x activations."""
+def fit(plain: list[dict], checkpointed: list[dict]) -> dict[str, float]:
+    """RUNTIME and ACTIVATION by least squares over probes without gradient checkpointing
+    (peak - state - KV cache = RUNTIME + ACTIVATION x activations, the parts counted with every
+    constant at 1), then GC_LAYERS, the one unknown left, from the checkpointed probes. STATE
+    stays 1 (weights, gradients and both AdamW moments all live): the probes cannot separate it
+    from the activations (both grow with the layers), and a free fit lands on 0.2, which
+    would promise room that a second micro-batch (gradients held through its forward) needs."""
     import torch
 
-    X = torch.tensor([features(r)[:3] for r in recs], dtype=torch.float64)
-    y = torch.tensor(
-        [r["peak_rss_mib"] * 2**20 - features(r)[3] for r in recs], dtype=torch.float64
-    )
-    sol = torch.linalg.lstsq(X, y.unsqueeze(1)).solution.squeeze(1)
-    return float(sol[0]), float(sol[1]), float(sol[2])
+    unit = dict(RUNTIME=0.0, STATE=1.0, ACTIVATION=1.0, GC_LAYERS=1.0)
+    rows, y = [], []
+    for r in plain:
+        p = _parts(r, **unit)
+        rows.append([1.0, p["activations"]])
+        y.append(r["peak_rss_mib"] * 2**20 - p["kv_cache"] - p["state"])
+    X, Y = torch.tensor(rows, dtype=torch.float64), torch.tensor(y, dtype=torch.float64)
+    runtime, act = torch.linalg.lstsq(X, Y.unsqueeze(1)).solution.squeeze(1).tolist()
+    got = dict(RUNTIME=runtime, STATE=1.0, ACTIVATION=act)
+    gcs = []
+    for r in checkpointed:  # activations are linear in GC_LAYERS: solve from two evaluations
+        a0 = _parts(r, **got, GC_LAYERS=0.0)
+        a1 = _parts(r, **got, GC_LAYERS=1.0)
+        gcs.append((r["peak_rss_mib"] * 2**20 - a0["total"]) / (a1["total"] - a0["total"]))
+    got["GC_LAYERS"] = sum(gcs) / len(gcs) if gcs else 1.0
+    return got
 
 
 def longest(limit_gib: float, lora: bool, gc: bool, vocab: int) -> int:
@@ -206,16 +220,22 @@ def main() -> None:
                 flush=True,
             )
     if args.fit:
-        probes = [done[n] for n, *_ in PROBES if n in done]
-        runtime, state, act = fit(probes)
+        plain = [done[n] for n, _, _, gc, lora in PROBES if n in done and not gc and not lora]
+        gc = [done[n] for n, _, _, gc, _ in PROBES if n in done and gc]
+        got = fit(plain, gc)
         print(
-            f"fit over {len(probes)} probes: RUNTIME {runtime / memory.GIB:.3f} GiB, "
-            f"STATE {state:.3f}, ACTIVATION {act:.3f}"
+            f"fit to {len(plain)} probes without and {len(gc)} with checkpointing: RUNTIME "
+            f"{got['RUNTIME'] / memory.GIB:.3f} GiB, STATE {got['STATE']:.3f}, ACTIVATION "
+            f"{got['ACTIVATION']:.3f}, GC_LAYERS {got['GC_LAYERS']:.2f}"
         )
-        for r in probes + [done[n] for n, *_ in LENGTHS if n in done]:
-            f = features(r)
-            pred = (runtime * f[0] + state * f[1] + act * f[2] + f[3]) / 2**20
-            print(f"  {r['probe']}: measured {r['peak_rss_mib']:.0f} MiB, fit {pred:.0f} MiB")
+        for k, v in got.items():
+            setattr(memory, k, v)  # for --limits below
+        for r in [done[n] for n, *_ in PROBES + LENGTHS if n in done]:
+            pred = _parts(r, **got)["total"] / 2**20
+            print(
+                f"  {r['probe']}: measured {r['peak_rss_mib']:.0f} MiB, model {pred:.0f} MiB "
+                f"({pred / r['peak_rss_mib'] - 1:+.0%})"
+            )
     if args.limits:
         for vocab in (108, QWEN05_VOCAB):
             for lora in (False, True):

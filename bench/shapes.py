@@ -236,6 +236,8 @@ def main() -> None:
     work = Path(args.keep or tmp.name)
     results_path.parent.mkdir(parents=True, exist_ok=True)
     for name in todo:
+        if not args.redo and name in load(results_path):  # another invocation measured it
+            continue
         rec = measure(name, args, work)
         with results_path.open("a") as f:
             f.write(json.dumps(rec) + "\n")

@@ -19,6 +19,7 @@ def unit(monkeypatch):
     monkeypatch.setattr(memory, "RUNTIME", 0.0)
     monkeypatch.setattr(memory, "STATE", 1.0)
     monkeypatch.setattr(memory, "ACTIVATION", 1.0)
+    monkeypatch.setattr(memory, "GC_LAYERS", 1.0)
 
 
 def test_predict_by_hand(unit):
@@ -41,6 +42,15 @@ def test_prompt_sharing_checkpointing_and_reference(unit):
     assert ref["state"] == 1600 + 400
     lora = predict(Shape(2, 4, 8, 2, 10, params=100, trainable=7), WORK)
     assert lora["state"] == 400 + 12 * 7
+
+
+def test_gc_layers_and_multipliers(unit, monkeypatch):
+    monkeypatch.setattr(memory, "GC_LAYERS", 2.5)
+    monkeypatch.setattr(memory, "ACTIVATION", 0.5)
+    monkeypatch.setattr(memory, "STATE", 2.0)
+    got = predict(SHAPE, Work(4, 2, 3, 5, gradient_checkpointing=True))
+    assert got["activations"] == 0.5 * 4 * 16 * (2 * 4 + 2.5 * 78 + 30)
+    assert got["state"] == 2 * 1600
 
 
 def test_runtime_and_multipliers_apply():
@@ -99,6 +109,24 @@ def test_shape_of_a_real_model(tiny_model):
     assert s.params == s.trainable == sum(p.numel() for p in tiny_model.parameters())
     tiny_model.model.embed_tokens.weight.requires_grad_(False)
     assert Shape.of(tiny_model).trainable == s.params - tiny_model.model.embed_tokens.weight.numel()
+
+
+def test_weights_off_the_cpu_are_not_guarded(tiny_model, monkeypatch):
+    from types import SimpleNamespace
+
+    monkeypatch.setenv("RLVR_MEMORY_LIMIT_GB", "0.001")
+    cfg = SimpleNamespace(
+        rollout=SimpleNamespace(prompts_per_step=2, group_size=4, max_new_tokens=8),
+        optim=SimpleNamespace(
+            micro_batch_sequences=4, share_prompt=True, gradient_checkpointing=False
+        ),
+    )
+    guard = MemoryGuard.for_run(cfg, tiny_model, 10, False)
+    assert guard.work == Work(8, 4, 10, 8, groups_per_micro=1)
+    with pytest.raises(MemoryBudgetError):
+        guard.check(1)
+    meta = tiny_model.to("meta")  # not on the CPU: host RAM is not what it uses
+    MemoryGuard.for_run(cfg, meta, 10, False).check(1)
 
 
 def test_cli_stops_before_the_first_step(tmp_path, capsys, monkeypatch):
