@@ -41,13 +41,13 @@ ARMS = ("rule", "frozen_rm", "iterative")
 def _args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--seeds", type=int, default=3)
-    p.add_argument("--steps", type=int, default=60)
+    p.add_argument("--steps", type=int, default=30)
     p.add_argument("--refresh-every", type=int, default=10)
     p.add_argument("--eval-every", type=int, default=10)
     p.add_argument("--eval-size", type=int, default=128)
     p.add_argument("--rm-prompts", type=int, default=1024, help="rlvr rm's training prompts")
     p.add_argument("--rm-epochs", type=int, default=3)
-    p.add_argument("--parallel", type=int, default=2, help="runs at a time")
+    p.add_argument("--parallel", type=int, default=3, help="runs at a time")
     p.add_argument("--out", type=Path, default=ROOT / "runs" / "iterative_rl")
     p.add_argument("--docs", type=Path, default=ROOT / "docs")
     p.add_argument("--report-only", action="store_true")
@@ -128,11 +128,13 @@ def load_run(run: Path) -> dict | None:
     curve += [(r["step"], r["eval/accuracy"]) for r in rows if "eval/accuracy" in r]
     agreement = [(r["step"], r["rm/agreement"]) for r in rows if "rm/agreement" in r]
     train_acc = [(r["step"], r["accuracy"]) for r in rows]
+    rm_reward = [(r["step"], r["reward/model"]) for r in rows if "reward/model" in r]
     time_s = sum(r["time/step"] for r in rows)
     return {
         "curve": curve,
         "agreement": agreement,
         "train_accuracy": train_acc,
+        "rm_reward": rm_reward,
         "final": s["eval_after"]["accuracy"],
         "before": s["eval_before"]["accuracy"],
         "steps": s["steps"],
@@ -167,6 +169,8 @@ def plot(results: dict[str, list[dict]], out: Path) -> list[str]:
         ("curve", "held-out accuracy (rule)", "accuracy.png", ARMS),
         ("train_accuracy", "training-batch accuracy (rule)", "train_accuracy.png", ARMS),
         ("agreement", "rm/agreement (RM verdict = rule verdict)", "agreement.png",
+         ("frozen_rm", "iterative")),
+        ("rm_reward", "reward/model: mean RM probability of correct", "rm_reward.png",
          ("frozen_rm", "iterative")),
     )  # fmt: skip
     names = []

@@ -6,7 +6,8 @@ of the rule's score; everything else the trainer reads as "correct" (the accurac
 held-out evaluation) stays the rule's verdict, so a run judged by the rule can be trained by
 the model. Each training step's responses are kept with both verdicts: `rm/agreement` is the
 share where the model's (logit > 0) equals the rule's, so reward hacking shows as the two
-diverging.
+diverging; `rm/auc` is the model's ranking of them against the rule's (when both verdicts
+occur): agreement alone is high for a model that calls everything wrong once everything is.
 
 `IterativeRM` is the outer loop (`reward.model_refresh_every = M`): after every M steps the
 reward model trains further (BCE, AdamW at `reward.rm_lr`, `reward.rm_epochs` passes) on the
@@ -28,7 +29,7 @@ import torch
 from rlvr.rewards.scoring import Scorer, Scores
 from rlvr.rm.collect import records_from
 from rlvr.rm.fit import fit, make_optimizer
-from rlvr.rm.metrics import agreement
+from rlvr.rm.metrics import agreement, auc
 from rlvr.rm.model import RewardModel
 from rlvr.rm.records import Record, read_records
 from rlvr.rollout import derive_seed
@@ -113,6 +114,10 @@ class IterativeRM:
         labels = torch.tensor([r.correct for r in records], dtype=torch.bool)
         agree, n = self.d.sum([agreement(logits, labels) * len(records), float(len(records))])
         metrics = {"rm/agreement": agree / max(n, 1.0)}
+        every_rank = self.d.gather((logits, labels))
+        ranking = auc(torch.cat([x for x, _ in every_rank]), torch.cat([y for _, y in every_rank]))
+        if ranking is not None:  # both verdicts among the step's responses
+            metrics["rm/auc"] = ranking
         self.iteration += records
         every = self.cfg.reward.model_refresh_every
         if not every or step % every:
