@@ -138,7 +138,7 @@ def _parts(rec: dict, **constants) -> dict[str, float]:
             setattr(memory, k, v)
 
 
-def fit(plain: list[dict], checkpointed: list[dict]) -> dict[str, float]:
+def fit(plain: list[dict], checkpointed: list[dict], lora: list[dict]) -> dict[str, float]:
     """RUNTIME and ACTIVATION by least squares over probes without gradient checkpointing
     (peak - state - KV cache = RUNTIME + ACTIVATION x activations, the parts counted with every
     constant at 1), then GC_LAYERS, the one unknown left, from the checkpointed probes. STATE
@@ -147,7 +147,7 @@ def fit(plain: list[dict], checkpointed: list[dict]) -> dict[str, float]:
     would promise room that a second micro-batch (gradients held through its forward) needs."""
     import torch
 
-    unit = dict(RUNTIME=0.0, STATE=1.0, ACTIVATION=1.0, GC_LAYERS=1.0)
+    unit = dict(RUNTIME=0.0, STATE=1.0, ACTIVATION=1.0, GC_LAYERS=1.0, LORA_ACTIVATION=1.0)
     rows, y = [], []
     for r in plain:
         p = _parts(r, **unit)
@@ -155,13 +155,19 @@ def fit(plain: list[dict], checkpointed: list[dict]) -> dict[str, float]:
         y.append(r["peak_rss_mib"] * 2**20 - p["kv_cache"] - p["state"])
     X, Y = torch.tensor(rows, dtype=torch.float64), torch.tensor(y, dtype=torch.float64)
     runtime, act = torch.linalg.lstsq(X, Y.unsqueeze(1)).solution.squeeze(1).tolist()
-    got = dict(RUNTIME=runtime, STATE=1.0, ACTIVATION=act)
+    got = dict(RUNTIME=runtime, STATE=1.0, ACTIVATION=act, LORA_ACTIVATION=1.0)
     gcs = []
     for r in checkpointed:  # activations are linear in GC_LAYERS: solve from two evaluations
         a0 = _parts(r, **got, GC_LAYERS=0.0)
         a1 = _parts(r, **got, GC_LAYERS=1.0)
         gcs.append((r["peak_rss_mib"] * 2**20 - a0["total"]) / (a1["total"] - a0["total"]))
     got["GC_LAYERS"] = sum(gcs) / len(gcs) if gcs else 1.0
+    loras = []
+    for r in lora:  # the same for LORA_ACTIVATION, on the LoRA probes
+        a0 = _parts(r, **{**got, "LORA_ACTIVATION": 0.0})
+        a1 = _parts(r, **{**got, "LORA_ACTIVATION": 1.0})
+        loras.append((r["peak_rss_mib"] * 2**20 - a0["total"]) / (a1["total"] - a0["total"]))
+    got["LORA_ACTIVATION"] = sum(loras) / len(loras) if loras else 1.0
     return got
 
 
@@ -222,11 +228,13 @@ def main() -> None:
     if args.fit:
         plain = [done[n] for n, _, _, gc, lora in PROBES if n in done and not gc and not lora]
         gc = [done[n] for n, _, _, gc, _ in PROBES if n in done and gc]
-        got = fit(plain, gc)
+        lora = [done[n] for n, _, _, _, lora in PROBES if n in done and lora]
+        got = fit(plain, gc, lora)
         print(
             f"fit to {len(plain)} probes without and {len(gc)} with checkpointing: RUNTIME "
             f"{got['RUNTIME'] / memory.GIB:.3f} GiB, STATE {got['STATE']:.3f}, ACTIVATION "
-            f"{got['ACTIVATION']:.3f}, GC_LAYERS {got['GC_LAYERS']:.2f}"
+            f"{got['ACTIVATION']:.3f}, GC_LAYERS {got['GC_LAYERS']:.2f}, LORA_ACTIVATION "
+            f"{got['LORA_ACTIVATION']:.2f}"
         )
         for k, v in got.items():
             setattr(memory, k, v)  # for --limits below

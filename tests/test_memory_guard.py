@@ -20,6 +20,7 @@ def unit(monkeypatch):
     monkeypatch.setattr(memory, "STATE", 1.0)
     monkeypatch.setattr(memory, "ACTIVATION", 1.0)
     monkeypatch.setattr(memory, "GC_LAYERS", 1.0)
+    monkeypatch.setattr(memory, "LORA_ACTIVATION", 1.0)
 
 
 def test_predict_by_hand(unit):
@@ -33,7 +34,7 @@ def test_predict_by_hand(unit):
     assert got["total"] == 1600 + 11904 + 1024
 
 
-def test_prompt_sharing_checkpointing_and_reference(unit):
+def test_prompt_sharing_checkpointing_and_reference(unit, monkeypatch):
     shared = predict(SHAPE, Work(4, 2, 3, 5, groups_per_micro=1))
     assert shared["activations"] == 4 * (3 + 2 * 5) * (2 * 78 + 30)  # the prompt once
     gc = predict(SHAPE, Work(4, 2, 3, 5, gradient_checkpointing=True))
@@ -42,6 +43,9 @@ def test_prompt_sharing_checkpointing_and_reference(unit):
     assert ref["state"] == 1600 + 400
     lora = predict(Shape(2, 4, 8, 2, 10, params=100, trainable=7), WORK)
     assert lora["state"] == 400 + 12 * 7
+    monkeypatch.setattr(memory, "LORA_ACTIVATION", 1.5)  # under half trained: LoRA's factor
+    assert predict(Shape(2, 4, 8, 2, 10, 100, 49), WORK)["activations"] == 1.5 * 11904
+    assert predict(Shape(2, 4, 8, 2, 10, 100, 50), WORK)["activations"] == 11904
 
 
 def test_gc_layers_and_multipliers(unit, monkeypatch):
