@@ -1,18 +1,19 @@
 """rlvr against TRL's GRPOTrainer as the work grows: one axis at a time around a centre point.
 
-    python bench/shapes.py --quick        # three points, 1 warm-up + 1 timed step a run
-    python bench/shapes.py                # the grid, 1 warm-up + 2 timed steps a run
+    python bench/shapes.py --quick        # three points (~4 CPU minutes)
+    python bench/shapes.py                # the grid, 1 warm-up + 1 timed step a run, 1 thread
     python bench/shapes.py --points prompt400 --redo   # measure one point again
     python bench/shapes.py --table        # the Markdown table of what the results file holds
 
-Centre: a 30M-parameter Qwen2 (hidden 512, 7 layers, 8 heads, intermediate 2048; random
-init, seeded), 256 completion tokens forced, the arithmetic task's 47-token prompts, one
+Centre: a 27.6M-parameter Qwen2 (hidden 512, 7 layers, 8 heads, 4 key/value heads,
+intermediate 2048; random init, seeded), 256 completion tokens forced, the arithmetic task's 47-token prompts, one
 prompt x G=8 a step, fp32, beta 0. Axes: model 4M / 30M / 120M; response 64 / 256 / 1024;
 prompt 47 / 400 (a fixed system message in front of every prompt, shared by the G samples);
 G 8 / 16; fp32 / bf16 autocast. Every run is one child of `bench/vs_trl.py` (the same
 settings, timing hooks and FLOP counts, attention included); runs alternate TRL, rlvr per
-point, so both sides of a ratio see the same machine load. One prompt a step keeps the largest
-points (120M; 1024 tokens) under ~4 GiB for TRL.
+point, so both sides of a ratio see the same machine load; every phase is also timed in CPU
+time (`time.process_time`), which the table uses (see bench/README.md). One prompt a step keeps
+TRL's largest point (1024 tokens) at ~4.5 GiB.
 
 Each finished point is one JSON line appended to `--results` (default
 bench/results/shapes.jsonl); a rerun skips the points already there (`--redo` measures them
