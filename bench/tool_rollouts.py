@@ -3,8 +3,7 @@
     python bench/tool_rollouts.py [--model rlvr-tiny] [--prompts 16] [--group 8] [--repeats 3]
 
 Each path samples the same prompts (temperature 1, per-prompt seeds) with the task's `calc`
-tool and budgets (rollout.max_new_tokens / max_total_tokens from the built-in model's task
-defaults): the fast engine's torch path with a tool turn as one multi-token prefill of its
+tool and the built-in model's calc budgets (rollout.max_new_tokens / max_total_tokens): the fast engine's torch path with a tool turn as one multi-token prefill of its
 row, the same with the turn fed one token a step, the CPU backend's path (where its gate is
 on: fp32 weights on the CPU), and the hf engine's rounds. Prints the best of `--repeats`
 wall times, the rows' mean length, tool calls and tool tokens per row.
@@ -22,6 +21,7 @@ from rlvr.config import load_config
 from rlvr.models import eos_ids, load_model, load_tokenizer
 from rlvr.prompts import load_prompts
 from rlvr.rollout import FastEngine, HFEngine, SamplingParams
+from rlvr.schema import TINY_TASK_DEFAULTS
 from rlvr.tools import Toolbox
 
 
@@ -34,7 +34,10 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=1)
     args = p.parse_args()
     torch.set_num_threads(args.threads)
-    cfg = load_config(overrides={"data": {"task": "calc"}, "model": {"name_or_path": args.model}})
+    # the built-in model's calc budgets, whatever the model
+    budgets = TINY_TASK_DEFAULTS["calc"]["rollout"]
+    over = {"data": {"task": "calc"}, "model": {"name_or_path": args.model}, "rollout": budgets}
+    cfg = load_config(overrides=over)
     tok = load_tokenizer(args.model)
     model = load_model(args.model).eval()
     source = load_prompts(cfg, tok, model.config.max_position_embeddings)

@@ -2,6 +2,8 @@
 turns in one row while another row ends without a tool, the tool turns' mask, the rounds of
 the hf engine against a turn-by-turn `generate`, and the fast engine against both."""
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -198,6 +200,14 @@ def test_sampled_log_probs_are_the_trainers(setup, path):
     params = SamplingParams(n=6, max_new_tokens=200, seed=3, row_seeds=(11, 12))
     r = fast.generate([a, b], params)
     assert r.tool_calls.sum() > 3 and r.tool_errors.sum() > 0  # the case is exercised
+    trainer = rollout_log_probs(model, r, tok.pad_token_id)
+    own = r.response_mask.bool()
+    torch.testing.assert_close(r.sampling_log_probs[own], trainer[own], atol=2e-4, rtol=0)
+    # a total budget that rows reach at different steps while the others, and the rows that
+    # ended (never compacted away here), stay in the batch
+    fast.tools, fast.retire_fraction = Toolbox(["calc"], tok, max_total_tokens=110), None
+    r = fast.generate([a, b, a], replace(params, n=8, max_new_tokens=90, row_seeds=(3, 4, 5)))
+    assert 0 < r.truncated.sum() < len(r) and (r.lengths == 110).any()
     trainer = rollout_log_probs(model, r, tok.pad_token_id)
     own = r.response_mask.bool()
     torch.testing.assert_close(r.sampling_log_probs[own], trainer[own], atol=2e-4, rtol=0)

@@ -128,8 +128,8 @@ def decode_ragged(engine, logits, cache, prompt_mask, expand, generators, params
                 replies[k] = ids
         done = is_eos | full
         eos_seen[row_ids[is_eos].cpu()] = True
-        fed = alive.clone()  # rows whose token enters the cache this step
         alive &= ~done
+        fed = alive.clone()  # rows whose token's KV is kept: a row that ended needs none
         n_alive = int(alive.sum())
         if t == T - 1 or n_alive == 0:
             break
