@@ -127,12 +127,14 @@ def load_run(run: Path) -> dict | None:
     curve = [(0, s["eval_before"]["accuracy"])]
     curve += [(r["step"], r["eval/accuracy"]) for r in rows if "eval/accuracy" in r]
     agreement = [(r["step"], r["rm/agreement"]) for r in rows if "rm/agreement" in r]
+    ranking = [(r["step"], r["rm/auc"]) for r in rows if "rm/auc" in r]
     train_acc = [(r["step"], r["accuracy"]) for r in rows]
     rm_reward = [(r["step"], r["reward/model"]) for r in rows if "reward/model" in r]
     time_s = sum(r["time/step"] for r in rows)
     return {
         "curve": curve,
         "agreement": agreement,
+        "rm_auc": ranking,
         "train_accuracy": train_acc,
         "rm_reward": rm_reward,
         "final": s["eval_after"]["accuracy"],
@@ -214,10 +216,12 @@ def report(a: argparse.Namespace) -> None:
         last = [_mean([v for _, v in r["agreement"][-a.refresh_every:]]) for r in runs
                 if r["agreement"]]  # fmt: skip
         finals = [r["final"] for r in runs]
+        ranked = [v for r in runs for _, v in r["rm_auc"]]
         rows.append(
             f"| {arm} | {len(runs)} | {_mean([r['before'] for r in runs]):.3f} | "
             f"{_mean(finals):.3f} ({min(finals):.3f}-{max(finals):.3f}) | "
             + (f"{_mean(agree):.3f} / {_mean(last):.3f}" if agree else "-")
+            + (f" | {_mean(ranked):.3f} ({len(ranked)} steps)" if ranked else " | -")
             + f" | {_mean([r['step_time_s'] for r in runs]):.2f} | "
             f"{_mean([r['scoring_time_s'] for r in runs]):.3f} | "
             f"{_mean([r['wall_time_s'] for r in runs]):.0f} |"
@@ -225,8 +229,8 @@ def report(a: argparse.Namespace) -> None:
     table = "\n".join(
         [
             "| arm | seeds | held-out before | held-out after (min-max) | rm/agreement: mean / "
-            "last iteration | s/step | scoring s/step | wall s |",
-            "|---|---|---|---|---|---|---|---|",
+            "last iteration | rm/auc | s/step | scoring s/step | wall s |",
+            "|---|---|---|---|---|---|---|---|---|",
             *rows,
         ]
     )
