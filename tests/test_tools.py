@@ -220,7 +220,11 @@ def test_prompts_must_leave_room_for_the_total_budget(tmp_path):
     from rlvr.prompts import load_prompts
 
     tok = build_tokenizer()
-    over = {"data": {"task": "calc"}, "rollout": {"max_new_tokens": 100, "max_total_tokens": 200}}
+    over = {
+        "data": {"task": "calc", "train_size": 16},
+        "rollout": {"max_new_tokens": 100, "max_total_tokens": 200, "prompts_per_step": 4},
+        "train": {"eval_size": 4},
+    }
     cfg = load_config(overrides=over)
     n = len(load_prompts(cfg, tok, None).train[0].ids)
     load_prompts(cfg, tok, n + 200 + 20)  # room enough
