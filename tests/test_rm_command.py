@@ -121,3 +121,24 @@ def test_iterative_loop_resumed_mid_iteration_is_the_same_run(rm_run, tiny_model
     res = subprocess.run(cmd, capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
     assert _rows(run) == rows  # the reward model, its data and the reference came back exactly
+
+
+def test_reward_model_keys_are_refused_by_name(tmp_path):
+    from rlvr.config import ConfigError, load_config
+
+    cases = [
+        (
+            {"reward": {"model_refresh_every": 5}},
+            "reward.model_refresh_every: .*unless reward.model",
+        ),
+        ({"reward": {"model": str(tmp_path)}}, "reward.model: .*dynamic_sampling"),  # dapo
+        ({"reward": {"model": str(tmp_path / "nope")}, "preset": "grpo"}, "does not exist"),
+        ({"reward": {"rm_replay_frac": 1.5}, "preset": "grpo"}, r"rm_replay_frac: .*\[0, 1\]"),
+    ]
+    for changes, message in cases:
+        preset = changes.pop("preset", None)
+        with pytest.raises(ConfigError, match=message):
+            load_config(None, changes, preset=preset)
+    cfg = load_config(None, {"reward": {"model": str(tmp_path), "model_refresh_every": 3}},
+                      preset="grpo")  # fmt: skip
+    assert cfg.reward.rm_replay_frac == 0.1 and cfg.reward.model_refresh_every == 3
