@@ -144,6 +144,7 @@ def load_run(run: Path) -> dict | None:
         "step_time_s": time_s / max(len(rows), 1),
         "scoring_time_s": sum(r["time/scoring"] for r in rows) / max(len(rows), 1),
         "refresh_steps": [r["step"] for r in rows if r.get("rm/refresh")],
+        "refresh_time_s": sum(r.get("time/rm_refresh", 0.0) for r in rows),
         "wall_time_s": s["wall_time_s"],
     }
 

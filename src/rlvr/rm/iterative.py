@@ -21,6 +21,7 @@ middle of an iteration refreshes exactly as the uninterrupted one.
 
 from __future__ import annotations
 
+import time
 from dataclasses import asdict, replace
 from pathlib import Path
 
@@ -128,6 +129,7 @@ class IterativeRM:
     def refresh(self) -> dict[str, float]:
         """Train on this iteration's responses plus the replay sample; start the next one."""
         r, seed = self.cfg.reward, self.cfg.train.seed
+        t0 = time.perf_counter()
         new = [x for k, part in enumerate(self.d.gather(self.iteration)) for x in renumber(part, k)]
         replay = renumber(
             replay_sample(self.history, r.rm_replay_frac, derive_seed(seed, "rm-replay", self.refreshes)),
@@ -147,7 +149,8 @@ class IterativeRM:
         self.refreshes += 1
         loss = self.d.broadcast(sum(losses) / len(losses) if losses else float("nan"))
         return {"rm/refresh": 1.0, "rm/refresh_loss": loss, "rm/refresh_responses": len(new),
-                "rm/replay_responses": len(replay)}  # fmt: skip
+                "rm/replay_responses": len(replay),
+                "time/rm_refresh": time.perf_counter() - t0}  # fmt: skip
 
     def state(self) -> dict:
         return {
