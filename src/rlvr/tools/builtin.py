@@ -7,6 +7,7 @@ chat template shows the model comes from them (`transformers.utils.get_json_sche
 from __future__ import annotations
 
 import re
+import signal
 
 from rlvr.rewards.sandbox import Limits, run_python
 
@@ -38,7 +39,9 @@ def make_python_tool(isolation: str = "auto", timeout_s: float = 5.0, memory_mb:
             code: the program; print the values you need
         """
         result = run_python(str(code), limits=limits, isolation=isolation)
-        if result.timed_out:
+        # The wall clock (timed_out) or RLIMIT_CPU (ceil(timeout_s) CPU seconds, soft = hard:
+        # SIGKILL) stops a long program, whichever comes first on a loaded machine.
+        if result.timed_out or result.returncode == -signal.SIGKILL:
             raise TimeoutError(f"the program ran past {timeout_s:g} s")
         if result.returncode != 0:
             lines = result.stderr.strip().splitlines()
