@@ -19,9 +19,9 @@ import torch
 from rlvr import cpu
 from rlvr.config import load_config
 from rlvr.models import eos_ids, load_model, load_tokenizer
+from rlvr.presets import TINY_TASK_DEFAULTS
 from rlvr.prompts import load_prompts
 from rlvr.rollout import FastEngine, HFEngine, SamplingParams
-from rlvr.schema import TINY_TASK_DEFAULTS
 from rlvr.tools import Toolbox
 
 
