@@ -18,6 +18,7 @@ import torch
 
 from rlvr.rollout.base import Rollout
 from rlvr.rollout.ragged import decode_ragged
+from rlvr.rollout.turns import ToolTally
 
 
 def decode_with_tools(engine, logits, cache, plan, prompt_mask, expand, generators, params, rows):
@@ -48,7 +49,7 @@ def decode_with_tools(engine, logits, cache, plan, prompt_mask, expand, generato
     ends = torch.full((B,), T, dtype=torch.long)  # per output row: its length
     eos_seen = torch.zeros(B, dtype=torch.bool)
     close_last = box.close_ids[-1]
-    calls, errors, seconds = [0] * B, [0] * B, [0.0] * B
+    tally = ToolTally(box, B)
     turn_start = [0] * B
     queued: dict[int, list[int]] = {}  # output row -> tool tokens still to feed
     steps, streams = 0, generators
@@ -73,14 +74,9 @@ def decode_with_tools(engine, logits, cache, plan, prompt_mask, expand, generato
         maybe = own & ~is_eos & ~full & (tokens == close_last)
         for k in maybe.nonzero().flatten().tolist():
             r = int(row_ids[k])
-            turn = completion[r, turn_start[r] : t + 1].tolist()
-            n = len(box.close_ids)
-            if calls[r] >= box.max_calls or len(turn) < n or turn[-n:] != box.close_ids:
+            reply = tally.call(r, completion[r, turn_start[r] : t + 1].tolist())
+            if reply is None:
                 continue
-            reply = box.respond(turn)
-            calls[r] += 1
-            errors[r] += int(reply.result.error)
-            seconds[r] += reply.result.seconds
             queued[r] = reply.ids[: T - (t + 1)]
             turn_start[r] = t + 1 + len(queued[r])
         done = is_eos | full
@@ -119,9 +115,7 @@ def decode_with_tools(engine, logits, cache, plan, prompt_mask, expand, generato
         group_size=params.n,
         sampling_log_probs=log_probs[:, :width].cpu(),
         tool_mask=tool_mask[:, :width],
-        tool_calls=torch.tensor(calls, dtype=torch.long),
-        tool_errors=torch.tensor(errors, dtype=torch.long),
-        tool_seconds=torch.tensor(seconds, dtype=torch.float64),
+        **tally.rollout_fields(),
     )
 
 

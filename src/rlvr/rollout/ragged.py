@@ -19,6 +19,7 @@ import torch
 from transformers.cache_utils import StaticLayer
 
 from rlvr.rollout.base import Rollout
+from rlvr.rollout.turns import ToolTally
 
 
 class _RaggedState:
@@ -93,7 +94,7 @@ def decode_ragged(engine, logits, cache, prompt_mask, expand, generators, params
     eos = torch.tensor(engine.eos_ids, dtype=torch.long, device=device)
     model_count = torch.zeros(B, dtype=torch.long, device=device)
     eos_seen = torch.zeros(B, dtype=torch.bool)
-    calls, errors, seconds, turn_start = [0] * B, [0] * B, [0.0] * B, [0] * B
+    tally, turn_start = ToolTally(box, B), [0] * B
     streams = generators
     for t in range(T):
         tokens, lp = engine._sample(logits, params, None, streams, None, t)
@@ -108,14 +109,10 @@ def decode_ragged(engine, logits, cache, prompt_mask, expand, generators, params
         maybe = alive & ~is_eos & ~full & (tokens == box.close_ids[-1])
         replies = {}
         for k in maybe.nonzero().flatten().tolist():
-            r, n = int(row_ids[k]), len(box.close_ids)
-            turn = completion[r, turn_start[r] : int(w[r])].tolist()
-            if calls[r] >= box.max_calls or len(turn) < n or turn[-n:] != box.close_ids:
+            r = int(row_ids[k])
+            reply = tally.call(r, completion[r, turn_start[r] : int(w[r])].tolist())
+            if reply is None:
                 continue
-            reply = box.respond(turn)
-            calls[r] += 1
-            errors[r] += int(reply.result.error)
-            seconds[r] += reply.result.seconds
             ids = reply.ids[: T - int(w[r])]
             start = int(w[r])
             completion[r, start : start + len(ids)] = torch.tensor(ids, device=device)
@@ -167,9 +164,7 @@ def decode_ragged(engine, logits, cache, prompt_mask, expand, generators, params
         group_size=params.n,
         sampling_log_probs=log_probs[:, :width].cpu(),
         tool_mask=tool_mask[:, :width],
-        tool_calls=torch.tensor(calls, dtype=torch.long),
-        tool_errors=torch.tensor(errors, dtype=torch.long),
-        tool_seconds=torch.tensor(seconds, dtype=torch.float64),
+        **tally.rollout_fields(),
     )
 
 

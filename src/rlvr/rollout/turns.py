@@ -23,6 +23,7 @@ from rlvr.rollout.base import Rollout
 
 if TYPE_CHECKING:  # rlvr.tools imports the sandbox, which imports the rewards
     from rlvr.tools import Toolbox
+    from rlvr.tools.session import ToolReply
 
 
 @dataclass
@@ -54,12 +55,7 @@ class RowTurns:
         if self.model_tokens >= max_new or len(self.ids) >= total:
             self.done = True  # truncated: no budget left for a tool turn or another token
             return False
-        k = len(toolbox.close_ids)
-        return (
-            self.calls < toolbox.max_calls
-            and len(self.ids) - self.turn_start >= k
-            and self.ids[-k:] == toolbox.close_ids
-        )
+        return self.calls < toolbox.max_calls and toolbox.ends_call(self.ids[self.turn_start :])
 
     def run_tool(self, toolbox: Toolbox, total: int) -> list[int]:
         """Run the call ending the current turn; append (and return) the tool turn's ids,
@@ -77,6 +73,34 @@ class RowTurns:
         if len(self.ids) >= total:
             self.done = True
         return ids
+
+
+class ToolTally:
+    """The tool calls of a batch decoded in one loop (the fast engine's paths): per output row,
+    its calls, errors and tool seconds; `call` runs the call a row's turn ends with."""
+
+    def __init__(self, toolbox: Toolbox, rows: int):
+        self.toolbox = toolbox
+        self.calls, self.errors, self.seconds = [0] * rows, [0] * rows, [0.0] * rows
+
+    def call(self, row: int, turn: list[int]) -> ToolReply | None:
+        """Run the call that `turn` (the row's tokens since its last tool result) closes; None
+        where it closes none or the row has used its `max_calls`."""
+        if self.calls[row] >= self.toolbox.max_calls or not self.toolbox.ends_call(turn):
+            return None
+        reply = self.toolbox.respond(turn)
+        self.calls[row] += 1
+        self.errors[row] += int(reply.result.error)
+        self.seconds[row] += reply.result.seconds
+        return reply
+
+    def rollout_fields(self) -> dict[str, torch.Tensor]:
+        """The `Rollout` fields of the counts."""
+        return {
+            "tool_calls": torch.tensor(self.calls, dtype=torch.long),
+            "tool_errors": torch.tensor(self.errors, dtype=torch.long),
+            "tool_seconds": torch.tensor(self.seconds, dtype=torch.float64),
+        }
 
 
 def turns_rollout(
