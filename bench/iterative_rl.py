@@ -34,6 +34,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from rlvr.plots import load_run as load_metrics
+
 ROOT = Path(__file__).resolve().parent.parent
 ARMS = ("rule", "frozen_rm", "iterative")
 
@@ -119,11 +121,10 @@ def run_all(a: argparse.Namespace, rm: Path) -> None:
 
 
 def load_run(run: Path) -> dict | None:
-    summary = run / "summary.json"
-    if not summary.exists():
+    if not (run / "summary.json").exists():
         return None
-    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x]
-    s = json.loads(summary.read_text())
+    finished = load_metrics(run)
+    rows, s = finished.rows, finished.summary
     curve = [(0, s["eval_before"]["accuracy"])]
     curve += [(r["step"], r["eval/accuracy"]) for r in rows if "eval/accuracy" in r]
     agreement = [(r["step"], r["rm/agreement"]) for r in rows if "rm/agreement" in r]

@@ -31,6 +31,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from rlvr.plots import load_run as load_metrics
+
 ROOT = Path(__file__).resolve().parent.parent
 ALGOS = {  # preset -> responses per step (without dynamic-sampling refills)
     "ppo": 64,
@@ -104,11 +106,10 @@ def run_all(a: argparse.Namespace) -> None:
 
 
 def load_run(run: Path) -> dict | None:
-    summary = run / "summary.json"
-    if not summary.exists():
+    if not (run / "summary.json").exists():
         return None
-    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x]
-    s = json.loads(summary.read_text())
+    finished = load_metrics(run)
+    rows, s = finished.rows, finished.summary
     samples = time_s = 0.0
     curve = [(0, 0.0, s["eval_before"]["accuracy"])]
     for r in rows:
