@@ -18,7 +18,6 @@ one defined in a script is recorded by name and resumes through this API.
 
 from __future__ import annotations
 
-import dataclasses
 import importlib
 import json
 import re
@@ -29,16 +28,12 @@ from typing import Any
 
 from rlvr.config import Config, ConfigError, load_config, to_dict
 from rlvr.data import DatasetError
-
-# Keys a resumed run may change: none of them changes the math of the steps still to come.
-RESUME_SAFE = {
-    ("train", "max_steps"),
-    ("train", "save_every"),
-    ("train", "keep_checkpoints"),
-    ("train", "log_samples"),
-    ("train", "threads"),
-    ("train", "eval_every"),
-}
+from rlvr.run.stored_config import (
+    absolute_spec,
+    check_resume_changes,
+    resolve_paths,
+    stored_config,
+)
 
 
 @dataclass(frozen=True)
@@ -97,7 +92,7 @@ def _reward_names(funcs: Sequence[str | Callable]) -> tuple[list[str], dict[str,
     functions: dict[str, Callable] = {}
     for fn in funcs:
         if isinstance(fn, str):
-            names.append(_absolute_spec(fn))
+            names.append(absolute_spec(fn))
             continue
         if not callable(fn):
             raise ConfigError(f"reward_funcs: {fn!r} is neither a reward name nor callable")
@@ -123,7 +118,7 @@ def _tool_names(tools: Sequence[str | Callable]) -> tuple[list[str], dict[str, C
     functions: dict[str, Callable] = {}
     for fn in tools:
         if isinstance(fn, str):
-            names.append(_absolute_spec(fn))
+            names.append(absolute_spec(fn))
             continue
         if not callable(fn):
             raise ConfigError(f"tools: {fn!r} is neither a tool name nor a function")
@@ -146,40 +141,6 @@ def _reward_changes(
     extra = [f"{name}={float(w)!r}" for name, w in zip(names[1:], weights[1:])]
     changes = {"accuracy": names[0], "accuracy_weight": float(weights[0]), "extra": extra}
     return changes, functions
-
-
-def _absolute_spec(spec: str) -> str:
-    """A reward named by file ("path/f.py:fn") with the path made absolute; others as given."""
-    target, sep, attr = spec.rpartition(":")
-    if sep and (target.endswith(".py") or "/" in target) and Path(target).expanduser().exists():
-        return f"{Path(target).expanduser().resolve()}:{attr}"
-    return spec
-
-
-def resolve_paths(cfg: Config) -> Config:
-    """`cfg` with every local path absolute (data files, a local model directory, the run
-    directory, reward files), so the run's config.yaml resumes from any directory."""
-
-    def local(value: str | None) -> str | None:
-        if value is None:
-            return None
-        path = Path(value).expanduser()
-        return str(path.resolve()) if path.exists() else value
-
-    d, m, r, t = cfg.data, cfg.model, cfg.reward, cfg.train
-    extra = tuple(f"{_absolute_spec(name)}={w}" for name, w in (e.rsplit("=", 1) for e in r.extra))
-    params = {_absolute_spec(k): v for k, v in r.params.items()}
-    accuracy = r.accuracy if r.accuracy == "task" else _absolute_spec(r.accuracy)
-    output = str(Path(t.output_dir).expanduser().resolve()) if t.output_dir else None
-    return dataclasses.replace(
-        cfg,
-        data=dataclasses.replace(d, path=local(d.path), eval_path=local(d.eval_path)),
-        model=dataclasses.replace(m, name_or_path=local(m.name_or_path)),
-        reward=dataclasses.replace(
-            r, accuracy=accuracy, extra=extra, params=params, model=local(r.model)
-        ),
-        train=dataclasses.replace(t, output_dir=output),
-    )
 
 
 def _jsonable(value: Any) -> Any:
@@ -243,33 +204,6 @@ def _check_rows(cfg: Config, stem: str) -> None:
         line = int(e.where.rsplit(":", 1)[1]) if ":" in e.where else 1
         where = f"{stem}_dataset[{line - 1}]"
         raise DatasetError(where, e.field, str(e)[len(prefix) + 2 :]) from None
-
-
-def _stored_config(run_dir: Path) -> Config:
-    path = run_dir / "config.yaml"
-    if not path.is_file():
-        raise ConfigError(f"resume: {run_dir} holds no config.yaml (not a run directory)")
-    return load_config(path)
-
-
-def check_resume_changes(stored: Config, new: Config) -> None:
-    """Refuse a resumed run whose config differs from the stored one in a key that changes
-    the math (everything but RESUME_SAFE), naming the keys."""
-    a, b = to_dict(stored), to_dict(new)
-    bad = [
-        f"{s}.{k}"
-        for s in b
-        if isinstance(b[s], dict)
-        for k in b[s]
-        if (s, k) not in RESUME_SAFE and (s, k) != ("train", "output_dir") and a[s][k] != b[s][k]
-    ]
-    if a["preset"] != b["preset"]:
-        bad.insert(0, "preset")
-    if bad:
-        raise ConfigError(
-            f"resume: cannot change {', '.join(bad)} (it would change the run's math); "
-            f"allowed: {', '.join(f'{s}.{k}' for s, k in sorted(RESUME_SAFE))}"
-        )
 
 
 class Trainer:
@@ -377,7 +311,7 @@ class Trainer:
             if target is None:
                 raise ConfigError("resume_from_checkpoint=True needs output_dir")
             resume = Path(target).expanduser().resolve()
-            stored = _stored_config(resume)
+            stored = stored_config(resume)
         cfg = self._build(resume)
         if resume is not None:
             check_resume_changes(stored, cfg)

@@ -11,7 +11,6 @@ import sys
 from pathlib import Path
 
 from rlvr.ablate import cmd_ablate
-from rlvr.api import RESUME_SAFE, resolve_paths
 from rlvr.config import ConfigError, help_text, load_config, parse_overrides
 from rlvr.data import DatasetError
 from rlvr.evaluate import cmd_eval
@@ -21,6 +20,7 @@ from rlvr.rm.command import cmd_rm
 from rlvr.run.checkpoint import CheckpointError
 from rlvr.run.distributed import torchrun_rank
 from rlvr.run.health import TrainingHealthError
+from rlvr.run.stored_config import RESUME_SAFE, resolve_paths
 
 TRAIN_EPILOG = "config keys (override with --section.key=value):\n"
 

@@ -72,7 +72,7 @@ def _configs(args, overrides: dict) -> tuple:
     if args.config:
         raw = yaml.safe_load(Path(args.config).read_text()) or {}
         file_rm = raw.get("rm", {}) if isinstance(raw, dict) else {}
-    from rlvr.api import resolve_paths
+    from rlvr.run.stored_config import resolve_paths
 
     cfg = _without_rm_section(args.config, overrides)
     if args.output_dir:
