@@ -43,15 +43,8 @@ TAG_TOKENS = ("<think>", "</think>", "<answer>", "</answer>")
 # after the 100 ids above so that ids 0..103 keep their meaning.
 TOOL_TOKENS = ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>")
 
-# Qwen2.5-style ChatML template, without Qwen's default system prompt.
-PLAIN_CHAT_TEMPLATE = (
-    "{%- for message in messages %}"
-    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
-    "{%- endfor %}"
-    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
-)
-# The same with a "tool" role: the tool's result wrapped in <tool_response></tool_response>, as
-# Qwen2.5 renders it.
+# Qwen2.5-style ChatML template, without Qwen's default system prompt. A "tool" message is
+# the tool's result wrapped in <tool_response></tool_response>, as Qwen2.5 renders it.
 CHAT_TEMPLATE = (
     "{%- for message in messages %}"
     "{%- if message['role'] == 'tool' %}"
@@ -67,33 +60,32 @@ Dtype = Literal["float32", "bfloat16", "float16", "auto"]
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def build_tokenizer(tool_tokens: bool = True) -> PreTrainedTokenizerFast:
+def build_tokenizer() -> PreTrainedTokenizerFast:
     """A character-level tokenizer: one token per printable ASCII character and newline.
 
     Special tokens (single ids): ``<|endoftext|>`` (pad), ``<|im_start|>``, ``<|im_end|>``
     (eos), ``<unk>``; added non-special tokens: ``<think>``, ``</think>``, ``<answer>``,
     ``</answer>`` (ids 4..7) and ``<tool_call>``, ``</tool_call>``, ``<tool_response>``,
     ``</tool_response>`` (ids 104..107, after the characters). 108 ids, fixed by
-    construction, so the vocabulary never depends on data. ``tool_tokens=False`` gives the
-    104-id vocabulary without the tool tags and the template without the tool role, the
-    tokenizer the shipped ``rlvr-tiny`` was built with.
+    construction, so the vocabulary never depends on data.
     """
     specials = [PAD_TOKEN, IM_START, EOS_TOKEN, UNK_TOKEN]
-    tools = TOOL_TOKENS if tool_tokens else ()
     chars = ["\n", *string.printable[:95]]  # digits, letters, punctuation, space
-    vocab = {tok: i for i, tok in enumerate([*specials, *TAG_TOKENS, *chars, *tools])}
+    vocab = {tok: i for i, tok in enumerate([*specials, *TAG_TOKENS, *chars, *TOOL_TOKENS])}
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK_TOKEN))
     tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
     tok.decoder = decoders.Fuse()
     tok.add_special_tokens([AddedToken(t, normalized=False, special=True) for t in specials])
-    tok.add_tokens([AddedToken(t, normalized=False, special=False) for t in (*TAG_TOKENS, *tools)])
+    tok.add_tokens(
+        [AddedToken(t, normalized=False, special=False) for t in (*TAG_TOKENS, *TOOL_TOKENS)]
+    )
     return PreTrainedTokenizerFast(
         tokenizer_object=tok,
         pad_token=PAD_TOKEN,
         eos_token=EOS_TOKEN,
         unk_token=UNK_TOKEN,
         additional_special_tokens=[IM_START],
-        chat_template=CHAT_TEMPLATE if tool_tokens else PLAIN_CHAT_TEMPLATE,
+        chat_template=CHAT_TEMPLATE,
         padding_side="left",
         clean_up_tokenization_spaces=False,
         model_max_length=512,
