@@ -73,7 +73,7 @@ def test_readme_python_example_runs_as_written(tmp_path):
     out = _run([sys.executable, "example.py"], cwd=tmp_path)
     run_dir, before, after, steps, model = out.stdout.split()
     assert (tmp_path / run_dir).is_dir() and model == "LlamaForCausalLM"
-    assert float(after) - float(before) >= 0.3 and 1 <= int(steps) <= 30
+    assert float(after) - float(before) >= 0.3 and 1 <= int(steps) <= 60
 
 
 @pytest.mark.slow

@@ -89,13 +89,15 @@ TINY_DEFAULTS: dict[str, dict[str, Any]] = {
 }
 
 # Per built-in task, on top of TINY_DEFAULTS (rlvr-tiny with `data.task` and no `data.path`):
-# a length cap that fits every reference answer, and for `calc` the budget of the model's
-# own tokens (two tool calls and the answer take about 125) within the whole response's
-# (tool turns included: 175-181 tokens). `calc`'s tool comes from the task (rollout.tools
-# empty). `arithmetic` is the default run as above.
+# a length cap that fits every reference answer, the run's length, and for `calc` the budget
+# of the model's own tokens (two tool calls and the answer take about 125) within the whole
+# response's (tool turns included: 175-181 tokens). `calc`'s tool comes from the task
+# (rollout.tools empty). Held-out accuracy of each default run on an idle 2-core machine
+# (256 prompts, T=1): arithmetic 0.336 -> 0.824 in 60 steps (36 s), chain 0.391 -> 0.809 in
+# 200 (249 s; +35 points at step 100), sort and calc in the README's task table.
 TINY_TASK_DEFAULTS: dict[str, dict[str, dict[str, Any]]] = {
     "arithmetic": {},
-    "chain": {"rollout": {"max_new_tokens": 64}},
+    "chain": {"rollout": {"max_new_tokens": 64}, "train": {"max_steps": 200}},
     "sort": {"rollout": {"max_new_tokens": 16}},
-    "calc": {"rollout": {"max_new_tokens": 160, "max_total_tokens": 224}},
+    "calc": {"rollout": {"max_new_tokens": 160, "max_total_tokens": 224}, "train": {"max_steps": 60}},
 }
