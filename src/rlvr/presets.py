@@ -99,5 +99,8 @@ TINY_TASK_DEFAULTS: dict[str, dict[str, dict[str, Any]]] = {
     "arithmetic": {},
     "chain": {"rollout": {"max_new_tokens": 64}, "train": {"max_steps": 200}},
     "sort": {"rollout": {"max_new_tokens": 16}},
-    "calc": {"rollout": {"max_new_tokens": 160, "max_total_tokens": 224}, "train": {"max_steps": 60}},
+    "calc": {
+        "rollout": {"max_new_tokens": 160, "max_total_tokens": 224},
+        "train": {"max_steps": 60},
+    },
 }
