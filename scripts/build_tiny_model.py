@@ -151,7 +151,7 @@ PHASES = (
         noisy=False,
         mix=(("arithmetic", 0.1), ("chain", 0.1), ("sort", 0.1), ("calc", 0.7)),
     ),
-    # chain's running sums: after the phases above its greedy accuracy is the lowest (62.5%)
+    # chain's running sums: after the phases above its greedy accuracy is the lowest (59.5%)
     Phase(
         "chain",
         steps=600,

@@ -9,7 +9,7 @@ import pytest
 from rlvr.cli import main
 from rlvr.tasks import TASKS
 
-# Steps per task, about a third to a half of each default run (time on an idle 2-core machine).
+# Steps per task: half to two thirds of each default run (TINY_TASK_DEFAULTS), a few minutes here.
 STEPS = {"arithmetic": 40, "chain": 120, "sort": 30, "calc": 40}
 
 
