@@ -62,6 +62,19 @@ def test_tiny_defaults_apply_only_to_the_builtin_model(tmp_path):
     assert cfg.optim.lr == 1e-6  # the papers' default for real models
 
 
+def test_tiny_preset_defaults_follow_the_preset(tmp_path):
+    ppo = load_config(None, [], preset="ppo")
+    assert (ppo.optim.lr, ppo.train.max_steps, ppo.critic.lr) == (2e-4, 200, 1e-3)
+    assert load_config(None, [], preset="grpo").optim.lr == 4e-4  # other presets keep 4e-4
+    assert load_config(None, ["--optim.lr=3e-4"], preset="ppo").optim.lr == 3e-4  # user wins
+    chain = load_config(None, ["--data.task=chain"], preset="ppo")
+    assert (chain.optim.lr, chain.rollout.max_new_tokens) == (2e-4, 64)  # both layers apply
+    model_dir = tmp_path / "m"
+    model_dir.mkdir()
+    real = load_config(None, [f"--model.name_or_path={model_dir}"], preset="ppo")
+    assert real.optim.lr == 1e-6 and real.train.max_steps != 200  # not for a real model
+
+
 def test_tiny_task_defaults_follow_the_task(tmp_path):
     assert load_config().rollout.max_new_tokens == 32  # arithmetic: the default run
     chain = load_config(None, ["--data.task=chain"])

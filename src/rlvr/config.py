@@ -21,6 +21,7 @@ import yaml
 from rlvr.presets import (
     PRESETS,
     TINY_DEFAULTS,
+    TINY_PRESET_DEFAULTS,
     TINY_TASK_DEFAULTS,
 )
 from rlvr.schema import (  # noqa: F401 (re-exported: rlvr.config is the public module)
@@ -182,6 +183,9 @@ def load_config(
     user = _merge(file_changes, overrides)
     if user.get("model", {}).get("name_or_path", "rlvr-tiny") == "rlvr-tiny":
         cfg = apply_changes(cfg, TINY_DEFAULTS, "built-in tiny model defaults")
+        if name in TINY_PRESET_DEFAULTS:
+            changes = TINY_PRESET_DEFAULTS[name]
+            cfg = apply_changes(cfg, changes, f"built-in tiny model defaults for preset {name}")
         task = user.get("data", {}).get("task", cfg.data.task)
         if not user.get("data", {}).get("path") and task in TINY_TASK_DEFAULTS:
             changes = TINY_TASK_DEFAULTS[task]
