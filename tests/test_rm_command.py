@@ -55,9 +55,27 @@ def test_the_reward_model_reward_loads_it_and_scores_the_same(rm_run):
     torch.testing.assert_close(torch.tensor(theirs), ours, rtol=0, atol=1e-5)
 
 
+def test_token_readout_ends_at_the_score_and_starts_at_the_response(rm_run):
+    """The head at every position (token_bce trains them all) gives, at each text's last
+    token, the classifier's own score; the first response token is where the prompt ends."""
+    rm = RewardModel.load(rm_run / "model")
+    held_out = read_records(rm_run / "data" / "eval.jsonl")[:5]
+    prompts, responses = [r.prompt for r in held_out], [r.response for r in held_out]
+    ids, starts = rm.encode_with_starts(prompts, responses)
+    with torch.no_grad():
+        per_token, mask = rm.forward_tokens(ids)
+        last = per_token[torch.arange(len(ids)), mask.sum(1) - 1]
+        torch.testing.assert_close(last, rm.forward(ids), rtol=0, atol=1e-5)
+    for x, start, p, r in zip(ids, starts, prompts, responses, strict=True):
+        assert rm.tokenizer.decode(x[:start]) == p and rm.tokenizer.decode(x[start:]) == r
+    short = RewardModel(rm.model, rm.tokenizer, max_length=4)
+    ids, starts = short.encode_with_starts(prompts, responses)
+    assert all(len(x) == 4 for x in ids) and starts == [0] * len(ids)  # the cut reached them
+
+
 def test_bad_rm_keys_are_refused_by_name(tiny_model_dir, tmp_path, capsys):
     assert main(_rm_args(tiny_model_dir, tmp_path / "a", "--rm.loss=hinge")) == 2
-    assert "rm.loss: got 'hinge', expected one of 'bce', 'bt'" in capsys.readouterr().err
+    assert "rm.loss: got 'hinge', expected one of 'bce', 'token_bce', 'prefix_bce', 'bt'" in capsys.readouterr().err
     assert main(_rm_args(tiny_model_dir, tmp_path / "b", "--rm.bogus=1")) == 2
     assert "unknown key rm.bogus" in capsys.readouterr().err
     assert main(["rm", "--resume", str(tmp_path)]) == 2

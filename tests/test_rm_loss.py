@@ -7,9 +7,16 @@ import random
 import pytest
 import torch
 
-from rlvr.rm.fit import group_batches
+from rlvr.rm.fit import group_batches, response_mask
 from rlvr.rm.iterative import renumber, replay_sample
-from rlvr.rm.loss import bce_loss, bradley_terry_loss, pair_mask, rm_loss
+from rlvr.rm.loss import (
+    bce_loss,
+    bradley_terry_loss,
+    pair_mask,
+    prefix_values,
+    rm_loss,
+    token_bce_loss,
+)
 from rlvr.rm.metrics import agreement, auc, rm_metrics
 from rlvr.rm.records import Record, read_records, write_records
 
@@ -36,8 +43,46 @@ def test_bradley_terry_by_hand_pairs_only_within_a_group():
     assert int(pair_mask(labels, groups).sum()) == 2
     assert bradley_terry_loss(logits[3:5], labels[3:5], groups[3:5]) is None  # no pair
     assert rm_loss("bt", logits, labels, groups).item() == pytest.approx(by_hand, rel=1e-6)
-    with pytest.raises(ValueError, match="bce or bt"):
+    with pytest.raises(ValueError, match="bce, token_bce, prefix_bce or bt"):
         rm_loss("hinge", logits, labels, groups)
+
+
+def test_token_bce_by_hand_weighs_each_response_equally():
+    # row 0 (correct): response tokens at 1..2; row 1 (wrong): response tokens 2..4 of 5
+    logits = torch.tensor([[9.0, 1.0, -2.0, 0.0, 0.0], [9.0, 9.0, 0.5, 1.5, -1.0]])
+    attention = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]])
+    mask = response_mask(attention, [1, 2])
+    assert mask.tolist() == [[False, True, True, False, False], [False, False, True, True, True]]
+    row0 = -(math.log(_sig(1.0)) + math.log(_sig(-2.0))) / 2
+    row1 = -(math.log(1 - _sig(0.5)) + math.log(1 - _sig(1.5)) + math.log(1 - _sig(-1.0))) / 3
+    got = token_bce_loss(logits, torch.tensor([1.0, 0.0]), mask)
+    assert got.item() == pytest.approx((row0 + row1) / 2, rel=1e-6)
+    # a response of one token is the last-token bce
+    one = response_mask(torch.tensor([[1, 1, 1]]), [2])
+    x = torch.tensor([[5.0, 5.0, 0.7]])
+    assert token_bce_loss(x, torch.tensor([0.0]), one).item() == pytest.approx(
+        bce_loss(torch.tensor([0.7]), torch.tensor([0.0])).item(), rel=1e-6
+    )
+
+
+def test_prefix_values_by_hand():
+    # group 0: three responses share token 5; two continue with 6 (one right, one wrong),
+    # one with 7 (right). Group 1 repeats the wrong response's tokens: never pooled with 0.
+    responses = [[5, 6, 1], [5, 6, 2], [5, 7], [5, 6, 2]]
+    labels, groups = [True, False, True, False], [0, 0, 0, 1]
+    got = prefix_values(responses, labels, groups)
+    assert got == [[2 / 3, 1 / 2, 1.0], [2 / 3, 1 / 2, 0.0], [2 / 3, 1.0], [0.0, 0.0, 0.0]]
+    # identical responses share every prefix; a response's last value is its label when
+    # no other response equals it
+    assert prefix_values([[1, 2], [1, 2]], [True, True], [3, 3]) == [[1.0, 1.0], [1.0, 1.0]]
+
+
+def test_token_bce_takes_per_token_targets():
+    logits = torch.tensor([[0.3, -0.4, 2.0]])
+    mask = torch.tensor([[False, True, True]])
+    targets = torch.tensor([[0.0, 0.5, 1.0]])
+    by_hand = -(0.5 * math.log(_sig(-0.4)) + 0.5 * math.log(1 - _sig(-0.4)) + math.log(_sig(2.0)))
+    assert token_bce_loss(logits, targets, mask).item() == pytest.approx(by_hand / 2, rel=1e-6)
 
 
 def test_losses_have_the_hand_gradient():

@@ -18,8 +18,10 @@ from rlvr.schema import field_docs
 class RMConfig:
     """The reward model and its training.
 
-    loss: bce (pointwise, each response against its rule label) or bt (Bradley-Terry over the
-        (correct, wrong) pairs of each prompt's responses).
+    loss: bce (pointwise, each response's last-token logit against its rule label),
+        token_bce (the same at every response token, Cobbe et al. 2021), prefix_bce (every
+        token against its prefix's share of correct responses, Math-Shepherd's soft label) or
+        bt (Bradley-Terry over the (correct, wrong) pairs of each prompt's responses).
     lr: AdamW learning rate (constant).
     epochs: passes over the training responses.
     batch_groups: prompts per batch (each with all its responses).
@@ -32,7 +34,7 @@ class RMConfig:
     seed: the seed of the sampling, the head's initialisation and the batch order.
     """
 
-    loss: Literal["bce", "bt"] = "bce"
+    loss: Literal["bce", "token_bce", "prefix_bce", "bt"] = "bce"
     lr: float = 3e-4
     epochs: int = 3
     batch_groups: int = 8

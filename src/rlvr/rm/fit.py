@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import torch
 
-from rlvr.rm.loss import rm_loss
+from rlvr.rm.loss import prefix_values, rm_loss, token_bce_loss
 from rlvr.rm.model import RewardModel
 from rlvr.rm.records import Record
 from rlvr.rollout import derive_seed
@@ -34,6 +34,13 @@ def group_batches(
         [i for key in order[b : b + batch_groups] for i in groups[key]]
         for b in range(0, len(order), batch_groups)
     ]
+
+
+def response_mask(attention_mask: torch.Tensor, starts: list[int]) -> torch.Tensor:
+    """(B, W) 1 on each text's response tokens: from its start to its last valid token."""
+    cols = torch.arange(attention_mask.shape[1], device=attention_mask.device)
+    first = torch.tensor(starts, device=attention_mask.device)[:, None]
+    return attention_mask.bool() & (cols[None, :] >= first)
 
 
 def make_optimizer(rm: RewardModel, lr: float) -> torch.optim.Optimizer:
@@ -58,9 +65,12 @@ def fit(
 ) -> int:
     """Train from step `start_step` to the end of `epochs`; returns the last step.
     `on_step(step, metrics)` after each optimiser step; returning True stops after it."""
-    ids = rm.encode([r.prompt for r in records], [r.response for r in records])
+    ids, starts = rm.encode_with_starts([r.prompt for r in records], [r.response for r in records])
     labels = torch.tensor([r.correct for r in records], dtype=torch.float32)
     groups = torch.tensor([r.group for r in records])
+    if loss == "prefix_bce":
+        values = prefix_values([x[s:] for x, s in zip(ids, starts, strict=True)],
+                               [r.correct for r in records], [r.group for r in records])  # fmt: skip
     step = 0
     for epoch in range(epochs):
         for rows in group_batches(records, batch_groups, seed, epoch):
@@ -68,9 +78,20 @@ def fit(
             if step <= start_step:
                 continue
             rm.model.train()
-            logits = rm.forward([ids[i] for i in rows])
-            y = labels[rows].to(logits.device)
-            value = rm_loss(loss, logits, y, groups[rows].to(logits.device))
+            if loss in ("token_bce", "prefix_bce"):
+                logits, mask = rm.forward_tokens([ids[i] for i in rows])
+                mask = response_mask(mask, [starts[i] for i in rows])
+                if loss == "prefix_bce":
+                    targets = torch.zeros(logits.shape)
+                    for k, i in enumerate(rows):
+                        targets[k, starts[i] : len(ids[i])] = torch.tensor(values[i])
+                else:
+                    targets = labels[rows]
+                value = token_bce_loss(logits, targets.to(logits.device), mask)
+            else:
+                logits = rm.forward([ids[i] for i in rows])
+                y = labels[rows].to(logits.device)
+                value = rm_loss(loss, logits, y, groups[rows].to(logits.device))
             if value is not None:
                 optimizer.zero_grad(set_to_none=True)
                 value.backward()

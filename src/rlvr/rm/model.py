@@ -55,22 +55,49 @@ class RewardModel:
         self.tokenizer.save_pretrained(path)
 
     def encode(self, prompts: list[str], responses: list[str]) -> list[list[int]]:
+        return self.encode_with_starts(prompts, responses)[0]
+
+    def encode_with_starts(
+        self, prompts: list[str], responses: list[str]
+    ) -> tuple[list[list[int]], list[int]]:
+        """The encoded texts and, per text, the index of its first response token (the
+        prompt's token count, less what the left cut removed; 0 when the cut reached the
+        response)."""
         texts = [p + r for p, r in zip(prompts, responses, strict=True)]
         ids = self.tokenizer(texts, add_special_tokens=False)["input_ids"]
-        return [x[-self.max_length :] for x in ids]
+        n_prompt = self.tokenizer(list(prompts), add_special_tokens=False)["input_ids"]
+        out, starts = [], []
+        for x, p in zip(ids, n_prompt, strict=True):
+            cut = max(0, len(x) - self.max_length)
+            out.append(x[cut:])
+            starts.append(min(max(0, len(p) - cut), len(x) - cut - 1))
+        return out, starts
 
-    def forward(self, ids: list[list[int]]) -> torch.Tensor:
-        """(B,) logits of the encoded texts (with grad when enabled)."""
+    def _batch(self, ids: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
         width = max(len(x) for x in ids)
-        pad = self.tokenizer.pad_token_id
         device = next(self.model.parameters()).device
-        input_ids = torch.full((len(ids), width), pad, dtype=torch.long)
+        input_ids = torch.full((len(ids), width), self.tokenizer.pad_token_id, dtype=torch.long)
         mask = torch.zeros((len(ids), width), dtype=torch.long)
         for i, x in enumerate(ids):
             input_ids[i, : len(x)] = torch.tensor(x)
             mask[i, : len(x)] = 1
-        out = self.model(input_ids=input_ids.to(device), attention_mask=mask.to(device))
+        return input_ids.to(device), mask.to(device)
+
+    def forward(self, ids: list[list[int]]) -> torch.Tensor:
+        """(B,) logits of the encoded texts (with grad when enabled): the classifier's own
+        readout at each text's last token, what the `reward_model` reward reads."""
+        input_ids, mask = self._batch(ids)
+        out = self.model(input_ids=input_ids, attention_mask=mask)
         return out.logits[:, 0].float()
+
+    def forward_tokens(self, ids: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(B, W) logits of the scalar head at every position (the prediction after reading
+        tokens 0..t) and the (B, W) attention mask; the last valid position's logit is
+        `forward`'s."""
+        input_ids, mask = self._batch(ids)
+        backbone = getattr(self.model, self.model.base_model_prefix)
+        hidden = backbone(input_ids=input_ids, attention_mask=mask).last_hidden_state
+        return self.model.score(hidden).squeeze(-1).float(), mask
 
     @torch.no_grad()
     def score(self, prompts: list[str], responses: list[str], batch_size: int = 64) -> torch.Tensor:
