@@ -45,7 +45,7 @@ ALGOS = {  # preset -> responses per step (without dynamic-sampling refills)
 def _args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--seeds", type=int, default=3)
-    p.add_argument("--samples", type=int, default=3200, help="training responses per run")
+    p.add_argument("--samples", type=int, default=12800, help="training responses per run")
     p.add_argument("--eval-size", type=int, default=128)
     p.add_argument("--parallel", type=int, default=2, help="runs at a time")
     p.add_argument("--out", type=Path, default=ROOT / "runs" / "ppo_vs_grpo")
