@@ -73,11 +73,31 @@ def test_token_readout_ends_at_the_score_and_starts_at_the_response(rm_run):
     assert all(len(x) == 4 for x in ids) and starts == [0] * len(ids)  # the cut reached them
 
 
+def test_extra_layers_start_as_the_identity(tiny_model_dir):
+    """New decoder layers on the backbone add nothing until they train: the last hidden
+    states equal the backbone's own, and they are saved as an ordinary deeper classifier."""
+    base = RewardModel.from_backbone(str(tiny_model_dir), seed=0)
+    deeper = RewardModel.from_backbone(str(tiny_model_dir), seed=0, extra_layers=2)
+    n = base.model.config.num_hidden_layers
+    assert deeper.model.config.num_hidden_layers == n + 2
+    ids = torch.tensor([[5, 9, 14, 3, 7]])
+    with torch.no_grad():
+        a = base.model.model(input_ids=ids).last_hidden_state
+        b = deeper.model.model(input_ids=ids).last_hidden_state
+    torch.testing.assert_close(a, b)
+    assert deeper.model.model.layers[n].self_attn.q_proj.weight.abs().sum() > 0  # it can learn
+
+
 def test_bad_rm_keys_are_refused_by_name(tiny_model_dir, tmp_path, capsys):
     assert main(_rm_args(tiny_model_dir, tmp_path / "a", "--rm.loss=hinge")) == 2
-    assert "rm.loss: got 'hinge', expected one of 'bce', 'token_bce', 'prefix_bce', 'bt'" in capsys.readouterr().err
+    assert (
+        "rm.loss: got 'hinge', expected one of 'bce', 'token_bce', 'prefix_bce', 'bt'"
+        in capsys.readouterr().err
+    )
     assert main(_rm_args(tiny_model_dir, tmp_path / "b", "--rm.bogus=1")) == 2
     assert "unknown key rm.bogus" in capsys.readouterr().err
+    assert main(_rm_args(tiny_model_dir, tmp_path / "c", "--rm.extra_layers=-1")) == 2
+    assert "rm.extra_layers: got -1, expected >= 0" in capsys.readouterr().err
     assert main(["rm", "--resume", str(tmp_path)]) == 2
     assert "not an `rlvr rm` run" in capsys.readouterr().err
 

@@ -182,7 +182,10 @@ def train_reward_model(cfg, rcfg: RMConfig, run_dir: Path, resume: bool, progres
     ckpt = resume_checkpoint(run_dir, rcfg.save_every, warn=console.print) if resume else None
     backbone = rcfg.backbone or cfg.model.name_or_path
     if ckpt is None:
-        rm = RewardModel.from_backbone(backbone, rcfg.seed, rcfg.max_length)
+        try:
+            rm = RewardModel.from_backbone(backbone, rcfg.seed, rcfg.max_length, rcfg.extra_layers)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
         start, opt_state = 0, None
         truncate_jsonl(run_dir / "metrics.jsonl", 0)
     else:

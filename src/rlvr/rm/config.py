@@ -30,6 +30,9 @@ class RMConfig:
     samples_per_prompt: responses sampled per prompt at rollout.temperature.
     max_length: tokens the reward model reads, cut from the left (the response's end is kept).
     backbone: the causal LM whose backbone carries the head (none = model.name_or_path).
+    extra_layers: new decoder layers stacked on the backbone's, each starting as the identity
+        (Llama-family models): room to compare each token with the backbone's own prediction
+        of it, which the last layer's output holds and no existing layer can read.
     save_every: checkpoint every N optimiser steps (0 = only at the end).
     seed: the seed of the sampling, the head's initialisation and the batch order.
     """
@@ -43,6 +46,7 @@ class RMConfig:
     samples_per_prompt: int = 8
     max_length: int = 512
     backbone: str | None = None
+    extra_layers: int = 0
     save_every: int = 50
     seed: int = 0
 
@@ -67,6 +71,8 @@ def rm_config(changes: dict[str, Any], source: str = "command line") -> RMConfig
         raise ConfigError(f"rm.samples_per_prompt: got {cfg.samples_per_prompt}, expected >= 1")
     if not cfg.lr > 0:
         raise ConfigError(f"rm.lr: got {cfg.lr!r}, expected > 0")
+    if cfg.extra_layers < 0:
+        raise ConfigError(f"rm.extra_layers: got {cfg.extra_layers!r}, expected >= 0")
     if cfg.save_every < 0:
         raise ConfigError(f"rm.save_every: got {cfg.save_every!r}, expected >= 0")
     return cfg

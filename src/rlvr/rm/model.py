@@ -24,18 +24,27 @@ class RewardModel:
         self.model.eval()  # no dropout: scores are a function of the weights
 
     @classmethod
-    def from_backbone(cls, name_or_path: str, seed: int, max_length: int = 512) -> RewardModel:
-        """A new reward model on `name_or_path`'s backbone, its head drawn from `seed`
-        without touching the global RNG."""
-        from transformers import AutoModelForSequenceClassification
+    def from_backbone(
+        cls, name_or_path: str, seed: int, max_length: int = 512, extra_layers: int = 0
+    ) -> RewardModel:
+        """A new reward model on `name_or_path`'s backbone, its head (and `extra_layers` new
+        decoder layers on top of the backbone's, each starting as the identity: its attention
+        and MLP output projections are zero) drawn from `seed` without touching the global
+        RNG."""
+        from transformers import AutoConfig, AutoModelForSequenceClassification
 
         path = resolve_model_path(name_or_path)
         tok = load_tokenizer(name_or_path)
+        config = AutoConfig.from_pretrained(path, num_labels=1)
+        base_layers = config.num_hidden_layers
+        config.num_hidden_layers = base_layers + extra_layers
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(derive_seed(seed, "rm-head"))
             model = AutoModelForSequenceClassification.from_pretrained(
-                path, num_labels=1, dtype=torch.float32
+                path, config=config, dtype=torch.float32
             )
+        if extra_layers:
+            _identity_layers(model, name_or_path, range(base_layers, config.num_hidden_layers))
         return cls(_configured(model, tok), tok, max_length)
 
     @classmethod
@@ -105,6 +114,24 @@ class RewardModel:
         ids = self.encode(prompts, responses)
         out = [self.forward(ids[i : i + batch_size]) for i in range(0, len(ids), batch_size)]
         return torch.cat(out).cpu() if out else torch.zeros(0)
+
+
+def _identity_layers(model: torch.nn.Module, name: str, indices: range) -> None:
+    """Zero the output projections of the new layers (Llama-family names), so each adds
+    nothing to the residual stream until it trains."""
+    layers = getattr(getattr(model, model.base_model_prefix), "layers", None)
+    for i in indices:
+        layer = layers[i] if layers is not None else None
+        outs = [getattr(getattr(layer, a, None), b, None)
+                for a, b in (("self_attn", "o_proj"), ("mlp", "down_proj"))]  # fmt: skip
+        if any(o is None for o in outs):
+            raise ValueError(f"rm.extra_layers: {name} has no Llama-style decoder layers "
+                             "(self_attn.o_proj, mlp.down_proj) to extend")  # fmt: skip
+        with torch.no_grad():
+            for o in outs:
+                o.weight.zero_()
+                if o.bias is not None:
+                    o.bias.zero_()
 
 
 def _configured(model: torch.nn.Module, tok) -> torch.nn.Module:
