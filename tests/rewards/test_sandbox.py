@@ -181,7 +181,10 @@ def test_stdin_and_exit_status():
 
 
 REFUSE = """
-from rlvr.rewards import sandbox
+import importlib.util, sys
+spec = importlib.util.spec_from_file_location("sandbox", sys.argv[1])
+sandbox = sys.modules["sandbox"] = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(sandbox)
 for isolation in ("auto", "namespaces"):
     try:
         sandbox.run_python("print('RAN')", isolation=isolation)
@@ -194,9 +197,11 @@ print(sandbox.run_python("print('opted out')", isolation="none").stdout.strip())
 def test_without_namespaces_model_code_runs_only_after_an_explicit_opt_out():
     """Where user namespaces are forbidden (here: max_user_namespaces=0 in a user namespace
     of its own), "auto" and "namespaces" refuse to run anything; only "none" runs."""
-    shell = 'echo 0 > /proc/sys/user/max_user_namespaces && exec "$0" -c "$1"'
-    r = subprocess.run(["unshare", "--user", "--map-root-user", "sh", "-c", shell, sys.executable,
-                        REFUSE], capture_output=True, text=True, timeout=120)  # fmt: skip
+    shell = 'echo 0 > /proc/sys/user/max_user_namespaces && exec "$0" -I -c "$1" "$2"'
+    sandbox_py = Path(__file__).resolve().parents[2] / "src/rlvr/rewards/sandbox.py"
+    exe = os.path.realpath(sys.executable)
+    r = subprocess.run(["unshare", "--user", "--map-root-user", "sh", "-c", shell, exe, REFUSE,
+                        str(sandbox_py)], capture_output=True, text=True, timeout=120)  # fmt: skip
     assert r.stdout.split("\n") == [
         "refused auto True",
         "refused namespaces True",
@@ -206,8 +211,11 @@ def test_without_namespaces_model_code_runs_only_after_an_explicit_opt_out():
 
 
 SMALL_NS = """
-from rlvr.rewards import sandbox
-print(sandbox.fresh_id())
+import importlib.util, sys
+spec = importlib.util.spec_from_file_location("sandbox", sys.argv[1])
+sandbox = sys.modules["sandbox"] = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(sandbox)
+print(sandbox._fresh_id())
 print(sandbox.run_python("import os; print(os.getuid(), os.path.exists('/proc'))").stdout)
 """
 
@@ -215,7 +223,9 @@ print(sandbox.run_python("import os; print(os.getuid(), os.path.exists('/proc'))
 def test_root_of_a_namespace_that_maps_one_uid_is_still_isolated():
     """Root in a container that maps few ids has no fresh uid to give the program; it runs
     as that root's own uid, in the same namespaces, as a non-root user's program does."""
-    r = subprocess.run(["unshare", "--user", "--map-root-user", sys.executable, "-c", SMALL_NS],
+    sandbox_py = Path(__file__).resolve().parents[2] / "src/rlvr/rewards/sandbox.py"
+    r = subprocess.run(["unshare", "--user", "--map-root-user", os.path.realpath(sys.executable),
+                        "-I", "-c", SMALL_NS, str(sandbox_py)],
                        capture_output=True, text=True, timeout=120)  # fmt: skip
     assert r.stdout.split("\n")[:2] == ["None", "1000 False"], r.stderr
 

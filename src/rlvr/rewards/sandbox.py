@@ -33,6 +33,9 @@ Isolation "auto" (the default) is "namespaces" where they work and otherwise ref
 anything (`SandboxUnavailable`). "none" is the explicit opt-out: limits, an empty
 environment, a fresh directory and a process group only; the program runs as the caller,
 can read its files and /proc and reach the network, and its setsid children can outlive it.
+
+This module and `_sandbox_init.py` import only the standard library, so a copy of the two runs
+on its own: the unprivileged tests load one as a user who cannot read the installed package.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ import json
 import math
 import os
 import re
+import secrets
 import select
 import shutil
 import signal
@@ -52,15 +56,6 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-
-from rlvr.rewards._host import (
-    fresh_id,
-    kill_group,
-    kill_until_dead,
-    nproc_is_per_namespace,
-    pids_of,
-    user_process_count,
-)
 
 _INIT = Path(__file__).with_name("_sandbox_init.py")
 SETUP_S = 30.0  # building the jail on a loaded machine; not part of the program's time
@@ -128,17 +123,62 @@ def _layout() -> tuple[list[str], list[str]]:
     return links, binds
 
 
+def _nproc_is_per_namespace() -> bool:
+    """RLIMIT_NPROC counts per user namespace since Linux 5.14."""
+    try:
+        major, minor = (int(x) for x in os.uname().release.split(".")[:2])
+    except ValueError:
+        return False
+    return (major, minor) >= (5, 14)
+
+
+def _user_process_count() -> int:
+    uid, n = os.getuid(), 0
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            with contextlib.suppress(OSError):
+                n += os.stat(f"/proc/{d}").st_uid == uid
+    return n
+
+
+def _id_ranges(path: str) -> list[tuple[int, int]]:
+    """[first, end) ranges of the ids this process's user namespace maps."""
+    try:
+        with open(path) as f:
+            rows = [line.split() for line in f if line.strip()]
+        return [(int(r[0]), int(r[0]) + int(r[2])) for r in rows]
+    except (OSError, ValueError, IndexError):
+        return []
+
+
+def _fresh_id(low: int = 1_000_000) -> int | None:
+    """A random id >= `low`, mapped here as both a uid and a gid, for the program to run as
+    (as root: one that owns no file and no process). None where no such id exists (root of
+    a container whose namespace maps only a few ids): the program then runs as our uid."""
+    uids, gids = _id_ranges("/proc/self/uid_map"), _id_ranges("/proc/self/gid_map")
+    spans = []
+    for a, b in uids:
+        for c, d in gids:
+            lo, hi = max(a, c, low), min(b, d, 1 << 31)
+            if hi - lo > 1000:
+                spans.append((lo, hi))
+    if not spans:
+        return None
+    lo, hi = spans[secrets.randbelow(len(spans))]
+    return lo + secrets.randbelow(hi - lo)
+
+
 def _config(mode: str, tmp: str, files: dict[str, str], argv_tail, lim: Limits, status_fd: int):
     srcs = {}
     for i, (name, text) in enumerate(files.items()):
         srcs[name] = os.path.join(tmp, f"file{i}")
         with open(os.open(srcs[name], os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
             f.write(text)
-    outer = fresh_id() if os.geteuid() == 0 else None
+    outer = _fresh_id() if os.geteuid() == 0 else None
     fresh = outer is not None
     procs = lim.max_procs + 1  # + the namespace's init
-    if mode == "none" or not (fresh or nproc_is_per_namespace()):
-        procs += user_process_count()  # RLIMIT_NPROC then counts all of this uid's processes
+    if mode == "none" or not (fresh or _nproc_is_per_namespace()):
+        procs += _user_process_count()  # RLIMIT_NPROC then counts all of this uid's processes
     links, binds = _layout()
     return {
         "mode": mode,
@@ -283,13 +323,13 @@ class SandboxProcess:
             os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait()
         if self.mode == "none":
-            kill_group(self.proc.pid)
+            _kill_group(self.proc.pid)
             return
         init = re.search(rb"^pid (\d+)$", self.status, re.MULTILINE)
         if init:
-            kill_until_dead([int(init[1])])
+            _kill_until_dead([int(init[1])])
         if self.uid is not None:
-            kill_until_dead(pids_of(self.uid), uid=self.uid)
+            _kill_until_dead(_pids_of(self.uid), uid=self.uid)
 
     def close(self) -> None:
         self.kill()
@@ -319,6 +359,56 @@ def _closing(fd: int):
 def _read(path: str, cap: int) -> bytes:
     with open(path, "rb") as f:
         return f.read(cap)
+
+
+def _alive(pid: int) -> bool:
+    """Running (zombies are dead: their parent reaps them, or nobody does, harmlessly)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def _kill_until_dead(pids: list[int], uid: int | None = None, wait_s: float = 5.0) -> None:
+    """SIGKILL `pids` (and, given `uid`, every new process of that uid) until none runs."""
+    deadline = time.monotonic() + wait_s
+    while pids and time.monotonic() < deadline:
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.002)
+        pids = _pids_of(uid) if uid is not None else [p for p in pids if _alive(p)]
+
+
+def _kill_group(pgid: int, wait_s: float = 5.0) -> None:
+    """SIGKILL a process group until no running member is left (a fork bomb keeps adding
+    members while the kernel delivers the signals)."""
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        members = [int(d) for d in os.listdir("/proc") if d.isdigit() and _pgid(int(d)) == pgid]
+        if not any(_alive(p) for p in members):
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, signal.SIGKILL)
+        time.sleep(0.005)
+
+
+def _pgid(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except OSError:
+        return None
+
+
+def _pids_of(uid: int) -> list[int]:
+    out = []
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            with contextlib.suppress(OSError):
+                if os.stat(f"/proc/{d}").st_uid == uid and _alive(int(d)):
+                    out.append(int(d))
+    return out
 
 
 _probe_lock = threading.Lock()
