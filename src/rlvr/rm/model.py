@@ -63,20 +63,23 @@ class RewardModel:
         self.model.save_pretrained(path, safe_serialization=True)
         self.tokenizer.save_pretrained(path)
 
+    def _texts(self, prompts: list[str], responses: list[str]) -> list[list[int]]:
+        texts = [p + r for p, r in zip(prompts, responses, strict=True)]
+        return self.tokenizer(texts, add_special_tokens=False)["input_ids"]
+
     def encode(self, prompts: list[str], responses: list[str]) -> list[list[int]]:
-        return self.encode_with_starts(prompts, responses)[0]
+        """Each prompt + response, cut from the left to `max_length` tokens."""
+        return [x[-self.max_length :] for x in self._texts(prompts, responses)]
 
     def encode_with_starts(
         self, prompts: list[str], responses: list[str]
     ) -> tuple[list[list[int]], list[int]]:
-        """The encoded texts and, per text, the index of its first response token (the
+        """`encode`'s texts and, per text, the index of its first response token (the
         prompt's token count, less what the left cut removed; 0 when the cut reached the
         response)."""
-        texts = [p + r for p, r in zip(prompts, responses, strict=True)]
-        ids = self.tokenizer(texts, add_special_tokens=False)["input_ids"]
         n_prompt = self.tokenizer(list(prompts), add_special_tokens=False)["input_ids"]
         out, starts = [], []
-        for x, p in zip(ids, n_prompt, strict=True):
+        for x, p in zip(self._texts(prompts, responses), n_prompt, strict=True):
             cut = max(0, len(x) - self.max_length)
             out.append(x[cut:])
             starts.append(min(max(0, len(p) - cut), len(x) - cut - 1))
