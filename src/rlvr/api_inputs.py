@@ -54,48 +54,56 @@ def importable(fn: Callable) -> str | None:
     return f"{module}:{name}" if obj is fn else None
 
 
-def reward_names(funcs: Sequence[str | Callable]) -> tuple[list[str], dict[str, Callable]]:
-    """Each reward's name in the config, and the callables by those names."""
-    from rlvr.rewards import FACTORIES
-
+def _named(
+    items: Sequence[str | Callable], refuse: str, name_of: Callable[[Callable, list[str]], str]
+) -> tuple[list[str], dict[str, Callable]]:
+    """Each item's name in the config (a string as given, made absolute where it is a path;
+    a callable by `name_of(fn, names so far)`) and the callables by those names; a
+    non-callable raises ConfigError with `refuse` formatted with it."""
     names: list[str] = []
     functions: dict[str, Callable] = {}
-    for fn in funcs:
+    for fn in items:
         if isinstance(fn, str):
             names.append(absolute_spec(fn))
             continue
         if not callable(fn):
-            raise ConfigError(f"reward_funcs: {fn!r} is neither a reward name nor callable")
-        name = importable(fn)
-        if name is None:
-            base = getattr(fn, "__name__", None) or getattr(
-                getattr(fn, "func", None), "__name__", type(fn).__name__
-            )
-            base = re.sub(r"\W", "_", base) or "reward"
-            name, n = base, 1
-            while name in FACTORIES or name in names or name in ("accuracy", "task"):
-                n += 1
-                name = f"{base}_{n}"
+            raise ConfigError(refuse.format(fn=fn))
+        name = name_of(fn, names)
         names.append(name)
         functions[name] = fn
     return names, functions
+
+
+def reward_names(funcs: Sequence[str | Callable]) -> tuple[list[str], dict[str, Callable]]:
+    """Each reward's name in the config, and the callables by those names: "module:function"
+    when importable, else its own name, numbered past the built-in rewards' and earlier ones."""
+    from rlvr.rewards import FACTORIES
+
+    def name_of(fn: Callable, names: list[str]) -> str:
+        name = importable(fn)
+        if name is not None:
+            return name
+        base = getattr(fn, "__name__", None) or getattr(
+            getattr(fn, "func", None), "__name__", type(fn).__name__
+        )
+        base = re.sub(r"\W", "_", base) or "reward"
+        name, n = base, 1
+        while name in FACTORIES or name in names or name in ("accuracy", "task"):
+            n += 1
+            name = f"{base}_{n}"
+        return name
+
+    return _named(funcs, "reward_funcs: {fn!r} is neither a reward name nor callable", name_of)
 
 
 def tool_names(tools: Sequence[str | Callable]) -> tuple[list[str], dict[str, Callable]]:
     """Each tool's name in `rollout.tools` ("module:function" when importable, else its
     own name) and the callables by those names (docs/tools.md)."""
-    names: list[str] = []
-    functions: dict[str, Callable] = {}
-    for fn in tools:
-        if isinstance(fn, str):
-            names.append(absolute_spec(fn))
-            continue
-        if not callable(fn):
-            raise ConfigError(f"tools: {fn!r} is neither a tool name nor a function")
-        name = importable(fn) or getattr(fn, "__name__", None) or type(fn).__name__
-        names.append(name)
-        functions[name] = fn
-    return names, functions
+
+    def name_of(fn: Callable, _names: list[str]) -> str:
+        return importable(fn) or getattr(fn, "__name__", None) or type(fn).__name__
+
+    return _named(tools, "tools: {fn!r} is neither a tool name nor a function", name_of)
 
 
 def reward_changes(
