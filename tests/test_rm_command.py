@@ -73,6 +73,16 @@ def test_token_readout_ends_at_the_score_and_starts_at_the_response(rm_run):
     assert all(len(x) == 4 for x in ids) and starts == [0] * len(ids)  # the cut reached them
 
 
+def test_the_classifier_arch_is_the_backbones_own_class(tiny_model_dir, tmp_path):
+    """rm.arch=classifier saves the backbone family's AutoModelForSequenceClassification
+    (LlamaForSequenceClassification here), loadable by transformers without rlvr's code."""
+    run = tmp_path / "run"
+    assert main(_rm_args(tiny_model_dir, run, "--rm.arch=classifier", "--rm.epochs=1")) == 0
+    config = json.loads((run / "model" / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForSequenceClassification"]
+    assert "auto_map" not in config and not list((run / "model").glob("*.py"))
+
+
 def test_extra_layers_start_as_the_identity(tiny_model_dir):
     """New decoder layers on the backbone add nothing until they train: the last hidden
     states equal the backbone's own, and they are saved as an ordinary deeper classifier."""
@@ -98,6 +108,10 @@ def test_bad_rm_keys_are_refused_by_name(tiny_model_dir, tmp_path, capsys):
     assert "unknown key rm.bogus" in capsys.readouterr().err
     assert main(_rm_args(tiny_model_dir, tmp_path / "c", "--rm.extra_layers=-1")) == 2
     assert "rm.extra_layers: got -1, expected >= 0" in capsys.readouterr().err
+    assert main(_rm_args(tiny_model_dir, tmp_path / "d", "--rm.extra_layers=1")) == 2
+    assert "rm.extra_layers: only rm.arch=classifier" in capsys.readouterr().err
+    assert main(_rm_args(tiny_model_dir, tmp_path / "e", "--rm.arch=mlp")) == 2
+    assert "rm.arch: got 'mlp', expected one of 'surprise', 'classifier'" in capsys.readouterr().err
     assert main(["rm", "--resume", str(tmp_path)]) == 2
     assert "not an `rlvr rm` run" in capsys.readouterr().err
 

@@ -19,6 +19,8 @@ def _load(model, tokenizer, auto_cls, device, dtype):
     from transformers import AutoTokenizer
 
     if isinstance(model, str):
+        import rlvr.rm.verifier  # noqa: F401  (registers `rlvr rm`'s rm.arch=surprise)
+
         tok = tokenizer if tokenizer is not None else AutoTokenizer.from_pretrained(model)
         kwargs = {"dtype": getattr(torch, dtype)} if isinstance(dtype, str) else {}
         model = getattr(__import__("transformers"), auto_cls).from_pretrained(model, **kwargs)

@@ -1,5 +1,7 @@
 """The reward model: a Hugging Face `AutoModelForSequenceClassification` with one label (a
-scalar head on a causal LM's backbone), so the `reward_model` reward loads its directory.
+scalar head on a causal LM's backbone), so the `reward_model` reward loads its directory:
+either the backbone's own classifier class (`rm.arch=classifier`) or `rlvr.rm.verifier`'s,
+which also reads the backbone's log-probabilities of the response (`rm.arch=surprise`).
 
 It reads the prompt as the policy continued it (chat template included) followed by the
 response, exactly the text the `reward_model` reward joins (`prompt_texts` + completion), cut
@@ -25,16 +27,28 @@ class RewardModel:
 
     @classmethod
     def from_backbone(
-        cls, name_or_path: str, seed: int, max_length: int = 512, extra_layers: int = 0
+        cls,
+        name_or_path: str,
+        seed: int,
+        max_length: int = 512,
+        extra_layers: int = 0,
+        arch: str = "classifier",
+        response_marker: list[int] | tuple = (),
     ) -> RewardModel:
-        """A new reward model on `name_or_path`'s backbone, its head (and `extra_layers` new
-        decoder layers on top of the backbone's, each starting as the identity: its attention
-        and MLP output projections are zero) drawn from `seed` without touching the global
-        RNG."""
+        """A new reward model on `name_or_path`'s backbone. `arch="classifier"`: the plain
+        last-token classifier, its head (and `extra_layers` new decoder layers on top of the
+        backbone's, each starting as the identity: its attention and MLP output projections
+        are zero) drawn from `seed` without touching the global RNG; `arch="surprise"`: the
+        whole causal LM with the head of `rlvr.rm.verifier` (which starts as the response's
+        lowest token log-probability after `response_marker`)."""
         from transformers import AutoConfig, AutoModelForSequenceClassification
 
         path = resolve_model_path(name_or_path)
         tok = load_tokenizer(name_or_path)
+        if arch == "surprise":
+            if extra_layers:
+                raise ValueError("rm.extra_layers: only rm.arch=classifier stacks new layers")
+            return cls(_configured(_surprise_model(path, response_marker), tok), tok, max_length)
         config = AutoConfig.from_pretrained(path, num_labels=1)
         base_layers = config.num_hidden_layers
         config.num_hidden_layers = base_layers + extra_layers
@@ -50,6 +64,8 @@ class RewardModel:
     @classmethod
     def load(cls, path: str | Path, max_length: int = 512) -> RewardModel:
         from transformers import AutoModelForSequenceClassification
+
+        import rlvr.rm.verifier  # noqa: F401  (registers rm.arch=surprise with the Auto classes)
 
         path = str(path)
         tok = load_tokenizer(path)
@@ -107,6 +123,8 @@ class RewardModel:
         tokens 0..t) and the (B, W) attention mask; the last valid position's logit is
         `forward`'s."""
         input_ids, mask = self._batch(ids)
+        if hasattr(self.model, "token_logits"):  # rm.arch=surprise
+            return self.model.token_logits(input_ids, mask), mask
         backbone = getattr(self.model, self.model.base_model_prefix)
         hidden = backbone(input_ids=input_ids, attention_mask=mask).last_hidden_state
         return self.model.score(hidden).squeeze(-1).float(), mask
@@ -117,6 +135,28 @@ class RewardModel:
         ids = self.encode(prompts, responses)
         out = [self.forward(ids[i : i + batch_size]) for i in range(0, len(ids), batch_size)]
         return torch.cat(out).cpu() if out else torch.zeros(0)
+
+
+def response_marker(tokenizer, prompts: list[str], limit: int = 16) -> list[int]:
+    """The token ids every prompt ends with (at most `limit`: the chat template's assistant
+    header, say), where each response starts; [] when the prompts share no last token."""
+    ids = tokenizer(list(prompts), add_special_tokens=False)["input_ids"]
+    n = min([len(x) for x in ids] + [limit])
+    while n and any(x[-n:] != ids[0][-n:] for x in ids):
+        n -= 1
+    return list(ids[0][-n:]) if n else []
+
+
+def _surprise_model(path: str, marker) -> torch.nn.Module:
+    from transformers import AutoModelForCausalLM
+
+    from rlvr.rm.verifier import SurpriseRMConfig, SurpriseRMForSequenceClassification
+
+    lm = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    config = SurpriseRMConfig(backbone=lm.config.to_dict(), response_marker=marker)
+    model = SurpriseRMForSequenceClassification(config)
+    model.lm.load_state_dict(lm.state_dict())
+    return model
 
 
 def _identity_layers(model: torch.nn.Module, name: str, indices: range) -> None:
