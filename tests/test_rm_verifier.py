@@ -121,3 +121,19 @@ def test_saved_model_loads_without_rlvr_and_in_the_reward(rm, tmp_path):
     module, *scores = res.stdout.split()
     assert not module.startswith("rlvr")
     torch.testing.assert_close(torch.tensor([float(s) for s in scores]), ours, atol=1e-5, rtol=0)
+
+
+def test_any_causal_lm_family_round_trips(tiny_qwen2_dir, tmp_path):
+    """A Qwen2 backbone (biases in q/k/v): built, saved, loaded, the same scores."""
+    rm = RewardModel.from_backbone(str(tiny_qwen2_dir), seed=0, arch="surprise",
+                                   response_marker=response_marker(_tok(tiny_qwen2_dir), PROMPTS))  # fmt: skip
+    assert rm.model.lm.config.model_type == "qwen2"
+    rm.save(tmp_path)
+    again = RewardModel.load(tmp_path)
+    torch.testing.assert_close(again.score(PROMPTS, RESPONSES), rm.score(PROMPTS, RESPONSES))
+
+
+def _tok(path):
+    from rlvr.models import load_tokenizer
+
+    return load_tokenizer(str(path))
