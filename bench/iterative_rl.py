@@ -38,6 +38,7 @@ from rlvr.plots import load_run as load_metrics
 
 ROOT = Path(__file__).resolve().parent.parent
 ARMS = ("rule", "frozen_rm", "iterative")
+COLORS = {"rule": "tab:blue", "frozen_rm": "tab:orange", "iterative": "tab:green"}
 
 
 def _args() -> argparse.Namespace:
@@ -158,7 +159,7 @@ def _band(ax, runs: list[dict], key: str, label: str) -> None:
     steps = sorted({st for r in runs for st, _ in r[key]})
     by_step = [[v for r in runs for st, v in r[key] if st == s] for s in steps]
     mean = [_mean(v) for v in by_step]
-    line = ax.plot(steps, mean, label=f"{label} ({len(runs)} seeds)")[0]
+    line = ax.plot(steps, mean, label=f"{label} ({len(runs)} seeds)", color=COLORS[label])[0]
     if len(runs) > 1:
         ax.fill_between(steps, [min(v) for v in by_step], [max(v) for v in by_step],
                         color=line.get_color(), alpha=0.15, linewidth=0)  # fmt: skip
@@ -175,6 +176,8 @@ def plot(results: dict[str, list[dict]], out: Path) -> list[str]:
         ("agreement", "rm/agreement (RM verdict = rule verdict)", "agreement.png",
          ("frozen_rm", "iterative")),
         ("rm_reward", "reward/model: mean RM probability of correct", "rm_reward.png",
+         ("frozen_rm", "iterative")),
+        ("rm_auc", "rm/auc: RM ranking of the step's responses (rule labels)", "rm_auc.png",
          ("frozen_rm", "iterative")),
     )  # fmt: skip
     names = []
