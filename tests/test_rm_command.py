@@ -132,6 +132,7 @@ def test_rm_killed_then_resumed_ends_with_the_same_weights(rm_run, tiny_model_di
     cmd = [sys.executable, "-m", "rlvr", "rm", "--resume", str(run), "--no-progress"]
     res = subprocess.run(cmd, capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
+    assert "Loading weights" not in res.stderr and "Writing model shards" not in res.stderr
     a, b = (
         load_file(str(rm_run / "model" / "model.safetensors")),
         load_file(str(run / "model" / "model.safetensors")),

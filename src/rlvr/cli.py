@@ -237,6 +237,8 @@ def _main(argv: list[str] | None) -> int:
             "\nrlvr COMMAND --help for details."
         )
         return 0
+    if "--no-progress" in argv:  # none of transformers' bars either (loading, saving shards)
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     try:
         return COMMANDS[argv[0]](argv[1:])
     except (ConfigError, FileNotFoundError, CheckpointError, DatasetError) as e:

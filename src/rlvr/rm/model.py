@@ -153,7 +153,8 @@ def _surprise_model(path: str, marker) -> torch.nn.Module:
     from rlvr.rm.verifier import SurpriseRMConfig, SurpriseRMForSequenceClassification
 
     lm = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    config = SurpriseRMConfig(backbone=lm.config.to_dict(), response_marker=marker)
+    backbone = {k: v for k, v in lm.config.to_dict().items() if k != "_name_or_path"}
+    config = SurpriseRMConfig(backbone=backbone, response_marker=marker)
     model = SurpriseRMForSequenceClassification(config)
     model.lm.load_state_dict(lm.state_dict())
     return model
