@@ -181,9 +181,9 @@ def train_reward_model(cfg, rcfg: RMConfig, run_dir: Path, resume: bool, progres
     t_data = time.time() - t0
     ckpt = resume_checkpoint(run_dir, rcfg.save_every, warn=console.print) if resume else None
     backbone = rcfg.backbone or cfg.model.name_or_path
-    from rlvr.models import load_tokenizer
-
     if ckpt is None:
+        from rlvr.models import load_tokenizer
+
         try:
             rm = RewardModel.from_backbone(
                 backbone, rcfg.seed, rcfg.max_length, rcfg.extra_layers, rcfg.arch,

@@ -140,7 +140,7 @@ class RewardModel:
 def response_marker(tokenizer, prompts: list[str], limit: int = 16) -> list[int]:
     """The token ids every prompt ends with (at most `limit`: the chat template's assistant
     header, say), where each response starts; [] when the prompts share no last token."""
-    ids = tokenizer(list(prompts), add_special_tokens=False)["input_ids"]
+    ids = tokenizer(list(dict.fromkeys(prompts)), add_special_tokens=False)["input_ids"]
     n = min([len(x) for x in ids] + [limit])
     while n and any(x[-n:] != ids[0][-n:] for x in ids):
         n -= 1
