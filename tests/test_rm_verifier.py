@@ -55,10 +55,13 @@ def test_the_initial_score_is_the_lowest_response_token_logprob(rm):
         assert got[k].item() == pytest.approx(min(lp[s - 1 :]), abs=1e-5)
 
 
-def test_per_position_readout_matches_a_plain_loop(rm):
+@pytest.mark.parametrize("logit_rows", [1024, 3])
+def test_per_position_readout_matches_a_plain_loop(rm, logit_rows, monkeypatch):
     """With every head weight nonzero: at each response position t, w . h_t + a . [min, mean
     of the response's log-probs up to t] + b; the last position's value is the score, with
-    the batch padded on the right and on the left alike."""
+    the batch padded on the right and on the left alike; the same when the vocabulary logits
+    are made a position at a time (3 rows for a batch of 2) instead of all at once."""
+    monkeypatch.setattr("rlvr.rm.verifier.LOGIT_ROWS", logit_rows)
     torch.manual_seed(0)
     m = rm.model
     with torch.no_grad():

@@ -39,6 +39,7 @@ from transformers import (
 from transformers.modeling_outputs import SequenceClassifierOutput
 
 FEATURES = ("min_logprob", "mean_logprob")
+LOGIT_ROWS = 1024  # positions x batch rows whose vocabulary logits exist at one time
 
 
 class SurpriseRMConfig(PretrainedConfig):
@@ -97,18 +98,34 @@ class SurpriseRMForSequenceClassification(PreTrainedModel):
         found = torch.where(hit, ends[None, :], torch.zeros_like(ends)[None, :]).amax(1)
         return torch.where(found > 0, found, torch.ones_like(found)).clamp(max=W)
 
+    def token_logprobs(self, hidden: torch.Tensor, input_ids: torch.Tensor, first: int):
+        """(B, W) log p(x_t | x_<t) for t >= `first` (0 before): the LM head applied to the
+        final hidden states a slice of positions at a time, so no (B, W, vocab) tensor is
+        held at once (a 150k vocabulary at 8 x 4,096 tokens would be 20 GB in fp32)."""
+        B, W = input_ids.shape
+        head = self.lm.get_output_embeddings()
+        cap = getattr(self.lm.config, "final_logit_softcapping", None)
+        lp = torch.zeros((B, W), dtype=torch.float32, device=input_ids.device)
+        step = max(1, LOGIT_ROWS // B)
+        for c in range(max(first, 1) - 1, W - 1, step):
+            logits = head(hidden[:, c : min(c + step, W - 1)]).float()  # tokens c + 1 ...
+            if cap:  # Gemma-2's soft cap, as its causal-LM forward applies it
+                logits = cap * torch.tanh(logits / cap)
+            t = slice(c + 1, c + 1 + logits.shape[1])
+            picked = logits.gather(-1, input_ids[:, t, None]).squeeze(-1)
+            lp[:, t] = picked - logits.logsumexp(-1)
+        return lp
+
     def token_logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None):
         """(B, W): the readout after each position, with the features over the response's
         tokens up to it (0 before the response starts)."""
         mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask
-        out = self.lm(input_ids=input_ids, attention_mask=mask, output_hidden_states=True)
-        logits, hidden = out.logits.float(), out.hidden_states[-1]
-        lp = torch.zeros(input_ids.shape, dtype=logits.dtype, device=logits.device)
-        lp[:, 1:] = logits[:, :-1].gather(-1, input_ids[:, 1:, None]).squeeze(-1) - logits[
-            :, :-1
-        ].logsumexp(-1)
+        backbone = getattr(self.lm, self.lm.base_model_prefix)
+        hidden = backbone(input_ids=input_ids, attention_mask=mask).last_hidden_state
+        starts = self.response_starts(input_ids, mask)
+        lp = self.token_logprobs(hidden, input_ids, int(starts.min()))
         cols = torch.arange(input_ids.shape[1], device=input_ids.device)
-        resp = mask.bool() & (cols[None, :] >= self.response_starts(input_ids, mask)[:, None])
+        resp = mask.bool() & (cols[None, :] >= starts[:, None])
         n = resp.cumsum(1)
         cummin = lp.masked_fill(~resp, float("inf")).cummin(1).values
         cummin = torch.where(n > 0, cummin, torch.zeros_like(cummin))
