@@ -19,11 +19,7 @@ RESPONSES = ["<think>3+4=7</think><answer>7</answer>", "<answer>8</answer>"]
 
 @pytest.fixture(scope="module")
 def rm(tiny_model_dir):
-    from rlvr.models import load_tokenizer
-
-    marker = response_marker(load_tokenizer(str(tiny_model_dir)), PROMPTS)
-    return RewardModel.from_backbone(str(tiny_model_dir), seed=0, arch="surprise",
-                                     response_marker=marker)  # fmt: skip
+    return RewardModel.from_backbone(str(tiny_model_dir), seed=0, arch="surprise", prompts=PROMPTS)
 
 
 def _logprobs(rm, ids: list[int]) -> list[float]:
@@ -128,15 +124,8 @@ def test_saved_model_loads_without_rlvr_and_in_the_reward(rm, tmp_path):
 
 def test_any_causal_lm_family_round_trips(tiny_qwen2_dir, tmp_path):
     """A Qwen2 backbone (biases in q/k/v): built, saved, loaded, the same scores."""
-    rm = RewardModel.from_backbone(str(tiny_qwen2_dir), seed=0, arch="surprise",
-                                   response_marker=response_marker(_tok(tiny_qwen2_dir), PROMPTS))  # fmt: skip
+    rm = RewardModel.from_backbone(str(tiny_qwen2_dir), seed=0, arch="surprise", prompts=PROMPTS)
     assert rm.model.lm.config.model_type == "qwen2"
     rm.save(tmp_path)
     again = RewardModel.load(tmp_path)
     torch.testing.assert_close(again.score(PROMPTS, RESPONSES), rm.score(PROMPTS, RESPONSES))
-
-
-def _tok(path):
-    from rlvr.models import load_tokenizer
-
-    return load_tokenizer(str(path))

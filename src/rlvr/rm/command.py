@@ -29,7 +29,7 @@ from rlvr.config import ConfigError, load_config, parse_overrides
 from rlvr.rm.config import RMConfig, dump, help_text, rm_config
 from rlvr.rm.fit import fit, make_optimizer, steps_per_epoch
 from rlvr.rm.metrics import rm_metrics
-from rlvr.rm.model import RewardModel, response_marker
+from rlvr.rm.model import RewardModel
 from rlvr.rm.records import Record, read_records, write_records
 from rlvr.run.checkpoint import load_trainer_state, resume_checkpoint, save_checkpoint
 from rlvr.run.rundir import prepare_run_dir, truncate_jsonl, unlock_run_dir
@@ -182,12 +182,10 @@ def train_reward_model(cfg, rcfg: RMConfig, run_dir: Path, resume: bool, progres
     ckpt = resume_checkpoint(run_dir, rcfg.save_every, warn=console.print) if resume else None
     backbone = rcfg.backbone or cfg.model.name_or_path
     if ckpt is None:
-        from rlvr.models import load_tokenizer
-
         try:
             rm = RewardModel.from_backbone(
                 backbone, rcfg.seed, rcfg.max_length, rcfg.extra_layers, rcfg.arch,
-                response_marker(load_tokenizer(backbone), [r.prompt for r in records]),
+                [r.prompt for r in records],
             )  # fmt: skip
         except ValueError as e:
             raise ConfigError(str(e)) from None

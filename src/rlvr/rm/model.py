@@ -33,14 +33,15 @@ class RewardModel:
         max_length: int = 512,
         extra_layers: int = 0,
         arch: str = "classifier",
-        response_marker: list[int] | tuple = (),
+        prompts: list[str] | tuple = (),
     ) -> RewardModel:
         """A new reward model on `name_or_path`'s backbone. `arch="classifier"`: the plain
         last-token classifier, its head (and `extra_layers` new decoder layers on top of the
         backbone's, each starting as the identity: its attention and MLP output projections
         are zero) drawn from `seed` without touching the global RNG; `arch="surprise"`: the
         whole causal LM with the head of `rlvr.rm.verifier` (which starts as the response's
-        lowest token log-probability after `response_marker`)."""
+        lowest token log-probability), the response found after the `prompts`' common last
+        tokens (`response_marker`)."""
         from transformers import AutoConfig, AutoModelForSequenceClassification
 
         path = resolve_model_path(name_or_path)
@@ -48,7 +49,8 @@ class RewardModel:
         if arch == "surprise":
             if extra_layers:
                 raise ValueError("rm.extra_layers: only rm.arch=classifier stacks new layers")
-            return cls(_configured(_surprise_model(path, response_marker), tok), tok, max_length)
+            model = _surprise_model(path, response_marker(tok, prompts) if prompts else [])
+            return cls(_configured(model, tok), tok, max_length)
         config = AutoConfig.from_pretrained(path, num_labels=1)
         base_layers = config.num_hidden_layers
         config.num_hidden_layers = base_layers + extra_layers
@@ -155,9 +157,7 @@ def _surprise_model(path: str, marker) -> torch.nn.Module:
     lm = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     backbone = {k: v for k, v in lm.config.to_dict().items() if k != "_name_or_path"}
     config = SurpriseRMConfig(backbone=backbone, response_marker=marker)
-    model = SurpriseRMForSequenceClassification(config)
-    model.lm.load_state_dict(lm.state_dict())
-    return model
+    return SurpriseRMForSequenceClassification(config, lm=lm)
 
 
 def _identity_layers(model: torch.nn.Module, name: str, indices: range) -> None:

@@ -59,12 +59,16 @@ class SurpriseRMForSequenceClassification(PreTrainedModel):
     config_class = SurpriseRMConfig
     base_model_prefix = "lm"
 
-    def __init__(self, config: SurpriseRMConfig):
+    def __init__(self, config: SurpriseRMConfig, lm: PreTrainedModel | None = None):
+        """`lm`: the loaded causal LM to wrap (its config is `config.backbone`); none (as
+        `from_pretrained` calls it): one built from `config.backbone`, weights loaded after."""
         super().__init__(config)
-        backbone = dict(config.backbone)
-        self.lm = AutoModelForCausalLM.from_config(
-            AutoConfig.for_model(backbone.pop("model_type"), **backbone)
-        )
+        if lm is None:
+            backbone = dict(config.backbone)
+            lm = AutoModelForCausalLM.from_config(
+                AutoConfig.for_model(backbone.pop("model_type"), **backbone)
+            )
+        self.lm = lm
         self.score = nn.Linear(self.lm.config.hidden_size, 1, bias=False)
         self.surprise = nn.Linear(len(FEATURES), 1)
         self.post_init()
@@ -95,8 +99,8 @@ class SurpriseRMForSequenceClassification(PreTrainedModel):
         windows = input_ids.unfold(1, m, 1)  # (B, W - m + 1, m)
         hit = (windows == marker).all(-1) & mask[:, m - 1 :].bool()
         ends = torch.arange(m, W + 1, device=input_ids.device)  # the token after each window
-        found = torch.where(hit, ends[None, :], torch.zeros_like(ends)[None, :]).amax(1)
-        return torch.where(found > 0, found, torch.ones_like(found)).clamp(max=W)
+        found = (hit * ends[None, :]).amax(1)
+        return torch.where(found > 0, found, 1)
 
     def token_logprobs(self, hidden: torch.Tensor, input_ids: torch.Tensor, first: int):
         """(B, W) log p(x_t | x_<t) for t >= `first` (0 before): the LM head applied to the
