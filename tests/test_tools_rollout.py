@@ -182,6 +182,21 @@ def test_vllm_rounds_logic_equals_the_hf_rounds(setup):
         assert got.tool_calls.tolist() == want.tool_calls.tolist()
 
 
+def _sample_until(engine, prompts, params, reached, tries=40):
+    """The first rollout, over row seeds tried in turn, for which `reached(rollout)` holds.
+
+    Which seed exercises a case depends on the CPU: the scripted model is trained in the
+    fixture, and each kernel set (AVX-512, AVX2, the default) rounds its logits differently,
+    so the same seed samples other tokens. Searching keeps the case certain on every machine;
+    the test fails only if none of `tries` seeds reaches it."""
+    for k in range(tries):
+        seeds = tuple(100 * k + i for i in range(len(prompts)))
+        rollout = engine.generate(prompts, replace(params, row_seeds=seeds))
+        if reached(rollout):
+            return rollout
+    pytest.fail(f"no row seeds of {tries} tried reached the case the test needs")
+
+
 @pytest.mark.parametrize("path", ["prefill", "per_step", "backend"])
 def test_sampled_log_probs_are_the_trainers(setup, path):
     """Sampled at temperature 1 (rows diverge: broken calls, error turns, calls at other
@@ -197,17 +212,22 @@ def test_sampled_log_probs_are_the_trainers(setup, path):
     # the batch compacted whenever a row ends, between and during other rows' tool turns
     fast = FastEngine(model, pad_id=0, eos_ids=eos, tools=box, retire_fraction=1e-9, **kw)
     fast.tool_prefill = path == "prefill"
-    params = SamplingParams(n=6, max_new_tokens=200, seed=3, row_seeds=(11, 12))
-    r = fast.generate([a, b], params)
-    assert r.tool_calls.sum() > 3 and r.tool_errors.sum() > 0  # the case is exercised
+    params = SamplingParams(n=6, max_new_tokens=200, seed=3)
+    r = _sample_until(
+        fast, [a, b], params, lambda r: r.tool_calls.sum() > 3 and r.tool_errors.sum() > 0
+    )
     trainer = rollout_log_probs(model, r, tok.pad_token_id)
     own = r.response_mask.bool()
     torch.testing.assert_close(r.sampling_log_probs[own], trainer[own], atol=2e-4, rtol=0)
     # a total budget that rows reach at different steps while the others, and the rows that
     # ended (never compacted away here), stay in the batch
     fast.tools, fast.retire_fraction = Toolbox(["calc"], tok, max_total_tokens=110), None
-    r = fast.generate([a, b, a], replace(params, n=8, max_new_tokens=90, row_seeds=(3, 4, 5)))
-    assert 0 < r.truncated.sum() < len(r) and (r.lengths == 110).any()
+    r = _sample_until(
+        fast,
+        [a, b, a],
+        replace(params, n=8, max_new_tokens=90),
+        lambda r: 0 < r.truncated.sum() < len(r) and (r.lengths == 110).any(),
+    )
     trainer = rollout_log_probs(model, r, tok.pad_token_id)
     own = r.response_mask.bool()
     torch.testing.assert_close(r.sampling_log_probs[own], trainer[own], atol=2e-4, rtol=0)
