@@ -185,7 +185,9 @@ def setup(
         policy=policy,
         module=module,
         engine=engine,
-        scorer=Scorer.build(cfg, source.task, given.reward_functions),
+        scorer=Scorer.build(
+            cfg, source.task, given.reward_functions, has_answer=source.has_answer
+        ),
         source=source,
         sampler=PromptSampler(len(source.train), cfg.train.seed),
         optimizer=optimizer,
