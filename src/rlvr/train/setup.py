@@ -48,14 +48,18 @@ from rlvr.train.ppo import kl_controller
 class Given:
     """Objects the Python API (`rlvr.api`) hands in instead of names in the config: a model
     and tokenizer, reward functions by the names `cfg.reward` uses, tool functions by the
-    names `rollout.tools` uses, and `callbacks`, each called as `fn(step, metrics)` after
-    every step (returning "stop" ends the run)."""
+    names `rollout.tools` uses, and `callbacks`: functions called as `fn(step, metrics)`
+    after every step (returning "stop" ends the run) and TrainerCallback objects
+    (`rlvr.run.callbacks`), given `callback_args` (TRL's GRPOConfig, when passed) and
+    on_log every `logging_steps` steps."""
 
     model: torch.nn.Module | None = None
     tokenizer: object | None = None
     reward_functions: dict[str, Callable] = field(default_factory=dict)
     tools: dict[str, Callable] = field(default_factory=dict)
     callbacks: tuple[Callable, ...] = ()
+    callback_args: object | None = None
+    logging_steps: int = 1
 
 
 def release_engine(engine) -> None:
@@ -185,9 +189,7 @@ def setup(
         policy=policy,
         module=module,
         engine=engine,
-        scorer=Scorer.build(
-            cfg, source.task, given.reward_functions, has_answer=source.has_answer
-        ),
+        scorer=Scorer.build(cfg, source.task, given.reward_functions, has_answer=source.has_answer),
         source=source,
         sampler=PromptSampler(len(source.train), cfg.train.seed),
         optimizer=optimizer,
