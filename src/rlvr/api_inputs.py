@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib
 import json
 import re
+import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ from typing import Any
 from rlvr.config import Config, ConfigError, to_dict
 from rlvr.data import DatasetError
 from rlvr.run.stored_config import absolute_spec
+from rlvr.trl_compat import SAME, alias, did_you_mean
 
 
 def overrides(config: Config | Mapping[str, Any] | None) -> dict[str, dict[str, Any]]:
@@ -35,8 +37,15 @@ def overrides(config: Config | Mapping[str, Any] | None) -> dict[str, dict[str, 
             out.setdefault(section, {})[name] = value
         elif isinstance(value, Mapping):
             out.setdefault(key, {}).update(value)
+        elif (trl := alias(key)) is not None:  # TRL's name for an rlvr key
+            section, name, note = trl
+            print(note, file=sys.stderr)
+            out.setdefault(section, {})[name] = value
         else:
-            raise ConfigError(f"config: {key!r} is neither 'section.key' nor a section mapping")
+            raise ConfigError(
+                f"config: {key!r} is neither 'section.key' nor a section mapping"
+                f"{did_you_mean(key, SAME)}"
+            )
     return out
 
 

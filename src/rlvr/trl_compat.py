@@ -44,7 +44,6 @@ SAME: dict[str, str] = {
     "temperature": "rollout.temperature",
     "top_p": "rollout.top_p",
     "top_k": "rollout.top_k",
-    "vllm_gpu_memory_utilization": "rollout.vllm_memory",
     "beta": "algo.kl_coef",
     "epsilon": "algo.clip_low",
     "epsilon_high": "algo.clip_high",
@@ -64,7 +63,7 @@ MAPPED = {
     "per_device_train_batch_size", "gradient_accumulation_steps", "steps_per_generation",
     "generation_batch_size", "max_steps", "num_train_epochs", "save_steps", "save_strategy",
     "eval_steps", "eval_strategy", "logging_steps", "logging_strategy", "loss_type",
-    "scale_rewards", "bf16", "fp16", "use_cpu", "use_vllm", "vllm_mode", "report_to",
+    "scale_rewards", "bf16", "fp16", "use_cpu", "use_vllm", "vllm_mode", "vllm_gpu_memory_utilization", "report_to",
     "sync_ref_model", "ref_model_sync_steps", "ref_model_mixup_alpha", "reward_weights",
     "activation_checkpointing", "lr_scheduler_type", "optim", "adam_epsilon",
 }  # fmt: skip
@@ -155,19 +154,22 @@ def _fields(args: Any) -> tuple[dict[str, Any], set[str], set[str]]:
             f"args: expected a trl.GRPOConfig or a mapping of its field names, got "
             f"{type(args).__name__}"
         )
-    values, given = {}, set()
-    for f in dataclasses.fields(args):
-        value = getattr(args, f.name)
-        values[f.name] = value
-        if f.default is not dataclasses.MISSING:
-            default = f.default
-        elif f.default_factory is not dataclasses.MISSING:
-            default = f.default_factory()
-        else:
-            default = None
-        if _plain(value) != _plain(default):
-            given.add(f.name)
+    reference = _reference(args)
+    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(args)}
+    given = {n for n, v in values.items() if _plain(v) != _plain(getattr(reference, n, None))}
     return values, given, set(values)
+
+
+def _reference(args: Any) -> Any:
+    """The object's class built with only the fields that decide its post-init defaults:
+    its other fields equal to this one's are TRL's defaults, not choices."""
+    keep = ("output_dir", "use_cpu", "bf16", "fp16")
+    try:
+        return type(args)(**{k: getattr(args, k) for k in keep if hasattr(args, k)})
+    except Exception as e:  # a GRPOConfig that refuses these alone: name why
+        raise ConfigError(
+            f"args: cannot read TRL's defaults from {type(args).__name__}: {e}"
+        ) from None
 
 
 def _exact(numerator: int, denominator: int, what: str) -> int:
@@ -207,12 +209,11 @@ def trl_changes(args: Any, *, num_rows: int | None = None, world_size: int = 1) 
     for name in sorted(given - known - set(WHY_NOT)):
         raise ConfigError(f"args: {name}={_plain(values[name])!r} has no meaning in rlvr")
     for name, key in SAME.items():
-        if name in values and (name in given or is_object):
-            if name in ("epsilon_high", "delta") and values[name] is None:
-                continue
-            if name == "output_dir" and not is_object and values[name] is None:
-                continue
+        if name in values and (name in given or is_object) and values[name] is not None:
             out.set(key, values[name])
+    if is_object and values.get("save_total_limit") is None:
+        notes.append("save_total_limit=None (TRL's default: keep every checkpoint) not applied: "
+                     "rlvr keeps the newest train.keep_checkpoints")  # fmt: skip
     if "epsilon" in values and values.get("epsilon_high") is None:
         out.set("algo.clip_high", values["epsilon"])  # TRL: epsilon_high defaults to epsilon
     _batch(values, given, is_object, world_size, out)
@@ -330,6 +331,7 @@ def _run(values, given, is_object, out: _Changes) -> None:
         if values.get("vllm_mode", "colocate") != "colocate":
             raise ConfigError("args: vllm_mode='server': rlvr runs vLLM colocated only")
         out.set("rollout.engine", "vllm")
+        out.set("rollout.vllm_memory", values.get("vllm_gpu_memory_utilization", 0.3))
     if values.get("activation_checkpointing") and is_object:
         out.set("optim.gradient_checkpointing", True)
     optim = _plain(values.get("optim", "adamw_torch_fused"))
