@@ -26,7 +26,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rlvr.api_inputs import check_rows, dataset_path, overrides, reward_changes, tool_names
+from rlvr.api_inputs import (
+    check_rows,
+    dataset_path,
+    overrides,
+    python_path,
+    reward_changes,
+    tool_names,
+)
 from rlvr.config import Config, ConfigError, load_config, to_dict
 from rlvr.run.callbacks import check_callbacks
 from rlvr.run.stored_config import (
@@ -134,6 +141,9 @@ class Trainer:
         if self.tools:
             names, self.tool_functions = tool_names(self.tools)
             changes.setdefault("rollout", {})["tools"] = names
+        roots = python_path([*self.functions.values(), *self.tool_functions.values()])
+        if roots and "python_path" not in changes.get("reward", {}):
+            changes.setdefault("reward", {})["python_path"] = roots
         return changes
 
     def _build(self, resume: Path | None) -> Config:

@@ -287,7 +287,9 @@ def load_prompt_dataset(
         if not isinstance(row, dict):
             raise DatasetError(where, None, f"expected an object, got {type(row).__name__}")
         if prompt_only is None:
-            prompt_only = optional_answer and not _has(row, answer_field) and _has(row, prompt_field)
+            prompt_only = (
+                optional_answer and not _has(row, answer_field) and _has(row, prompt_field)
+            )
         roles = (("prompt", prompt_field),) if prompt_only else (
             ("prompt", prompt_field), ("answer", answer_field))  # fmt: skip
         for role, name in roles:

@@ -64,7 +64,7 @@ def _reward_fn(spec: str, r: RewardConfig) -> Callable:
             raise ValueError(str(e)) from None
         params["isolation"] = r.sandbox_isolation
     if ":" in spec and r.isolate_user:
-        return ProcessReward(spec, params, _term_name(spec), r.timeout_s)
+        return ProcessReward(spec, params, _term_name(spec), r.timeout_s, r.python_path)
     return with_time_limit(make_reward(spec, **params), _term_name(spec), r.timeout_s)
 
 
@@ -106,7 +106,10 @@ class Scorer:
         """`functions` maps names used in `cfg.reward` to callables handed in by the Python
         API (they take precedence over the registry's names). `has_answer=False` (a
         prompt-only dataset) refuses, by name, a reward that needs the reference answer."""
+        from rlvr.rewards.user import extend_sys_path
+
         r, functions = cfg.reward, dict(functions or {})
+        extend_sys_path(r.python_path)
         if r.accuracy == "task" and task is None:
             raise ConfigError(
                 "reward.accuracy: 'task' needs a built-in task (data.path is set); "

@@ -225,10 +225,13 @@ def _optimizer(cfg: Config, model: torch.nn.Module):
 
 def _toolbox(cfg: Config, source: PromptSource, tokenizer, given: Given) -> Toolbox | None:
     """The tools of `rollout.tools`, else the task's own (docs/tools.md); None without any."""
+    from rlvr.rewards.user import extend_sys_path
+
     r = cfg.rollout
     specs = r.tools or tuple(getattr(source.task, "tools", ()) or ())
     if not specs:
         return None
+    extend_sys_path(cfg.reward.python_path)  # "module:function" tools of a script's module
     if r.min_new_tokens:
         raise ConfigError("rollout.min_new_tokens: got a value > 0, expected 0 with tools")
     tools = [given.tools.get(s, s) for s in specs]
