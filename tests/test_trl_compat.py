@@ -165,7 +165,7 @@ def test_a_grpo_config_object_carries_trl_defaults():
     assert c["train"]["max_steps"] == 3 and c["train"]["seed"] == 42
     assert any(n.startswith("lr_scheduler_type='linear' (TRL's default) not applied")
                for n in got.notes)  # fmt: skip
-    with pytest.raises(ConfigError, match="top_entropy_quantile=0.2: rlvr has no top-entropy"):
+    with pytest.raises(ConfigError, match=r"top_entropy_quantile=0\.2: rlvr has no top-entropy"):
         trl_changes(trl.GRPOConfig(output_dir="out", use_cpu=True, top_entropy_quantile=0.2))
     with pytest.raises(ConfigError, match="lr_scheduler_type='cosine'"):
         trl_changes(trl.GRPOConfig(output_dir="out", use_cpu=True, lr_scheduler_type="cosine"))
