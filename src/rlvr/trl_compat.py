@@ -305,6 +305,13 @@ def _algorithm(values, given, is_object, out: _Changes, notes: list[str]) -> Non
                    if loss == "bnpo" else "")  # fmt: skip
             raise ConfigError(f"args: loss_type={loss!r}: rlvr has {', '.join(LOSS_TYPES)}{why}")
         out.set("algo.agg", LOSS_TYPES[loss])
+    delta = values.get("delta")
+    high = values.get("epsilon_high") or values.get("epsilon") or 0.28  # dapo's clip_high
+    if delta is not None and delta <= 1 + high:
+        raise ConfigError(
+            f"args: delta={delta}: rlvr's dual_clip is TRL's delta only above 1 + epsilon_high "
+            f"({1 + high:g}); below it TRL's clamp also cuts positive-advantage tokens"
+        )
     if "scale_rewards" in values and (is_object or "scale_rewards" in given):
         scale = values["scale_rewards"]
         if scale not in SCALE_REWARDS:
