@@ -13,7 +13,12 @@ them. Reward functions: the first one is the accuracy reward (dynamic sampling a
 accuracy metrics read it: a score above `reward.correct_threshold`, default 0, is correct);
 the others are added to the total with their weights. A function defined in an importable
 module is recorded in config.yaml as "module:function", so `rlvr train --resume` can load it;
-one defined in a script is recorded by name and resumes through this API.
+one defined in a script is recorded by name and resumes through this API. A module's
+directory outside the installed packages is recorded as `reward.python_path`.
+
+TRL's shape is taken as well (docs/from_trl.md): `args=` (a `trl.GRPOConfig` or a mapping of
+its names, through rlvr.trl_compat), `processing_class=` (the tokenizer), `peft_config=` (a
+`peft.LoraConfig`) and `transformers.TrainerCallback` objects in `callbacks`.
 """
 
 from __future__ import annotations
@@ -118,6 +123,8 @@ class Trainer:
                 self.reward_weights = self.trl.reward_weights
             for section, values in self.trl.changes.items():
                 changes.setdefault(section, {}).update(values)
+            if self.output_dir is None:  # TRL's output_dir, for resume_from_checkpoint=True
+                self.output_dir = self.trl.changes.get("train", {}).get("output_dir")
         if self.peft_config is not None:
             changes.setdefault("model", {}).update(peft_changes(self.peft_config)["model"])
         model = self.model_arg

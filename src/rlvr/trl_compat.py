@@ -221,7 +221,9 @@ def trl_changes(args: Any, *, num_rows: int | None = None, world_size: int = 1) 
     _algorithm(values, given, is_object, out, notes)
     _run(values, given, is_object, out)
     logging = (
-        values.get("logging_steps", 1) if values.get("logging_strategy", "steps") != "no" else 0
+        values.get("logging_steps", 1)
+        if _plain(values.get("logging_strategy", "steps")) != "no"
+        else 0
     )
     weights = values.get("reward_weights")
     return TRLArgs(out.changes, notes, int(logging or 0), list(weights) if weights else None, args)
