@@ -191,3 +191,23 @@ def test_a_run_started_from_python_resumes_and_evaluates_from_the_cli(tmp_path):
         2,
     ]
     assert json.loads(out.stdout)["num_prompts"] == 2
+
+
+def test_python_path_reaches_the_isolated_reward_worker(tmp_path, monkeypatch):
+    from rlvr.rewards.limits import ProcessReward
+    from rlvr.rewards.user import extend_sys_path
+
+    (tmp_path / "beside_the_script.py").write_text(
+        "def brevity(completions, **kwargs):\n    return [-len(c) for c in completions]\n"
+    )
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    extend_sys_path([str(tmp_path)])
+    assert sys.path[0] == str(tmp_path)
+    spec = "beside_the_script:brevity"
+    with_path = ProcessReward(spec, {}, "brevity", 60.0, (str(tmp_path),))
+    assert with_path(completions=["ab", "abcd"]) == [-2, -4]
+    with_path.kill()
+    without = ProcessReward(spec, {}, "brevity", 60.0)  # the worker cannot import it
+    with pytest.raises(RuntimeError, match="the worker process died"):
+        without(completions=["ab"])
+    without.kill()
