@@ -169,3 +169,11 @@ def test_a_grpo_config_object_carries_trl_defaults():
         trl_changes(trl.GRPOConfig(output_dir="out", use_cpu=True, top_entropy_quantile=0.2))
     with pytest.raises(ConfigError, match="lr_scheduler_type='cosine'"):
         trl_changes(trl.GRPOConfig(output_dir="out", use_cpu=True, lr_scheduler_type="cosine"))
+
+
+def test_trl_names_at_the_top_of_a_yaml_file(tmp_path, capsys):
+    path = tmp_path / "run.yaml"
+    path.write_text("learning_rate: 2.0e-5\nrollout:\n  prompts_per_step: 4\nnum_generations: 2\n")
+    cfg = load_config(path)
+    assert (cfg.optim.lr, cfg.rollout.prompts_per_step, cfg.rollout.group_size) == (2e-5, 4, 2)
+    assert "num_generations is TRL's name for rollout.group_size" in capsys.readouterr().err

@@ -202,6 +202,7 @@ def load_config(
             raise ConfigError(f"{path}: not valid YAML: {e}") from None
         if not isinstance(file_changes, dict):
             raise ConfigError(f"{path}: expected a mapping of sections at the top level")
+        file_changes = _trl_names(file_changes)
     if isinstance(overrides, list):
         overrides = parse_overrides(overrides)
     overrides = overrides or {}
@@ -224,6 +225,21 @@ def load_config(
     cfg = apply_changes(cfg, overrides, "command line")
     validate(cfg)
     return cfg
+
+
+def _trl_names(changes: dict[str, Any]) -> dict[str, Any]:
+    """Top-level TRL names of a YAML file (`learning_rate: 1e-5`) moved to their rlvr keys,
+    each with a one-line note."""
+    out: dict[str, Any] = {}
+    for key, value in changes.items():
+        trl = alias(key) if not isinstance(value, dict) else None
+        if trl is None:
+            out[key] = value if not isinstance(value, dict) else dict(value)
+            continue
+        section, name, note = trl
+        print(note, file=sys.stderr)
+        out.setdefault(section, {})[name] = value
+    return out
 
 
 def _merge(a: dict, b: dict) -> dict:
