@@ -196,7 +196,7 @@ class Trainer:
         base, applied = to_dict(load_config(None, without, preset=preset)), to_dict(cfg)
         keys = {s: {k: applied[s][k] for k in kv if k != "output_dir"} for s, kv in trl.items()}
         lines = differences(base, keys) + [f"  {note}" for note in self.trl.notes]
-        if lines:
+        if lines and os.environ.get("RANK", "0") == "0":  # once under torchrun
             head = f"TRL args applied (where they differ from rlvr's {preset} preset):"
             print("\n".join([head, *lines]), file=sys.stderr)
 

@@ -74,7 +74,7 @@ class Callbacks:
         self.args = TrainingArguments(
             output_dir=t.output_dir, max_steps=t.max_steps, seed=t.seed,
             learning_rate=cfg.optim.lr, logging_steps=max(self.logging_steps, 1),
-            save_steps=t.save_every or t.max_steps, report_to="none", use_cpu=True,
+            save_steps=t.save_every or t.max_steps, report_to="none",
         )  # fmt: skip
 
     def _fire(self, event: str, step: int, **kwargs) -> bool:
