@@ -162,7 +162,7 @@ def test_resume_continues_and_refuses_changes_to_the_math(tmp_path):
         ({"config": {"algo.agg": "mean"}}, ConfigError, "algo.agg: got 'mean'"),
         ({"config": {"nope": 1}}, ConfigError, "neither 'section.key'"),
         ({"reward_funcs": [3]}, ConfigError, "neither a reward name nor callable"),
-        ({"callbacks": [1]}, ConfigError, "not callable"),
+        ({"callbacks": [1]}, ConfigError, "neither fn.step, metrics. nor a transformers"),
     ],
 )  # fmt: skip
 def test_named_errors_before_any_work(tmp_path, kwargs, error, match):

@@ -107,8 +107,11 @@ def test_resolved_config_round_trips(tmp_path):
 @pytest.mark.parametrize(
     ("override", "message"),
     [
-        ("--algo.clip_hgh=0.3", r"unknown key algo\.clip_hgh; valid keys of algo: .*clip_high"),
-        ("--algos.clip_high=0.3", r"unknown section 'algos'; valid: model, data"),
+        (
+            "--algo.clip_hgh=0.3",
+            r"unknown key algo\.clip_hgh; did you mean algo\.clip_high\?; valid keys of algo: ",
+        ),
+        ("--algos.clip_high=0.3", r"unknown section 'algos'; did you mean algo\?; valid: model"),
         ("--algo.agg=mean", r"algo\.agg: got 'mean', expected one of 'sample_mean'"),
         ("--algo.clip_low=1.5", r"algo\.clip_low: got 1\.5, expected 0 <= clip_low < 1"),
         ("--algo.clip_high=abc", r"algo\.clip_high: got 'abc', expected a number"),

@@ -13,24 +13,40 @@ them. Reward functions: the first one is the accuracy reward (dynamic sampling a
 accuracy metrics read it: a score above `reward.correct_threshold`, default 0, is correct);
 the others are added to the total with their weights. A function defined in an importable
 module is recorded in config.yaml as "module:function", so `rlvr train --resume` can load it;
-one defined in a script is recorded by name and resumes through this API.
+one defined in a script is recorded by name and resumes through this API. A module's
+directory outside the installed packages is recorded as `reward.python_path`.
+
+TRL's shape is taken as well (docs/from_trl.md): `args=` (a `trl.GRPOConfig` or a mapping of
+its names, through rlvr.trl_compat), `processing_class=` (the tokenizer), `peft_config=` (a
+`peft.LoraConfig`) and `transformers.TrainerCallback` objects in `callbacks`.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rlvr.api_inputs import check_rows, dataset_path, overrides, reward_changes, tool_names
-from rlvr.config import Config, ConfigError, load_config
+from rlvr.api_inputs import (
+    check_rows,
+    dataset_path,
+    overrides,
+    python_path,
+    reward_changes,
+    tool_names,
+)
+from rlvr.config import Config, ConfigError, load_config, to_dict
+from rlvr.run.callbacks import check_callbacks
 from rlvr.run.stored_config import (
     check_resume_changes,
     resolve_paths,
     stored_config,
 )
+from rlvr.trl_compat import differences, peft_changes, trl_changes
 
 
 @dataclass(frozen=True)
@@ -62,18 +78,29 @@ class Trainer:
         output_dir: str | Path | None = None,
         tokenizer: Any = None,
         *,
+        args: Any = None,
+        processing_class: Any = None,
+        peft_config: Any = None,
         tools: Sequence[str | Callable] = (),
         show_progress: bool = True,
     ):
-        self.model_arg, self.tokenizer = model, tokenizer
+        if (
+            processing_class is not None
+            and tokenizer is not None
+            and processing_class is not tokenizer
+        ):
+            raise ConfigError("processing_class: TRL's name for tokenizer; give one of the two")
+        self.model_arg, self.tokenizer = (
+            model,
+            tokenizer if tokenizer is not None else processing_class,
+        )
+        self.args, self.peft_config = args, peft_config
         self.tools = list(tools or ())
         self.reward_funcs, self.reward_weights = reward_funcs, reward_weights
         self.train_dataset, self.eval_dataset = train_dataset, eval_dataset
         self.preset, self.config_arg = preset, config
         self.callbacks = tuple(callbacks or ())
-        for cb in self.callbacks:
-            if not callable(cb):
-                raise ConfigError(f"callbacks: {cb!r} is not callable (expected fn(step, metrics))")
+        check_callbacks(self.callbacks)
         self.output_dir, self.show_progress = output_dir, show_progress
         self.functions: dict[str, Callable] = {}
         self.changes = self._changes()  # checks the arguments before any work
@@ -81,6 +108,25 @@ class Trainer:
 
     def _changes(self) -> dict[str, dict[str, Any]]:
         changes = overrides(self.config_arg)
+        self.trl = None
+        if self.args is not None:  # TRL's GRPOConfig names, on top of the preset and `config`
+            rows = self.train_dataset
+            countable = hasattr(rows, "__len__") and not isinstance(rows, (str, Path))
+            self.trl = trl_changes(
+                self.args,
+                num_rows=len(rows) if countable else None,
+                world_size=int(os.environ.get("WORLD_SIZE", "1")),
+            )
+            if self.trl.reward_weights is not None:
+                if self.reward_weights is not None:
+                    raise ConfigError("reward_weights: given both here and in args; give one")
+                self.reward_weights = self.trl.reward_weights
+            for section, values in self.trl.changes.items():
+                changes.setdefault(section, {}).update(values)
+            if self.output_dir is None:  # TRL's output_dir, for resume_from_checkpoint=True
+                self.output_dir = self.trl.changes.get("train", {}).get("output_dir")
+        if self.peft_config is not None:
+            changes.setdefault("model", {}).update(peft_changes(self.peft_config)["model"])
         model = self.model_arg
         if isinstance(model, (str, Path)):
             changes.setdefault("model", {})["name_or_path"] = str(model)
@@ -102,6 +148,9 @@ class Trainer:
         if self.tools:
             names, self.tool_functions = tool_names(self.tools)
             changes.setdefault("rollout", {})["tools"] = names
+        roots = python_path([*self.functions.values(), *self.tool_functions.values()])
+        if roots and "python_path" not in changes.get("reward", {}):
+            changes.setdefault("reward", {})["python_path"] = roots
         return changes
 
     def _build(self, resume: Path | None) -> Config:
@@ -131,10 +180,25 @@ class Trainer:
                 key = "path" if stem == "train" else "eval_path"
                 data[key] = dataset_path(ds, run_dir, stem, resume is not None)
         cfg = resolve_paths(load_config(None, changes, preset=preset))
+        if self.trl is not None and resume is None:
+            self._print_trl_block(changes, preset, cfg)
         for stem, ds in (("train", self.train_dataset), ("eval", self.eval_dataset)):
             if ds is not None and not isinstance(ds, (str, Path)):
                 check_rows(cfg, stem)
         return cfg
+
+    def _print_trl_block(self, changes: dict, preset: str, cfg: Config) -> None:
+        """One block: where TRL's args moved the config away from rlvr's preset (and
+        `config`), and which of TRL's defaults were not applied."""
+        trl = self.trl.changes
+        without = {s: {k: v for k, v in kv.items() if k not in trl.get(s, {})}
+                   for s, kv in changes.items() if isinstance(kv, dict)}  # fmt: skip
+        base, applied = to_dict(load_config(None, without, preset=preset)), to_dict(cfg)
+        keys = {s: {k: applied[s][k] for k in kv if k != "output_dir"} for s, kv in trl.items()}
+        lines = differences(base, keys) + [f"  {note}" for note in self.trl.notes]
+        if lines and os.environ.get("RANK", "0") == "0":  # once under torchrun
+            head = f"TRL args applied (where they differ from rlvr's {preset} preset):"
+            print("\n".join([head, *lines]), file=sys.stderr)
 
     def train(self, resume_from_checkpoint: bool | str | Path | None = None) -> TrainResult:
         """Run training to the end (or until a callback returns "stop"). With
@@ -169,6 +233,8 @@ class Trainer:
             reward_functions=self.functions,
             tools=self.tool_functions,
             callbacks=self.callbacks,
+            callback_args=None if isinstance(self.args, Mapping) else self.args,
+            logging_steps=self.trl.logging_steps if self.trl is not None else 1,
         )
         run_dir = run_training(
             cfg, resume_dir=resume, show_progress=self.show_progress, given=given
@@ -216,6 +282,9 @@ def train(
     output_dir: str | Path | None = None,
     tokenizer: Any = None,
     *,
+    args: Any = None,
+    processing_class: Any = None,
+    peft_config: Any = None,
     tools: Sequence[str | Callable] = (),
     resume_from_checkpoint: bool | str | Path | None = None,
     show_progress: bool = True,
@@ -236,12 +305,20 @@ def train(
     preset: "dapo" (default), "grpo" or "dr_grpo" (a Config passed as `config` keeps its own).
     config: changes to the config, as {"rollout.group_size": 8}, {"rollout": {...}}, or a
         Config.
-    callbacks: each called as `fn(step, metrics)` after every step; returning "stop" ends
-        the run (with the final checkpoint and evaluation).
+    callbacks: functions called as `fn(step, metrics)` after every step (returning "stop"
+        ends the run, with the final checkpoint and evaluation) and/or
+        `transformers.TrainerCallback` objects (rlvr.run.callbacks: the events, state and
+        control that exist here; `control.should_training_stop` ends the run the same way).
     output_dir: the run directory (default runs/<timestamp>).
     tools: functions the model may call inside its responses (type hints and a docstring
         with Args:, as TRL takes them) and/or names ("calc", "python", "module:function");
         docs/tools.md. Empty: the config's (the task's own tools by default).
+    args: TRL's training arguments: a mapping of `GRPOConfig` field names (only those given
+        are applied, on top of the preset and `config`) or a `trl.GRPOConfig` (every field,
+        TRL's defaults included); rlvr.trl_compat and docs/from_trl.md give the mapping.
+    processing_class: TRL's name for `tokenizer`.
+    peft_config: a `peft.LoraConfig` (r, lora_alpha, lora_dropout, target_modules, "all-linear"
+        included), as model.lora_* keys.
     resume_from_checkpoint: True (continue the run in `output_dir`) or a run directory.
     """
     trainer = Trainer(
@@ -255,6 +332,9 @@ def train(
         callbacks,
         output_dir,
         tokenizer,
+        args=args,
+        processing_class=processing_class,
+        peft_config=peft_config,
         tools=tools,
         show_progress=show_progress,
     )

@@ -9,6 +9,8 @@ from __future__ import annotations
 import importlib
 import json
 import re
+import sys
+import sysconfig
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -16,6 +18,7 @@ from typing import Any
 from rlvr.config import Config, ConfigError, to_dict
 from rlvr.data import DatasetError
 from rlvr.run.stored_config import absolute_spec
+from rlvr.trl_compat import SAME, alias, did_you_mean
 
 
 def overrides(config: Config | Mapping[str, Any] | None) -> dict[str, dict[str, Any]]:
@@ -35,8 +38,15 @@ def overrides(config: Config | Mapping[str, Any] | None) -> dict[str, dict[str, 
             out.setdefault(section, {})[name] = value
         elif isinstance(value, Mapping):
             out.setdefault(key, {}).update(value)
+        elif (trl := alias(key)) is not None:  # TRL's name for an rlvr key
+            section, name, note = trl
+            print(note, file=sys.stderr)
+            out.setdefault(section, {})[name] = value
         else:
-            raise ConfigError(f"config: {key!r} is neither 'section.key' nor a section mapping")
+            raise ConfigError(
+                f"config: {key!r} is neither 'section.key' nor a section mapping"
+                f"{did_you_mean(key, SAME)}"
+            )
     return out
 
 
@@ -52,6 +62,34 @@ def importable(fn: Callable) -> str | None:
     except (ImportError, AttributeError):
         return None
     return f"{module}:{name}" if obj is fn else None
+
+
+def import_root(fn: Callable) -> str | None:
+    """The sys.path directory `fn`'s module was imported from, when that is not where
+    installed packages and the standard library live (a script's own directory, the working
+    directory): reward.python_path records it so a CLI resume imports the same module."""
+    module = sys.modules.get(getattr(fn, "__module__", None) or "")
+    file = getattr(module, "__file__", None)
+    if file is None:
+        return None
+    path = Path(file).resolve()
+    depth = module.__name__.count(".") + (path.name == "__init__.py")
+    root = path.parents[depth]
+    installed = {Path(p).resolve() for k, p in sysconfig.get_paths().items()
+                 if k in ("stdlib", "platstdlib", "purelib", "platlib")}  # fmt: skip
+    if root in installed or any(parent in installed for parent in root.parents):
+        return None
+    return str(root)
+
+
+def python_path(functions: Iterable[Callable]) -> list[str]:
+    """The import roots of those of `functions` recorded as "module:function", in order."""
+    roots: list[str] = []
+    for fn in functions:
+        root = import_root(fn) if importable(fn) else None
+        if root is not None and root not in roots:
+            roots.append(root)
+    return roots
 
 
 def _named(

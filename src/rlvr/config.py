@@ -9,7 +9,9 @@ unknown keys and bad values fail before any work, naming the key and what was ex
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
+import sys
 import types
 import typing
 from dataclasses import fields, is_dataclass, replace
@@ -38,6 +40,7 @@ from rlvr.schema import (  # noqa: F401 (re-exported: rlvr.config is the public 
     TrainConfig,
     field_docs,
 )
+from rlvr.trl_compat import SAME, alias, did_you_mean
 from rlvr.validate import validate
 
 
@@ -115,6 +118,23 @@ def _resolved_types(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 
 
+def _near(section: str, key: str, hints: dict[str, Any]) -> str:
+    """ "; did you mean section.x?" for a near miss (in this section, else in another), or
+    TRL's name for an rlvr key."""
+    trl = alias(key)
+    if trl is not None:
+        return f"; {key} is TRL's name for {trl[0]}.{trl[1]}"
+    close = difflib.get_close_matches(key, list(hints), n=1, cutoff=0.75)
+    if close:
+        return f"; did you mean {section}.{close[0]}?"
+    every: dict[str, str] = {}
+    for name in SECTIONS:
+        for k in _resolved_types(type(getattr(Config(), name))):
+            every.setdefault(k, f"{name}.{k}")  # optim.lr before critic.lr
+    close = difflib.get_close_matches(key, list(every), n=1, cutoff=0.75)
+    return f"; did you mean {every[close[0]]}?" if close else ""
+
+
 def apply_changes(cfg: Config, changes: dict[str, Any], source: str) -> Config:
     """Apply a nested dict {section: {key: value}} (or {"preset": name}) to `cfg`."""
     if not isinstance(changes, dict):
@@ -124,7 +144,8 @@ def apply_changes(cfg: Config, changes: dict[str, Any], source: str) -> Config:
             continue
         if section not in SECTIONS:
             raise ConfigError(
-                f"{source}: unknown section {section!r}; valid: {', '.join(SECTIONS)}"
+                f"{source}: unknown section {section!r}{did_you_mean(section, SECTIONS)}; "
+                f"valid: {', '.join(SECTIONS)}"
             )
         if not isinstance(values, dict):
             raise ConfigError(f"{source}: section {section!r} must be a mapping of keys to values")
@@ -134,8 +155,8 @@ def apply_changes(cfg: Config, changes: dict[str, Any], source: str) -> Config:
         for key, value in values.items():
             if key not in hints:
                 raise ConfigError(
-                    f"{source}: unknown key {section}.{key}; valid keys of {section}: "
-                    f"{', '.join(hints)}"
+                    f"{source}: unknown key {section}.{key}{_near(section, key, hints)}; "
+                    f"valid keys of {section}: {', '.join(hints)}"
                 )
             updates[key] = _coerce(f"{section}.{key}", hints[key], value)
         cfg = replace(cfg, **{section: replace(sub, **updates)})
@@ -147,8 +168,16 @@ def parse_overrides(args: list[str]) -> dict[str, dict[str, str]]:
     out: dict[str, dict[str, str]] = {}
     for arg in args:
         body = arg[2:] if arg.startswith("--") else arg
-        if "=" not in body or "." not in body.split("=", 1)[0]:
-            raise ConfigError(f"override {arg!r}: expected --section.key=value")
+        key = body.split("=", 1)[0]
+        if "=" in body and "." not in key and alias(key) is not None:  # TRL's name
+            section, name, note = alias(key)
+            print(note, file=sys.stderr)
+            out.setdefault(section, {})[name] = body.split("=", 1)[1]
+            continue
+        if "=" not in body or "." not in key:
+            raise ConfigError(
+                f"override {arg!r}: expected --section.key=value{did_you_mean(key, SAME)}"
+            )
         key, value = body.split("=", 1)
         section, name = key.split(".", 1)
         out.setdefault(section, {})[name] = value
@@ -173,6 +202,7 @@ def load_config(
             raise ConfigError(f"{path}: not valid YAML: {e}") from None
         if not isinstance(file_changes, dict):
             raise ConfigError(f"{path}: expected a mapping of sections at the top level")
+        file_changes = _trl_names(file_changes)
     if isinstance(overrides, list):
         overrides = parse_overrides(overrides)
     overrides = overrides or {}
@@ -195,6 +225,21 @@ def load_config(
     cfg = apply_changes(cfg, overrides, "command line")
     validate(cfg)
     return cfg
+
+
+def _trl_names(changes: dict[str, Any]) -> dict[str, Any]:
+    """Top-level TRL names of a YAML file (`learning_rate: 1e-5`) moved to their rlvr keys,
+    each with a one-line note."""
+    out: dict[str, Any] = {}
+    for key, value in changes.items():
+        trl = alias(key) if not isinstance(value, dict) else None
+        if trl is None:
+            out[key] = value if not isinstance(value, dict) else dict(value)
+            continue
+        section, name, note = trl
+        print(note, file=sys.stderr)
+        out.setdefault(section, {})[name] = value
+    return out
 
 
 def _merge(a: dict, b: dict) -> dict:

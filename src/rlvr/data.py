@@ -19,7 +19,11 @@ A preset's fields apply unless other ones are given (the generic "prompt"/"answe
 override a preset).
 
 A prompt is a non-empty string or a non-empty list of {"role", "content"} messages. An
-answer is a non-empty string or a number. Every other top-level column (the answer's own
+answer is a non-empty string or a number. A dataset may be prompt-only, as TRL's default is:
+with the generic fields (preset "none", no `answer_field` given) and no "answer" column in
+its first row, every example's `answer` is None and rewards receive no `answer` (a reward
+that needs one is refused by name when the run is built); a later row that has one is then
+refused, as is a missing answer after a first row that had one. Every other top-level column (the answer's own
 column too, unless it is named "answer") is kept in `columns` and reaches reward functions
 as a keyword argument; the parsed reference reaches them as `answer`. A bad row raises
 `DatasetError` naming the file, the line (jsonl, 1-based) or row (other formats, 0-based)
@@ -53,10 +57,10 @@ class DatasetError(ValueError):
 @dataclass(frozen=True)
 class PromptExample:
     """One prompt: `prompt` (a string) or `messages` (chat messages), never both; `answer`,
-    the reference as a string; `columns`, the row's other top-level fields; `source`, where
+    the reference as a string (None in a prompt-only dataset); `columns`, the row's other top-level fields; `source`, where
     it came from ("file.jsonl:12" for a line, "file.parquet[3]" for a row)."""
 
-    answer: str
+    answer: str | None
     prompt: str | None = None
     messages: list[dict] | None = None
     columns: dict[str, Any] = field(default_factory=dict)
@@ -270,6 +274,7 @@ def load_prompt_dataset(
         raise FileNotFoundError(f"dataset {str(path)!r} does not exist")
     fields = PRESETS[preset]
     generic = PRESETS["none"]
+    optional_answer = preset == "none" and answer_field in (None, generic["answer_field"])
     if prompt_field is None or prompt_field == generic["prompt_field"]:
         prompt_field = fields["prompt_field"]
     if answer_field is None or answer_field == generic["answer_field"]:
@@ -277,14 +282,29 @@ def load_prompt_dataset(
 
     out: list[PromptExample] = []
     seen: set[str] = set()
+    prompt_only: bool | None = None  # decided by the first row
     for where, row in _rows(path, split):
         if not isinstance(row, dict):
             raise DatasetError(where, None, f"expected an object, got {type(row).__name__}")
-        for role, name in (("prompt", prompt_field), ("answer", answer_field)):
+        if prompt_only is None:
+            prompt_only = (
+                optional_answer and not _has(row, answer_field) and _has(row, prompt_field)
+            )
+        roles = (("prompt", prompt_field),) if prompt_only else (
+            ("prompt", prompt_field), ("answer", answer_field))  # fmt: skip
+        for role, name in roles:
             if not _has(row, name):
                 raise DatasetError(where, name, _missing_hint(row, role, name))
         prompt, messages = _check_prompt(_get(row, prompt_field, where), where, prompt_field)
-        answer, extra = _check_answer(_get(row, answer_field, where), where, answer_field, preset)
+        if prompt_only and answer_field in row:
+            raise DatasetError(
+                where, answer_field, "present, but the first row has none (a prompt-only "
+                "dataset): every row or none holds the reference answer",
+            )  # fmt: skip
+        answer, extra = None, {}
+        if not prompt_only:
+            value = _get(row, answer_field, where)
+            answer, extra = _check_answer(value, where, answer_field, preset)
         if dedup:
             key = prompt if prompt is not None else json.dumps(messages, sort_keys=True)
             if key in seen:

@@ -106,7 +106,7 @@ def cmd_eval(argv: list[str]) -> int:
     source = load_prompts(cfg, tokenizer, getattr(model.config, "max_position_embeddings", None))
     if not source.eval:
         raise ConfigError("no held-out prompts: set --num-prompts > 0 or --data.eval_path")
-    scorer = Scorer.build(cfg, source.task)
+    scorer = Scorer.build(cfg, source.task, has_answer=source.has_answer)
     toolbox = _toolbox(cfg, source, tokenizer, Given())  # rollout.tools, or the task's
     engine = ENGINES[cfg.rollout.engine](
         model,

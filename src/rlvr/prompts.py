@@ -19,7 +19,7 @@ EVAL_SEED = 1234  # the held-out set is the same for every run of a task, whatev
 class Prompt:
     text: str
     ids: list[int]
-    answer: str
+    answer: str | None  # None in a prompt-only dataset
     example: Any
     columns: dict[str, Any] = field(default_factory=dict)
 
@@ -32,6 +32,11 @@ class PromptSource:
     eval: list[Prompt]
     task: Any | None
     name: str
+
+    @property
+    def has_answer(self) -> bool:
+        """False for a prompt-only dataset: its rewards receive no `answer`."""
+        return any(p.answer is not None for p in self.train)
 
 
 def render_messages(messages: list[dict], tokenizer) -> tuple[str, list[int]]:

@@ -222,6 +222,9 @@ class RewardConfig:
     rm_replay_frac: share of the historical rule-labelled data replayed in each refresh.
     rm_lr: the reward model's AdamW learning rate in a refresh.
     rm_epochs: passes over a refresh's data.
+    python_path: directories put first on sys.path before user rewards and tools named
+        "module:function" are imported; the Python API records the directory a script's own
+        module came from, so `rlvr train --resume` and `rlvr eval` import it from anywhere.
     """
 
     accuracy: str = "task"
@@ -241,6 +244,7 @@ class RewardConfig:
     rm_replay_frac: float = 0.1
     rm_lr: float = 1e-4
     rm_epochs: int = 1
+    python_path: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -95,6 +95,12 @@ def validate(cfg: Config) -> None:
         "at least one module name",
         m.lora_target_modules,
     )
+    _check(
+        "all-linear" not in m.lora_target_modules or len(m.lora_target_modules) == 1,
+        "model.lora_target_modules",
+        "module names, or all-linear alone",
+        m.lora_target_modules,
+    )
     _check(o.lr > 0, "optim.lr", "> 0", o.lr)
     _check(o.weight_decay >= 0, "optim.weight_decay", ">= 0", o.weight_decay)
     _check(0 <= o.beta1 < 1, "optim.beta1", "in [0, 1)", o.beta1)

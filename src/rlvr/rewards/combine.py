@@ -206,6 +206,10 @@ def run_reward(
         if why_i is None:
             out.append(one[0])
             continue
+        if isinstance(why_i, KeyError) and why_i.args == ("answer",) and "answer" not in kwargs:
+            why_i = (
+                "KeyError: 'answer': the dataset has no reference answer (a prompt-only dataset)"
+            )
         err = RewardError(name, i, completions[i], why_i)
         if on_error == "raise":
             raise err from (why_i if isinstance(why_i, BaseException) else None)

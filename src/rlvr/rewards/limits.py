@@ -119,10 +119,18 @@ class ProcessReward:
     when a call runs past `timeout_s`. The function is also imported here once, to check the
     spec at build time and to give this object its signature."""
 
-    def __init__(self, spec: str, params: dict[str, Any], name: str, timeout_s: float) -> None:
+    def __init__(
+        self,
+        spec: str,
+        params: dict[str, Any],
+        name: str,
+        timeout_s: float,
+        python_path: tuple[str, ...] = (),
+    ) -> None:
         from rlvr.rewards.user import load_user_reward
 
         self.spec, self.params, self.name, self.timeout_s = spec, dict(params), name, timeout_s
+        self.python_path = tuple(python_path)  # the worker's sys.path entries (PYTHONPATH)
         fn = load_user_reward(spec)
         sig = inspect.signature(fn)
         self.__signature__ = sig.replace(
@@ -133,11 +141,15 @@ class ProcessReward:
 
     def _start(self) -> subprocess.Popen:
         code = "from rlvr.rewards.limits import serve; serve()"
+        env = dict(os.environ)
+        if self.python_path:
+            env["PYTHONPATH"] = os.pathsep.join([*self.python_path, env.get("PYTHONPATH", "")])
         proc = subprocess.Popen(
             [sys.executable, "-c", code, str(os.getpid())],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             start_new_session=True,  # Ctrl-C in a terminal goes to the trainer only
+            env=env,
         )
         _send(proc.stdin, (self.spec, self.params))
         return proc

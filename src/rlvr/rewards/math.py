@@ -211,4 +211,5 @@ def make_math_reward(
             out.append(1.0 if ok else wrong)
         return out
 
+    math.needs_reference = answer_field is None  # else the column it names
     return math

@@ -13,6 +13,7 @@ from rlvr.rewards.length import make_soft_overlong_reward
 from rlvr.rewards.math import make_math_reward
 from rlvr.rewards.model_based import make_judge_reward, make_reward_model_reward
 from rlvr.rewards.user import load_user_reward
+from rlvr.trl_compat import did_you_mean
 
 FACTORIES: dict[str, Callable] = {
     "math": make_math_reward,
@@ -52,7 +53,7 @@ def make_reward(name: str, **params) -> Callable:
         return functools.partial(fn, **params) if params else fn
     if name not in FACTORIES:
         raise ValueError(
-            f"unknown reward {name!r}; valid: {sorted(FACTORIES)} or 'module:function' (a "
+            f"unknown reward {name!r}{did_you_mean(name, FACTORIES)}; valid: {sorted(FACTORIES)} or 'module:function' (a "
             "function defined in a script and passed to rlvr.train is recorded by its name: "
             "pass it again through rlvr.train, or name another reward here)"
         )
@@ -60,5 +61,7 @@ def make_reward(name: str, **params) -> Callable:
     valid = [p for p in inspect.signature(factory).parameters if p != "kwargs"]
     for key in params:
         if key not in valid:
-            raise ValueError(f"reward {name!r} has no parameter {key!r}; valid: {valid}")
+            raise ValueError(
+                f"reward {name!r} has no parameter {key!r}{did_you_mean(key, valid)}; valid: {valid}"
+            )
     return factory(**params)

@@ -9,6 +9,7 @@ above `reward.correct_threshold` (default 0: a score > 0 is correct).
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -63,8 +64,21 @@ def _reward_fn(spec: str, r: RewardConfig) -> Callable:
             raise ValueError(str(e)) from None
         params["isolation"] = r.sandbox_isolation
     if ":" in spec and r.isolate_user:
-        return ProcessReward(spec, params, _term_name(spec), r.timeout_s)
+        return ProcessReward(spec, params, _term_name(spec), r.timeout_s, r.python_path)
     return with_time_limit(make_reward(spec, **params), _term_name(spec), r.timeout_s)
+
+
+def needs_reference(fn: Callable) -> bool:
+    """True when `fn` cannot score without the reference answer: it takes `answer` with no
+    default, or says so itself (`fn.needs_reference`, as the `math` reward does)."""
+    if getattr(fn, "needs_reference", False):
+        return True
+    try:
+        param = inspect.signature(fn).parameters.get("answer")
+    except (TypeError, ValueError):
+        return False
+    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return param is not None and param.default is inspect.Parameter.empty and param.kind in kinds
 
 
 def _term_name(spec: str) -> str:
@@ -81,10 +95,21 @@ class Scorer:
     state: TrainerState = field(default_factory=TrainerState)
 
     @classmethod
-    def build(cls, cfg: Config, task, functions: Mapping[str, Callable] | None = None) -> Scorer:
+    def build(
+        cls,
+        cfg: Config,
+        task,
+        functions: Mapping[str, Callable] | None = None,
+        *,
+        has_answer: bool = True,
+    ) -> Scorer:
         """`functions` maps names used in `cfg.reward` to callables handed in by the Python
-        API (they take precedence over the registry's names)."""
+        API (they take precedence over the registry's names). `has_answer=False` (a
+        prompt-only dataset) refuses, by name, a reward that needs the reference answer."""
+        from rlvr.rewards.user import extend_sys_path
+
         r, functions = cfg.reward, dict(functions or {})
+        extend_sys_path(r.python_path)
         if r.accuracy == "task" and task is None:
             raise ConfigError(
                 "reward.accuracy: 'task' needs a built-in task (data.path is set); "
@@ -109,6 +134,16 @@ class Scorer:
                 shaping.append((_term_name(name), float(weight), fn(name)))
         except (ValueError, ImportError, AttributeError, FileNotFoundError) as e:
             raise ConfigError(f"reward: {e}") from None
+        if not has_answer:
+            named = [(r.accuracy, accuracy_fn)] + [(n, f) for n, _, f in shaping]
+            for spec, f in named:
+                if f is not None and needs_reference(f):
+                    raise ConfigError(
+                        f"reward {_term_name(spec)!r} needs the reference answer (its argument "
+                        f"'answer'), but {cfg.data.path} has no 'answer' column (a prompt-only "
+                        "dataset); name the column holding it with data.answer_field=COLUMN, "
+                        "or use a reward that needs no reference"
+                    )
         names = [s[0] for s in shaping]
         if len(set(names)) != len(names) or "accuracy" in names:
             raise ConfigError(f"reward.extra: reward names must be unique, got {names}")
@@ -142,7 +177,6 @@ class Scorer:
                 for p, c in zip(raw, completions)
             ],
             completion_ids=[rollout.completion_ids[i, :n].tolist() for i, n in enumerate(lengths)],
-            answer=[p.answer for p in prompts],
             prompt_texts=[p.text for p in prompts],
             completion_lengths=lengths,
             truncated=rollout.truncated.tolist(),
@@ -150,6 +184,8 @@ class Scorer:
             max_new_tokens=self.cfg.rollout.max_new_tokens,
             trainer_state=self.state,
         )
+        if any(p.answer is not None for p in prompts):  # none in a prompt-only dataset
+            kwargs["answer"] = [p.answer for p in prompts]
         columns = dict.fromkeys(k for p in prompts for k in p.columns)
         for key in columns:
             if key in RESERVED_KWARGS:  # the loader refuses these; a hand-built Prompt may not

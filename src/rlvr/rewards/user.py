@@ -9,6 +9,13 @@ import sys
 from pathlib import Path
 
 
+def extend_sys_path(paths) -> None:
+    """Put `paths` (reward.python_path) first on sys.path, in order, each once."""
+    for path in reversed(tuple(paths)):
+        if path not in sys.path:
+            sys.path.insert(0, path)
+
+
 def load_user_reward(spec: str):
     """The callable that `spec` names. It is called as every reward is
     (`rlvr.rewards.combine`): `fn(prompts, completions, completion_ids, **kwargs) ->

@@ -152,7 +152,7 @@ def collect_data(cfg, rcfg: RMConfig, run_dir: Path, console: Console) -> tuple[
     engine = ENGINES[cfg.rollout.engine](
         model, pad_id=tok.pad_token_id, eos_ids=eos_ids(tok, model), **kw
     )
-    scorer = Scorer.build(cfg, source.task)
+    scorer = Scorer.build(cfg, source.task, has_answer=source.has_answer)
     n, seed = rcfg.samples_per_prompt, rcfg.seed
     console.print(f"sampling {n} responses to {rcfg.train_prompts} + {len(source.eval)} prompts")
     records = sample_records(

@@ -12,6 +12,7 @@ import yaml
 
 from rlvr.config import ConfigError, _coerce
 from rlvr.schema import field_docs
+from rlvr.trl_compat import did_you_mean
 
 
 @dataclass(frozen=True)
@@ -63,7 +64,8 @@ def rm_config(changes: dict[str, Any], source: str = "command line") -> RMConfig
     for key, value in changes.items():
         if key not in hints:
             raise ConfigError(
-                f"{source}: unknown key rm.{key}; valid keys of rm: {', '.join(hints)}"
+                f"{source}: unknown key rm.{key}{did_you_mean(f'rm.{key}', [f'rm.{h}' for h in hints])}; "
+                f"valid keys of rm: {', '.join(hints)}"
             )
         updates[key] = _coerce(f"rm.{key}", hints[key], value)
     cfg = dataclasses.replace(RMConfig(), **updates)

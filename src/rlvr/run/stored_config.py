@@ -16,6 +16,7 @@ RESUME_SAFE = {
     ("train", "log_samples"),
     ("train", "threads"),
     ("train", "eval_every"),
+    ("reward", "python_path"),  # where the same modules are imported from
 }
 
 

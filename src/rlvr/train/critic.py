@@ -84,12 +84,14 @@ def _backbone(name: str, cfg: Config, device: torch.device) -> tuple[nn.Module, 
     if cfg.model.lora_rank > 0:
         import peft
 
+        from rlvr.train.policy import lora_targets
+
         m = cfg.model
         lora = peft.LoraConfig(
             r=m.lora_rank,
             lora_alpha=m.lora_alpha,
             lora_dropout=m.lora_dropout,
-            target_modules=list(m.lora_target_modules),
+            target_modules=lora_targets(m.lora_target_modules),
         )
         try:
             backbone = peft.get_peft_model(backbone, lora)

@@ -46,6 +46,12 @@ def is_lora(model: torch.nn.Module) -> bool:
     return hasattr(model, "disable_adapter") and hasattr(model, "peft_config")
 
 
+def lora_targets(names: tuple[str, ...]) -> str | list[str]:
+    """peft's target_modules: "all-linear" (every linear layer but the output head, as peft
+    finds them) as the string peft takes, else the module names as a list."""
+    return "all-linear" if tuple(names) == ("all-linear",) else list(names)
+
+
 def _lora_config(cfg: Config):
     from peft import LoraConfig
 
@@ -54,7 +60,7 @@ def _lora_config(cfg: Config):
         r=m.lora_rank,
         lora_alpha=m.lora_alpha,
         lora_dropout=m.lora_dropout,
-        target_modules=list(m.lora_target_modules),
+        target_modules=lora_targets(m.lora_target_modules),
         task_type="CAUSAL_LM",
     )
 

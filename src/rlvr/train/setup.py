@@ -48,14 +48,18 @@ from rlvr.train.ppo import kl_controller
 class Given:
     """Objects the Python API (`rlvr.api`) hands in instead of names in the config: a model
     and tokenizer, reward functions by the names `cfg.reward` uses, tool functions by the
-    names `rollout.tools` uses, and `callbacks`, each called as `fn(step, metrics)` after
-    every step (returning "stop" ends the run)."""
+    names `rollout.tools` uses, and `callbacks`: functions called as `fn(step, metrics)`
+    after every step (returning "stop" ends the run) and TrainerCallback objects
+    (`rlvr.run.callbacks`), given `callback_args` (TRL's GRPOConfig, when passed) and
+    on_log every `logging_steps` steps."""
 
     model: torch.nn.Module | None = None
     tokenizer: object | None = None
     reward_functions: dict[str, Callable] = field(default_factory=dict)
     tools: dict[str, Callable] = field(default_factory=dict)
     callbacks: tuple[Callable, ...] = ()
+    callback_args: object | None = None
+    logging_steps: int = 1
 
 
 def release_engine(engine) -> None:
@@ -185,7 +189,7 @@ def setup(
         policy=policy,
         module=module,
         engine=engine,
-        scorer=Scorer.build(cfg, source.task, given.reward_functions),
+        scorer=Scorer.build(cfg, source.task, given.reward_functions, has_answer=source.has_answer),
         source=source,
         sampler=PromptSampler(len(source.train), cfg.train.seed),
         optimizer=optimizer,
@@ -221,10 +225,13 @@ def _optimizer(cfg: Config, model: torch.nn.Module):
 
 def _toolbox(cfg: Config, source: PromptSource, tokenizer, given: Given) -> Toolbox | None:
     """The tools of `rollout.tools`, else the task's own (docs/tools.md); None without any."""
+    from rlvr.rewards.user import extend_sys_path
+
     r = cfg.rollout
     specs = r.tools or tuple(getattr(source.task, "tools", ()) or ())
     if not specs:
         return None
+    extend_sys_path(cfg.reward.python_path)  # "module:function" tools of a script's module
     if r.min_new_tokens:
         raise ConfigError("rollout.min_new_tokens: got a value > 0, expected 0 with tools")
     tools = [given.tools.get(s, s) for s in specs]

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -28,6 +27,7 @@ from rich.console import Console
 
 from rlvr.config import Config, to_dict
 from rlvr.models import autocast
+from rlvr.run.callbacks import Callbacks
 from rlvr.run.distributed import gathered, shutdown
 from rlvr.run.health import HealthGuard
 from rlvr.run.memory import MemoryGuard
@@ -143,8 +143,17 @@ def train(
         run, resumed = setup(cfg, resume_dir, console, given)
         # No barrier after a failure: the other ranks may never reach it; torchrun stops them
         # once this rank exits with the error.
-        callbacks = given.callbacks if given else ()
-        run_dir = _train(run, resumed, console, show_progress, t_start, callbacks)
+        given = given or Given()
+        events = Callbacks(
+            given.callbacks,
+            args=given.callback_args,
+            max_steps=cfg.train.max_steps,
+            logging_steps=given.logging_steps,
+            objects={"model": run.policy.model, "processing_class": run.tokenizer,
+                     "optimizer": run.optimizer, "lr_scheduler": run.scheduler},
+        )  # fmt: skip
+        events.set_training_args(run.cfg)
+        run_dir = _train(run, resumed, console, show_progress, t_start, events)
     finally:  # the run directory's lock (rlvr.run.rundir), taken in setup by rank 0
         locked = run.run_dir if run else cfg.train.output_dir or resume_dir
         if locked:
@@ -159,7 +168,7 @@ def _train(
     console: Console,
     show_progress: bool,
     t_start: float,
-    callbacks: tuple[Callable, ...] = (),
+    events: Callbacks,
 ) -> Path:
     cfg = run.cfg
     d, run_dir = run.d, run.run_dir
@@ -188,25 +197,32 @@ def _train(
         if eval_before is None:
             eval_before = run.evaluate()
             log.message(_accuracy_line("before", eval_before))
+        events.train_begin(step)
         while step < cfg.train.max_steps and not d.max(float(stop.requested)):
             step += 1
             memory.check(step)  # a clear error instead of the OOM killer
             metrics, examples = run_step(step, run)
             if run.outer is not None:  # reference resets, the reward model's refresh
                 metrics.update(run.outer.after_step(step))
+            asked_stop = False
             if cfg.train.eval_every and step % cfg.train.eval_every == 0:
-                metrics.update({f"eval/{k}": v for k, v in run.evaluate().items()})
+                held_out = run.evaluate()
+                metrics.update({f"eval/{k}": v for k, v in held_out.items()})
+                asked_stop = events.evaluate(step, held_out)
             for text in guard.check(step, metrics, final):
                 log.message(f"[yellow]{text}")
             log.log(step, metrics)
             log.samples(step, examples)
             if cfg.train.save_every and step % cfg.train.save_every == 0:
                 final = run.save(step, eval_before)
-            if d.max(float(any([cb(step, metrics) == "stop" for cb in callbacks]))):
+                events.save(step)
+            asked_stop = events.step_end(step, metrics) or asked_stop
+            if d.max(float(asked_stop)):
                 log.message(f"a callback ended the run after step {step}")
                 break
         if final is None or not Path(final).name.endswith(f"{step:06d}"):
             final = run.save(step, eval_before)
+            events.save(step)
         if d.max(float(stop.requested)):
             log.message(
                 f"stopped by signal after step {step}; checkpoint {final}. "
@@ -215,6 +231,7 @@ def _train(
             return run_dir
         eval_after = run.evaluate()
         log.message(_accuracy_line("after", eval_after))
+        events.train_end(step)
     if d.is_main:
         summary = {
             "eval_before": eval_before,
