@@ -141,7 +141,7 @@ class AlgoConfig:
     clip_high: eps_high; the ratio's upper bound is 1 + clip_high (DAPO clip-higher: 0.28).
     dual_clip: dual-clip constant c > 1 capping the loss of negative advantages (none = off).
     loss: the policy objective: a name of rlvr.algos.OBJECTIVES (clip: PPO/GRPO/DAPO's clipped
-        surrogate; gspo) or a user's "module:function" / "path/to/file.py:function" with the
+        surrogate; gspo; cispo) or a user's "module:function" / "path/to/file.py:function" with the
         signature fn(LossInputs, LossSettings) -> LossOutput (docs/algorithms.md#adding-an-objective).
     ratio: token (PPO/GRPO/DAPO importance ratio per token) or sequence (GSPO).
     agg: loss aggregation: sample_mean (GRPO), token_mean (DAPO), token_sum_norm (Dr. GRPO).

@@ -18,6 +18,7 @@ Registered here:
           normaliser is `agg="token_sum_norm"`), token ratio, optional dual clip and
           log-ratio clamp (`rlvr.algos.losses`)
     gspo  the same with GSPO's sequence ratio (`settings.ratio` is "sequence" for it)
+    cispo CISPO's clipped stop-gradient importance weight on every token (`rlvr.algos.cispo`)
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from dataclasses import dataclass, field, replace
 from torch import Tensor
 
 from .aggregate import AGGREGATIONS, AggMode, Count
+from .cispo import check_cispo, cispo_loss
 from .kl import KL_ESTIMATORS, KLKind
 from .losses import LossOutput, Ratio, clipped_surrogate_loss
 
@@ -154,3 +156,9 @@ def clip(inputs: LossInputs, settings: LossSettings) -> LossOutput:
 def gspo(inputs: LossInputs, settings: LossSettings) -> LossOutput:
     """GSPO (arXiv 2507.18071): the clipped surrogate over the sequence ratio s_i."""
     return clipped_surrogate_loss(inputs, replace(settings, ratio="sequence"))
+
+
+@register_objective("cispo", check=check_cispo)
+def cispo(inputs: LossInputs, settings: LossSettings) -> LossOutput:
+    """CISPO (MiniMax-M1, arXiv 2506.13585): -sg(clip(rho)) A log pi on every token."""
+    return cispo_loss(inputs, settings)
