@@ -17,8 +17,9 @@ import torch
 from safetensors.torch import load_file
 
 import rlvr
+from e2e_objectives import centred_pg, centred_stats
 from rlvr.algorithm import Algorithm
-from rlvr.algos import LossOutput, aggregate, policy_loss
+from rlvr.algos import policy_loss
 from rlvr.algos.objectives import (
     OBJECTIVES,
     LossInputs,
@@ -101,22 +102,6 @@ def test_what_a_step_needs():
 # ------------------------------------------------------------ whole-mini-batch statistics
 
 
-def _centred_stats(inputs: LossInputs) -> dict[str, torch.Tensor]:
-    m = inputs.response_mask.bool()
-    adv = inputs.advantages[:, None].expand(m.shape)
-    return {"adv_sum": torch.where(m, adv, 0.0).sum(), "tokens": m.sum().double()}
-
-
-def _centred_pg(inputs: LossInputs, settings: LossSettings) -> LossOutput:
-    """-(A - mean_batch(A)) log pi, token mean: the mean over the whole mini-batch's tokens."""
-    m = inputs.response_mask.bool()
-    mean = (inputs.batch_stats["adv_sum"] / inputs.batch_stats["tokens"]).float()
-    adv = inputs.advantages[:, None].expand(m.shape) - mean
-    per_token = -adv * torch.where(m, inputs.log_probs, 0.0)
-    loss = aggregate(per_token, m, "token_mean", num_tokens=inputs.num_tokens)
-    return LossOutput(loss=loss, metrics={"num_tokens": float(m.sum())})
-
-
 def _grads(model, samples, cfg, micro, algo):
     cfg = replace(cfg, optim=replace(cfg.optim, micro_batch_sequences=micro, max_grad_norm=0))
     model = copy.deepcopy(model)
@@ -133,9 +118,7 @@ def test_batch_statistic_is_over_the_whole_mini_batch(tiny_model):
     hand-built one of -(A - mean A) log pi over all loss tokens."""
     samples = _samples()
     cfg = load_config(None, {"preset": "dapo", "rollout": {"group_size": 4, "prompts_per_step": 3}})
-    algo = replace(
-        Algorithm.from_config(cfg), objective=Objective("c", _centred_pg, _centred_stats)
-    )
+    algo = replace(Algorithm.from_config(cfg), objective=Objective("c", centred_pg, centred_stats))
     whole = _grads(tiny_model, samples, cfg, 64, algo)
     split = _grads(tiny_model, samples, cfg, 1, algo)
     for a, b in zip(whole, split):
@@ -180,6 +163,7 @@ def test_user_objective_is_loaded_and_its_metrics_reach_the_update(tiny_model):
 SMALL = [
     "--rollout.prompts_per_step=2", "--rollout.group_size=4", "--rollout.max_new_tokens=24",
     "--algo.overlong_cache=4", "--train.eval_size=4", "--train.threads=1", "--save-every=1",
+    "--train.keep_checkpoints=5",
     "--no-progress", f"--algo.loss={USER}",
 ]  # fmt: skip
 
@@ -229,3 +213,34 @@ def test_user_objective_trains_from_the_python_api_and_resumes(tmp_path):
                       resume_from_checkpoint=True)  # fmt: skip
     assert [m["step"] for m in more.metrics] == [1, 2, 3]
     assert f"loss: {USER}" in (first.run_dir / "config.yaml").read_text()
+
+
+@pytest.mark.slow
+def test_batch_statistic_spans_ranks(tiny_model_dir, tmp_path):
+    """2 gloo ranks, each with half the groups, train as 1 process does: the objective's
+    mean advantage is the whole mini-batch's on both (a rank's own mean differs from it)."""
+    from test_distributed import ACCURACY, _run_group
+
+    spec = f"{ROOT / 'tests' / 'e2e_objectives.py'}:centred_pg"
+    runs = {}
+    for nproc in (1, 2):
+        run = tmp_path / f"n{nproc}"
+        rc, err = _run_group([
+            sys.executable, "-m", "rlvr", "train", "--preset", "dapo",
+            f"--model.name_or_path={tiny_model_dir}", f"--reward.accuracy={ACCURACY}",
+            f"--algo.loss={spec}", "--algo.dynamic_sampling=false",
+            "--rollout.prompts_per_step=4", "--rollout.group_size=4",
+            "--rollout.max_new_tokens=10", "--algo.overlong_cache=4",
+            "--algo.overlong_filter=false", "--rollout.seed_per_prompt=true",
+            "--train.eval_size=0", "--data.train_size=32", "--optim.lr=1e-3",
+            "--optim.micro_batch_sequences=3", "--train.threads=1", "--max-steps", "2",
+            "--output-dir", str(run), "--no-progress", "--nproc", str(nproc),
+        ])  # fmt: skip
+        assert rc == 0, err[-3000:]
+        runs[nproc] = run
+    m1, m2 = _math(runs[1]), _math(runs[2])
+    for a, b in zip(m1, m2):
+        assert a["adv_mean"] == pytest.approx(b["adv_mean"], rel=1e-5, abs=1e-7)
+    w1, w2 = _weights(runs[1], 2), _weights(runs[2], 2)
+    for k in w1:
+        torch.testing.assert_close(w1[k], w2[k], atol=1e-5, rtol=0, msg=k)
