@@ -113,7 +113,7 @@ def test_resolved_config_round_trips(tmp_path):
         ),
         ("--algos.clip_high=0.3", r"unknown section 'algos'; did you mean algo\?; valid: model"),
         ("--algo.agg=mean", r"algo\.agg: got 'mean', expected one of 'sample_mean'"),
-        ("--algo.clip_low=1.5", r"algo\.clip_low: got 1\.5, expected 0 <= clip_low < 1"),
+        ("--algo.clip_low=1.5", r"algo\.clip_low: got 1\.5, expected 0 <= clip_low <= 1"),
         ("--algo.clip_high=abc", r"algo\.clip_high: got 'abc', expected a number"),
         ("--rollout.group_size=1", r"rollout\.group_size: got 1, expected >= 2"),
         ("--rollout.group_size=2.5", r"rollout\.group_size: got '2\.5', expected an integer"),

@@ -31,6 +31,23 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
         },
         "reward": {"wrong_score": -1.0},
     },
+    # CISPO (MiniMax-M1): DAPO's recipe with the clipped stop-gradient importance weight on
+    # every token; no lower bound (clip_low 1: the bound 0), the upper at DAPO's 1.28 (verl's
+    # and Trinity-RFT's CISPO default).
+    "cispo": {
+        "algo": {
+            "advantage": "grpo",
+            "loss": "cispo",
+            "clip_low": 1.0,
+            "clip_high": 0.28,
+            "kl_coef": 0.0,
+            "agg": "token_mean",
+            "dynamic_sampling": True,
+            "overlong_filter": True,
+            "soft_overlong": True,
+        },
+        "reward": {"wrong_score": -1.0},
+    },
     "dr_grpo": {
         "algo": {
             "advantage": "dr_grpo",

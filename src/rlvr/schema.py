@@ -140,6 +140,9 @@ class AlgoConfig:
     clip_low: eps_low; the ratio's lower bound is 1 - clip_low.
     clip_high: eps_high; the ratio's upper bound is 1 + clip_high (DAPO clip-higher: 0.28).
     dual_clip: dual-clip constant c > 1 capping the loss of negative advantages (none = off).
+    loss: the policy objective: a name of rlvr.algos.OBJECTIVES (clip: PPO/GRPO/DAPO's clipped
+        surrogate; gspo; cispo) or a user's "module:function" / "path/to/file.py:function" with the
+        signature fn(LossInputs, LossSettings) -> LossOutput (docs/algorithms.md#adding-an-objective).
     ratio: token (PPO/GRPO/DAPO importance ratio per token) or sequence (GSPO).
     agg: loss aggregation: sample_mean (GRPO), token_mean (DAPO), token_sum_norm (Dr. GRPO).
     kl_coef: beta, weight of the KL penalty to the reference model in the loss (0 = no reference).
@@ -171,6 +174,7 @@ class AlgoConfig:
     clip_low: float = 0.2
     clip_high: float = 0.2
     dual_clip: float | None = None
+    loss: str = "clip"
     ratio: Literal["token", "sequence"] = "token"
     agg: Literal["sample_mean", "token_mean", "token_sum_norm"] = "sample_mean"
     kl_coef: float = 0.0

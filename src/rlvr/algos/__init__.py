@@ -5,8 +5,10 @@ each function's docstring repeats its own, with the paper and the edge cases. Te
 (B, T) = responses x completion tokens; a group's G responses are contiguous rows.
 
 One dict per family lists the valid names for the config layer: ADVANTAGES (each entry takes an
-AdvantageInputs), KL_ESTIMATORS, AGGREGATIONS. There is no POLICY_LOSSES dict: the one loss, `policy_loss`, covers PPO-clip,
-GRPO, DAPO, Dr. GRPO and GSPO through its keyword arguments (`ratio`, `agg`, clip bounds).
+AdvantageInputs), KL_ESTIMATORS, AGGREGATIONS, OBJECTIVES (each entry's fn takes LossInputs and
+LossSettings; `register_objective` adds one). `clip` covers PPO-clip, GRPO, DAPO and Dr. GRPO
+through its settings (clip bounds, `agg`), `gspo` the sequence ratio; `policy_loss` is `clip`
+with keyword arguments.
 """
 
 from .advantages import (
@@ -33,6 +35,7 @@ from .kl_reward import (
     last_valid_index,
 )
 from .losses import LossOutput, Ratio, policy_loss
+from .objectives import OBJECTIVES, LossInputs, LossSettings, Objective, register_objective
 from .sampling import DynamicSamplingBuffer, DynamicSamplingResult, keep_groups, refill_size
 from .shaping import overlong_filter_mask, soft_overlong_penalty
 from .value import explained_variance, value_loss
@@ -41,6 +44,7 @@ __all__ = [
     "ADVANTAGES",
     "AGGREGATIONS",
     "KL_ESTIMATORS",
+    "OBJECTIVES",
     "TOKEN_LEVEL",
     "AdaptiveKLController",
     "AdvantageInputs",
@@ -52,7 +56,10 @@ __all__ = [
     "GlobalSum",
     "KLController",
     "KLKind",
+    "LossInputs",
     "LossOutput",
+    "LossSettings",
+    "Objective",
     "Ratio",
     "StdKind",
     "aggregate",
@@ -75,6 +82,7 @@ __all__ = [
     "overlong_filter_mask",
     "policy_loss",
     "refill_size",
+    "register_objective",
     "reinforce_pp_advantages",
     "rloo_advantages",
     "sample_mean",

@@ -15,20 +15,23 @@ the lower only when A < 0 and rho < 1 - clip_low; dual clip only when A < 0 and 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 import torch
 from torch import Tensor
 
-from .aggregate import AGGREGATIONS, AggMode, Count, aggregate
+from .aggregate import AggMode, Count, aggregate
 from .kl import KL_ESTIMATORS, KLKind, kl_k3
+
+if TYPE_CHECKING:
+    from .objectives import LossInputs, LossSettings
 
 Ratio = Literal["token", "sequence"]
 
 
 @dataclass(frozen=True)
 class LossOutput:
-    """What policy_loss returns.
+    """What policy_loss and every objective (rlvr.algos.objectives) return.
 
     loss: 0-d tensor to minimise (carries the graph back to log_probs).
     metrics: floats about this call's valid tokens (all 0.0 when there are none):
@@ -52,45 +55,25 @@ class LossOutput:
     metrics: dict[str, float]
 
 
-def _check(
-    log_probs: Tensor,
-    old_log_probs: Tensor,
-    advantages: Tensor,
-    response_mask: Tensor,
-    ref_log_probs: Tensor | None,
-    **opts: Any,
-) -> None:
+def _check(inputs: LossInputs, kl_coef: float) -> None:
+    """The tensors' shapes (the settings' ranges are LossSettings' own check)."""
+    log_probs, ref_log_probs = inputs.log_probs, inputs.ref_log_probs
     shape = tuple(log_probs.shape)
     if len(shape) != 2:
         raise ValueError(f"log_probs must be (B, T), got {shape}")
-    named = {"old_log_probs": old_log_probs, "response_mask": response_mask}
+    named = {"old_log_probs": inputs.old_log_probs, "response_mask": inputs.response_mask}
     if ref_log_probs is not None:
         named["ref_log_probs"] = ref_log_probs
     for name, t in named.items():
         if tuple(t.shape) != shape:
             raise ValueError(f"{name} has shape {tuple(t.shape)}, expected {shape}")
+    advantages = inputs.advantages
     if tuple(advantages.shape) not in (shape[:1], shape):
         raise ValueError(
             f"advantages has shape {tuple(advantages.shape)}, expected {shape[:1]} or {shape}"
         )
-    lo, hi, dual, kl_coef = opts["clip_low"], opts["clip_high"], opts["dual_clip"], opts["kl_coef"]
-    if not 0.0 <= lo <= 1.0 or not hi >= 0.0:
-        raise ValueError(f"need 0 <= clip_low <= 1 and clip_high >= 0, got {lo}, {hi}")
-    if dual is not None and not dual > 1.0:
-        raise ValueError(f"dual_clip must be > 1 (verl uses 3), got {dual}")
-    if kl_coef < 0:
-        raise ValueError(f"kl_coef must be >= 0, got {kl_coef}")
     if kl_coef > 0 and ref_log_probs is None:
         raise ValueError("kl_coef > 0 needs ref_log_probs")
-    if opts["kl_kind"] not in KL_ESTIMATORS:
-        raise ValueError(f"unknown kl_kind {opts['kl_kind']!r}; valid: {sorted(KL_ESTIMATORS)}")
-    if opts["ratio"] not in ("token", "sequence"):
-        raise ValueError(f"ratio must be 'token' or 'sequence', got {opts['ratio']!r}")
-    if opts["agg"] not in AGGREGATIONS:
-        raise ValueError(f"unknown aggregation {opts['agg']!r}; valid: {sorted(AGGREGATIONS)}")
-    c = opts["log_ratio_clamp"]
-    if c is not None and not c > 0:
-        raise ValueError(f"log_ratio_clamp must be > 0 or None, got {c}")
 
 
 def _log_ratio(
@@ -181,11 +164,26 @@ def policy_loss(
     num_tokens / num_sequences / norm_constant go to `aggregate` (global counts for exact
     micro-batching). Returns LossOutput; its metrics are documented there.
     """
-    _check(
-        log_probs, old_log_probs, advantages, response_mask, ref_log_probs,
-        clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip, kl_coef=kl_coef,
-        kl_kind=kl_kind, ratio=ratio, agg=agg, log_ratio_clamp=log_ratio_clamp,
+    from .objectives import LossInputs, LossSettings
+
+    settings = LossSettings(
+        clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip, agg=agg, kl_coef=kl_coef,
+        kl_kind=kl_kind, ratio=ratio, log_ratio_clamp=log_ratio_clamp,
     )  # fmt: skip
+    inputs = LossInputs(
+        log_probs=log_probs, old_log_probs=old_log_probs, advantages=advantages,
+        response_mask=response_mask, ref_log_probs=ref_log_probs, num_tokens=num_tokens,
+        num_sequences=num_sequences, norm_constant=norm_constant,
+    )  # fmt: skip
+    return clipped_surrogate_loss(inputs, settings)
+
+
+def clipped_surrogate_loss(inputs: LossInputs, settings: LossSettings) -> LossOutput:
+    """The registered `clip` objective (`rlvr.algos.objectives`); `policy_loss` documents it."""
+    s = settings
+    _check(inputs, s.kl_coef)
+    response_mask = inputs.response_mask
+    log_probs = inputs.log_probs
     mask = response_mask if response_mask.dtype == torch.bool else response_mask != 0
     dtype = torch.float32 if log_probs.dtype in (torch.float16, torch.bfloat16) else log_probs.dtype
 
@@ -194,25 +192,25 @@ def policy_loss(
         # gradient to the unused branch is 0 only if that branch's own gradient is finite.
         return torch.where(mask, t.to(dtype), torch.zeros((), dtype=dtype, device=t.device))
 
-    logp, old = clean(log_probs), clean(old_log_probs)
-    adv = advantages.to(dtype)
+    logp, old = clean(log_probs), clean(inputs.old_log_probs)
+    adv = inputs.advantages.to(dtype)
     adv = clean(adv.unsqueeze(1).expand_as(logp) if adv.dim() == 1 else adv)  # (B, T)
 
-    log_ratio, clamped = _log_ratio(logp, old, mask, ratio, log_ratio_clamp)
+    log_ratio, clamped = _log_ratio(logp, old, mask, s.ratio, s.log_ratio_clamp)
     rho = torch.exp(log_ratio)  # (B, T)
     per_token, low_hit, high_hit, dual_hit = _clipped_surrogate(
-        rho, adv, mask, 1.0 - clip_low, 1.0 + clip_high, dual_clip
+        rho, adv, mask, 1.0 - s.clip_low, 1.0 + s.clip_high, s.dual_clip
     )
     kl3 = None
-    if ref_log_probs is not None:
-        ref = clean(ref_log_probs)
-        if kl_coef > 0:
-            per_token = per_token + kl_coef * KL_ESTIMATORS[kl_kind](logp, ref)
+    if inputs.ref_log_probs is not None:
+        ref = clean(inputs.ref_log_probs)
+        if s.kl_coef > 0:
+            per_token = per_token + s.kl_coef * KL_ESTIMATORS[s.kl_kind](logp, ref)
         kl3 = kl_k3(logp.detach(), ref)
 
     loss = aggregate(
-        per_token, mask, agg,
-        num_tokens=num_tokens, num_sequences=num_sequences, norm_constant=norm_constant,
+        per_token, mask, s.agg, num_tokens=inputs.num_tokens,
+        num_sequences=inputs.num_sequences, norm_constant=inputs.norm_constant,
     )  # fmt: skip
     metrics = _metrics(rho, mask, low_hit, high_hit, dual_hit, kl3, clamped)
     return LossOutput(loss=loss, metrics=metrics)

@@ -22,7 +22,7 @@ class OuterLoop:
         cfg = run.cfg
         self.cfg = cfg
         self.reference = None
-        if cfg.algo.kl_coef > 0:
+        if run.algorithm.needs_reference:
             self.reference = ReferenceSync(run.policy, run.backend, cfg.algo.ref_mixup_alpha)
         self.rm = None
         if cfg.reward.model is not None:

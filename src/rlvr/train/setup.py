@@ -12,6 +12,7 @@ import torch
 from rich.console import Console
 
 from rlvr import cpu
+from rlvr.algorithm import Algorithm
 from rlvr.algos import KLController
 from rlvr.config import Config, ConfigError
 from rlvr.models import autocast, eos_ids, load_tokenizer
@@ -90,6 +91,10 @@ class Run:
     critic: Critic | None = None  # PPO's value model (algo.advantage=gae)
     kl_ctl: KLController | None = None  # the per-token reward's beta (algo.kl_in_reward)
     outer: OuterLoop | None = None  # reference resets, the reward model's refresh (outer.py)
+    algorithm: Algorithm = field(init=False)  # which algorithm, built once from cfg.algo
+
+    def __post_init__(self) -> None:
+        self.algorithm = Algorithm.from_config(self.cfg)
 
     def evaluate(self) -> dict[str, float]:
         with gathered(self.policy.model), autocast(self.cfg.model.autocast, self.device):
@@ -134,7 +139,7 @@ class Run:
 
 def _build_critic(cfg: Config, device, d: Dist, state: dict | None) -> Critic | None:
     """PPO's critic (gae only), resumed from `state`; built without touching the run's RNG."""
-    if cfg.algo.advantage != "gae":
+    if not Algorithm.from_config(cfg).uses_critic:
         return None
     with torch.random.fork_rng(devices=[]):
         return build_critic(cfg, device, d, state)

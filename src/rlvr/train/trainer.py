@@ -47,7 +47,7 @@ __all__ = ["Given", "Run", "resolve_device", "run_step", "setup", "train"]
 def run_step(step: int, run: Run) -> tuple[dict[str, float], list[dict]]:
     """One rollout step: collect, advantages, old/ref log-probs, update. Returns metrics."""
     cfg, device, pad_id = run.cfg, run.device, run.tokenizer.pad_token_id
-    model = run.policy.model
+    model, algo = run.policy.model, run.algorithm
     t_start = time.perf_counter()
     # FSDP2: whole weights for the no-grad work (else a no-op); bf16 sampling when asked
     with gathered(model), autocast(cfg.model.autocast, device):
@@ -59,11 +59,10 @@ def run_step(step: int, run: Run) -> tuple[dict[str, float], list[dict]]:
         t0 = time.perf_counter()
         # pi_old's log-probs: for the ratio when it can differ from the live policy's, and
         # for the KL of the per-token reward (PPO, REINFORCE++)
-        several = cfg.algo.mu > 1 or cfg.algo.mini_batches > 1
-        if len(batch) and (several or (run.kl_ctl is not None and cfg.algo.kl_coef > 0)):
+        if len(batch) and algo.needs_old_log_probs:
             old = batch_log_probs(model, batch, cfg, pad_id, device, run.backend)
             batch = replace(batch, old_log_probs=old)
-        if len(batch) and cfg.algo.kl_coef > 0:
+        if len(batch) and algo.needs_reference:
             with run.policy.reference() as reference:
                 ref = batch_log_probs(reference, batch, cfg, pad_id, device, run.backend)
             batch = replace(batch, ref_log_probs=ref)
@@ -89,6 +88,7 @@ def run_step(step: int, run: Run) -> tuple[dict[str, float], list[dict]]:
                 d=run.d,
                 module=run.module,
                 backend=run.backend,
+                algo=algo,
             )
         )
         run.engine.sync_weights()
@@ -107,7 +107,7 @@ def _advantages(run: Run, batch: Batch) -> tuple[Batch, dict[str, float], Critic
     reinforce_pp) token-level ones from the per-token rewards, with the critic's values and
     targets for gae."""
     cfg = run.cfg
-    if cfg.algo.advantage not in ("gae", "reinforce_pp"):
+    if not run.algorithm.token_level:
         return replace(batch, advantages=advantages(batch, cfg)), {}, None
     values = None
     if run.critic is not None:

@@ -9,7 +9,9 @@ from dataclasses import dataclass
 import torch
 
 from rlvr import cpu
-from rlvr.algos import ADVANTAGES, AdvantageInputs, LossOutput, overlong_filter_mask, policy_loss
+from rlvr.algorithm import Algorithm
+from rlvr.algos import LossOutput, overlong_filter_mask
+from rlvr.algos.objectives import LossInputs
 from rlvr.config import Config
 from rlvr.models import autocast
 from rlvr.rollout.base import dedupe
@@ -31,8 +33,7 @@ def advantages(batch: Batch, cfg: Config) -> torch.Tensor:
     rewards = torch.tensor([s.reward for s in batch.samples], dtype=torch.float32)
     if not len(batch):
         return rewards
-    a = cfg.algo
-    return ADVANTAGES[a.advantage](AdvantageInputs(rewards=rewards, group_size=G, std=a.std))
+    return Algorithm.from_config(cfg).group_advantages(rewards, G)
 
 
 def _generated(response_mask: torch.Tensor, samples: list[Sample]) -> torch.Tensor:
@@ -150,19 +151,11 @@ class MicroResult:
     logprob_diff: tuple[float, float, float] | None  # |engine - trainer|: sum, max, tokens
 
 
-def _micro_loss(
-    module,
-    micro: Batch,
-    cfg: Config,
-    pad_id: int,
-    device,
-    num_tokens: float,
-    num_sequences: float,
-    backend: cpu.Backend | None = None,
-) -> MicroResult:
-    """The loss of one micro-batch (normalised by the step's global counts) and its sums."""
-    a = cfg.algo
-    backend = cpu.backend(module) if backend is None else backend
+def _micro_inputs(
+    module, micro: Batch, cfg: Config, pad_id: int, device, backend, num_tokens, num_sequences,
+    algo: Algorithm, batch_stats: dict[str, torch.Tensor] | None = None,
+):  # fmt: skip
+    """The objective's inputs for one micro-batch, with its entropy and generated tokens."""
     mb, (log_probs, entropy) = _log_probs(
         module, micro.samples, cfg, pad_id, device, backend, with_entropy=True
     )
@@ -172,40 +165,83 @@ def _micro_loss(
     # (docs/algorithms.md), and the detached log-probs save a forward pass.
     old = to_width(micro.old_log_probs, T, device)
     old = old if old is not None else log_probs.detach()
-    ref = to_width(micro.ref_log_probs, T, device)
-    out = policy_loss(
-        log_probs,
-        old,
-        to_width(micro.advantages, T, device),
-        mask,
-        clip_low=a.clip_low,
-        clip_high=a.clip_high,
-        dual_clip=a.dual_clip,
-        agg=a.agg,
+    behaviour = micro.sampling_log_probs(T)
+    inputs = LossInputs(
+        log_probs=log_probs,
+        old_log_probs=old,
+        advantages=to_width(micro.advantages, T, device),
+        response_mask=mask,
+        # a dummy has no reference; with the KL in the reward (PPO) the loss has none
+        ref_log_probs=to_width(micro.ref_log_probs, T, device),
+        behaviour_log_probs=behaviour.to(device) if behaviour is not None else None,
+        entropy=entropy.detach(),
         num_tokens=num_tokens,
         num_sequences=num_sequences,
-        norm_constant=float(cfg.rollout.max_new_tokens),
-        # a dummy has no reference; with the KL in the reward (PPO) the loss has none
-        kl_coef=a.kl_coef if ref is not None and not a.kl_in_reward else 0.0,
-        ref_log_probs=ref,
-        kl_kind=a.kl_kind,
-        ratio=a.ratio,
-        log_ratio_clamp=a.log_ratio_clamp,
+        norm_constant=algo.norm_constant,
+        batch_stats=batch_stats or {},
     )
-    generated = _generated(mb.response_mask, micro.samples)
+    return inputs, entropy, _generated(mb.response_mask, micro.samples)
+
+
+def _micro_loss(
+    module,
+    micro: Batch,
+    cfg: Config,
+    pad_id: int,
+    device,
+    num_tokens: float,
+    num_sequences: float,
+    backend: cpu.Backend | None = None,
+    algo: Algorithm | None = None,
+    batch_stats: dict[str, torch.Tensor] | None = None,
+) -> MicroResult:
+    """The loss of one micro-batch (normalised by the step's global counts) and its sums."""
+    algo = Algorithm.from_config(cfg) if algo is None else algo
+    backend = cpu.backend(module) if backend is None else backend
+    inputs, entropy, generated = _micro_inputs(
+        module, micro, cfg, pad_id, device, backend, num_tokens, num_sequences, algo, batch_stats
+    )
+    out = algo.loss(inputs)
     return MicroResult(
         out=out,
-        loss_tokens=float(mask.sum()),
+        loss_tokens=float(inputs.response_mask.sum()),
         entropy_sum=float((entropy * generated).sum()),
         generated_tokens=float(generated.sum()),
-        logprob_diff=_logprob_diff(micro, old, generated),
+        logprob_diff=_logprob_diff(inputs.behaviour_log_probs, inputs.old_log_probs, generated),
     )
 
 
-def _logprob_diff(micro: Batch, trainer: torch.Tensor, valid: torch.Tensor):
+@torch.no_grad()
+def _batch_stats(u: _Update, micros: list[Batch], num_tokens, num_sequences):
+    """The objective's `stats` summed over the mini-batch's micro-batches and every rank (one
+    no-grad forward each), or None when the objective has none."""
+    stats = u.algo.objective.stats
+    if stats is None:
+        return None
+    total: dict[str, torch.Tensor] = {}
+    for micro in micros:
+        inputs, _, _ = _micro_inputs(
+            u.module, micro, u.cfg, u.pad_id, u.device, u.backend, num_tokens, num_sequences,
+            u.algo,
+        )  # fmt: skip
+        for key, value in stats(inputs).items():
+            value = value.detach().double().cpu()
+            total[key] = total[key] + value if key in total else value
+    keys = sorted(total)
+    shapes = [total[k].shape for k in keys]
+    flat = torch.cat([total[k].reshape(-1) for k in keys]) if keys else torch.zeros(0)
+    summed = torch.tensor(u.d.sum(flat.tolist()), dtype=torch.float64) if keys else flat
+    out, i = {}, 0
+    for k, shape in zip(keys, shapes):
+        n = int(torch.Size(shape).numel())
+        out[k] = summed[i : i + n].reshape(shape).to(u.device)
+        i += n
+    return out
+
+
+def _logprob_diff(engine: torch.Tensor | None, trainer: torch.Tensor, valid: torch.Tensor):
     """|engine log-prob - trainer log-prob| over the valid tokens: (sum, max, count), or None
     where the engine reports no log-probs. `trainer`: pi_old's (the policy that sampled)."""
-    engine = micro.sampling_log_probs(trainer.shape[1])
     if engine is None:
         return None
     diff = (engine.to(trainer.device) - trainer).abs()[valid.bool()]
@@ -226,6 +262,7 @@ def policy_update(
     d: Dist | None = None,
     module=None,
     backend: cpu.Backend | None = None,
+    algo: Algorithm | None = None,
 ) -> dict[str, float]:
     """mu passes x mini-batches x micro-batches; one optimiser step per mini-batch.
 
@@ -233,13 +270,16 @@ def policy_update(
     reference log-probs where they are needed). Mini-batches split the step's global groups,
     so every rank takes the same optimiser steps. `module`: what the training forward runs
     through (DDP-wrapped model). `backend`: the CPU backend's gate (by default decided from
-    `model`).
+    `model`). `algo`: the run's Algorithm (by default built from `cfg`).
 
     The module is in training mode for the loss forwards (dropout and LoRA dropout act,
     gradient checkpointing recomputes), and back in eval mode after."""
     module = module if module is not None else model
     backend = cpu.backend(model) if backend is None else backend
-    u = _Update(model, module, cfg, optimizer, scheduler, pad_id, device, d or Dist(), backend)
+    algo = Algorithm.from_config(cfg) if algo is None else algo
+    u = _Update(
+        model, module, cfg, optimizer, scheduler, pad_id, device, d or Dist(), backend, algo
+    )
     was_training = module.training
     module.train()
     try:
@@ -264,6 +304,7 @@ class _Update:
     device: object
     d: Dist
     backend: cpu.Backend
+    algo: Algorithm
 
 
 class _Sums:
@@ -280,7 +321,7 @@ class _Sums:
 
     def micro(self, r: MicroResult, first: bool) -> None:
         for key, v in r.out.metrics.items():
-            if key == "ratio_max":
+            if key == "ratio_max":  # an objective's metrics combine as LossOutput documents
                 self.ratio_max = max(self.ratio_max, v) if r.loss_tokens else self.ratio_max
             elif key in ("log_ratio_clamped", "num_tokens"):
                 self.add(key, v)  # counts add up
@@ -338,14 +379,16 @@ def _epoch(u: _Update, batch: Batch, sums: _Sums, first: bool) -> None:
         micros = micros or [_dummy(u.pad_id)]
         if is_sharded(model):  # FSDP2 communicates in every forward/backward: equal counts
             micros += [_dummy(u.pad_id)] * (int(d.max(len(micros))) - len(micros))
+        stats = _batch_stats(u, micros, num_tokens, num_sequences)
         for k, micro in enumerate(micros):
             # DDP all-reduces on the last micro-batch only; the others accumulate locally.
             last = k == len(micros) - 1
             ddp_accumulate = d.enabled and not last and hasattr(module, "no_sync")
             with module.no_sync() if ddp_accumulate else contextlib.nullcontext():
                 r = _micro_loss(
-                    module, micro, cfg, u.pad_id, u.device, num_tokens, num_sequences, u.backend
-                )
+                    module, micro, cfg, u.pad_id, u.device, num_tokens, num_sequences, u.backend,
+                    u.algo, stats,
+                )  # fmt: skip
                 # The loss is already normalised by global counts: undo DDP's averaging.
                 (r.out.loss * d.world_size).backward()
             sums.micro(r, first)

@@ -1,0 +1,133 @@
+"""Which algorithm a run is: one object built from `cfg.algo`, asked by the trainer, the
+update and the config checks instead of each testing config strings
+(docs/algorithms.md#adding-an-objective).
+
+    objective        the registered loss (`algo.loss`: a name of rlvr.algos.OBJECTIVES or a
+                     user's "module:function"); `algo.ratio=sequence` with the default `clip`
+                     is GSPO
+    settings         its parameters (clip bounds, dual clip, aggregation, the loss's KL),
+                     range-checked once, by LossSettings
+    advantage        the estimator (rlvr.algos.ADVANTAGES); token_level: it reads per-token
+                     rewards (gae, reinforce_pp), uses_critic: a value model (gae)
+    needs_old_log_probs, needs_reference: which no-grad passes a step runs
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+
+from rlvr.algos import ADVANTAGES, TOKEN_LEVEL, AdvantageInputs, LossOutput
+from rlvr.algos.objectives import OBJECTIVES, LossInputs, LossSettings, Objective
+from rlvr.schema import Config, ConfigError
+
+
+@dataclass(frozen=True)
+class Algorithm:
+    objective: Objective
+    settings: LossSettings  # kl_coef: the loss's (0 when the KL is in the reward)
+    advantage: str
+    std: str
+    token_level: bool
+    uses_critic: bool
+    kl_in_reward: bool
+    needs_reference: bool  # kl_coef > 0: reference log-probs, in the loss or the reward
+    several_updates: bool  # mu > 1 or several mini-batches: pi_old differs from the live policy
+    needs_old_log_probs: bool  # for the ratio (several_updates) or the reward's KL
+    norm_constant: float  # Dr. GRPO's: the generation budget, rollout.max_new_tokens
+
+    @classmethod
+    def from_config(cls, cfg: Config) -> Algorithm:
+        """The run's algorithm; a ConfigError naming the key where a setting is out of range."""
+        a = cfg.algo
+        _check_consistency(cfg)
+        try:
+            settings = LossSettings(
+                clip_low=a.clip_low, clip_high=a.clip_high, dual_clip=a.dual_clip, agg=a.agg,
+                kl_coef=0.0 if a.kl_in_reward else a.kl_coef, kl_kind=a.kl_kind,
+                ratio=a.ratio, log_ratio_clamp=a.log_ratio_clamp,
+            )  # fmt: skip
+        except ValueError as e:
+            raise ConfigError(f"algo.{e}") from None
+        if a.kl_coef < 0:  # the reward's beta is checked here too
+            raise ConfigError(f"algo.kl_coef: got {a.kl_coef!r}, expected >= 0")
+        several = a.mu > 1 or a.mini_batches > 1
+        objective = resolve_objective(a.loss, a.ratio)
+        if objective.check is not None:
+            try:
+                objective.check(settings)
+            except ValueError as e:
+                raise ConfigError(f"algo.{e}") from None
+        return cls(
+            objective=objective,
+            settings=settings,
+            advantage=a.advantage,
+            std=a.std,
+            token_level=a.advantage in TOKEN_LEVEL,
+            uses_critic=a.advantage == "gae",
+            kl_in_reward=a.kl_in_reward,
+            needs_reference=a.kl_coef > 0,
+            several_updates=several,
+            needs_old_log_probs=several or (a.kl_in_reward and a.kl_coef > 0),
+            norm_constant=float(cfg.rollout.max_new_tokens),
+        )
+
+    def group_advantages(self, rewards: torch.Tensor, group_size: int) -> torch.Tensor:
+        """(N,) advantages from each whole group's rewards (the group estimators)."""
+        inputs = AdvantageInputs(rewards=rewards, group_size=group_size, std=self.std)
+        return ADVANTAGES[self.advantage](inputs)
+
+    def loss(self, inputs: LossInputs) -> LossOutput:
+        """The objective on one micro-batch; no KL term where it has no reference (a dummy)."""
+        settings = self.settings
+        if inputs.ref_log_probs is None and settings.kl_coef > 0:
+            settings = replace(settings, kl_coef=0.0)
+        return self.objective.fn(inputs, settings)
+
+
+def resolve_objective(name: str, ratio: str = "token") -> Objective:
+    """The registered objective `name`, or the function a "module:function" names."""
+    if name in OBJECTIVES:
+        return OBJECTIVES["gspo" if name == "clip" and ratio == "sequence" else name]
+    if ":" not in name:
+        raise ConfigError(
+            f"algo.loss: got {name!r}, expected one of {sorted(OBJECTIVES)} or "
+            "'module:function' / 'path/to/file.py:function'"
+        )
+    from rlvr.rewards.user import load_callable
+
+    try:
+        fn = load_callable(name, "algo.loss")
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    return Objective(name, fn, getattr(fn, "stats", None), getattr(fn, "check", None))
+
+
+def _check(ok: bool, key: str, expected: str, value) -> None:
+    if not ok:
+        raise ConfigError(f"{key}: got {value!r}, expected {expected}")
+
+
+def _check_consistency(cfg: Config) -> None:
+    """What the estimator asks of the rest of the config."""
+    a, r = cfg.algo, cfg.rollout
+    token_level = a.advantage in TOKEN_LEVEL  # their baseline is not the group
+    _check(
+        r.group_size >= (1 if token_level else 2),
+        "rollout.group_size",
+        ">= 2 (a group needs a baseline)" if not token_level else ">= 1",
+        r.group_size,
+    )
+    _check(
+        not a.kl_in_reward or token_level,
+        "algo.kl_in_reward",
+        "false unless algo.advantage is gae or reinforce_pp (group advantages read only the score)",
+        a.kl_in_reward,
+    )
+    _check(
+        a.advantage != "grpo" or a.std != "unbiased" or r.group_size >= 2,
+        "algo.std",
+        "population when group_size is 1",
+        a.std,
+    )

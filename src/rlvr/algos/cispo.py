@@ -1,0 +1,73 @@
+"""CISPO (MiniMax-M1, arXiv 2506.13585; docs/algorithms.md#cispo): clip the importance
+weight, not the update, so every token keeps its gradient.
+
+Per valid token, with rho = exp(logp - logp_old):
+
+    w_t = sg(clip(rho_t, 1 - clip_low, 1 + clip_high))
+    L_t = -w_t * A_t * logp_t                        plus kl_coef * KL_t as in `clip`
+    loss = aggregate(L, response_mask, agg)
+
+The gradient is -w_t A_t grad logp_t: a token outside [1 - clip_low, 1 + clip_high] still
+learns, with its weight capped (PPO's clip zeroes it). The paper sets no lower bound
+("clip_low to a high value"): clip_low = 1 puts it at 0. Token ratio only; no dual clip.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor
+
+from .aggregate import aggregate
+from .kl import KL_ESTIMATORS, kl_k3
+from .losses import LossOutput, _check, _log_ratio, _metrics
+
+if TYPE_CHECKING:
+    from .objectives import LossInputs, LossSettings
+
+
+def check_cispo(settings: LossSettings) -> None:
+    """The settings CISPO has no use for are refused, not ignored."""
+    if settings.ratio != "token":
+        raise ValueError(f"ratio: got {settings.ratio!r}, expected token (cispo weighs tokens)")
+    if settings.dual_clip is not None:
+        raise ValueError(f"dual_clip: got {settings.dual_clip!r}, expected none under cispo")
+
+
+def cispo_loss(inputs: LossInputs, settings: LossSettings) -> LossOutput:
+    """CISPO's loss (module docstring). Metrics as `clip`'s (LossOutput): clip_frac_low /
+    clip_frac_high are the shares of valid tokens whose weight the lower / upper bound cut,
+    whatever the advantage's sign (their gradient is scaled, not zeroed)."""
+    s = settings
+    check_cispo(s)
+    _check(inputs, s.kl_coef)
+    m = inputs.response_mask
+    mask = m if m.dtype == torch.bool else m != 0
+    lp = inputs.log_probs
+    dtype = torch.float32 if lp.dtype in (torch.float16, torch.bfloat16) else lp.dtype
+
+    def clean(t: Tensor) -> Tensor:  # masked entries replaced before any arithmetic
+        return torch.where(mask, t.to(dtype), torch.zeros((), dtype=dtype, device=t.device))
+
+    logp, old = clean(lp), clean(inputs.old_log_probs)
+    adv = inputs.advantages.to(dtype)
+    adv = clean(adv.unsqueeze(1).expand_as(logp) if adv.dim() == 1 else adv)  # (B, T)
+    log_ratio, clamped = _log_ratio(logp.detach(), old, mask, "token", s.log_ratio_clamp)
+    rho = torch.exp(log_ratio)  # (B, T), no graph
+    lo, hi = 1.0 - s.clip_low, 1.0 + s.clip_high
+    weight = rho.clamp(lo, hi)
+    per_token = -weight * adv * logp
+    kl3 = None
+    if inputs.ref_log_probs is not None:
+        ref = clean(inputs.ref_log_probs)
+        if s.kl_coef > 0:
+            per_token = per_token + s.kl_coef * KL_ESTIMATORS[s.kl_kind](logp, ref)
+        kl3 = kl_k3(logp.detach(), ref)
+    loss = aggregate(
+        per_token, mask, s.agg, num_tokens=inputs.num_tokens,
+        num_sequences=inputs.num_sequences, norm_constant=inputs.norm_constant,
+    )  # fmt: skip
+    low_hit, high_hit = mask & (rho < lo), mask & (rho > hi)
+    metrics = _metrics(rho, mask, low_hit, high_hit, torch.zeros_like(mask), kl3, clamped)
+    return LossOutput(loss=loss, metrics=metrics)
