@@ -70,10 +70,10 @@ def test_a_reward_that_exits_is_a_named_failure(tmp_path, capsys, monkeypatch, o
     err = capsys.readouterr().err
     if on_error == "raise":
         assert rc == 1
-        assert "error: reward 'accuracy' failed on sample 0 (SystemExit: 0)" in err
+        assert "error: reward 'acc' failed on sample 0 (SystemExit: 0)" in err
     else:
         assert rc == 0
-        assert re.search(r"reward 'accuracy' failed on (\d+) of \1 responses", err)
+        assert re.search(r"reward 'acc' failed on (\d+) of \1 responses", err)
         assert "reward failures over the run" in err
 
 

@@ -33,6 +33,9 @@ from rlvr.run.stored_config import (
 )
 
 
+API_SOURCE = "rlvr.train arguments"
+
+
 @dataclass(frozen=True)
 class TrainResult:
     """run_dir: the run directory; summary: summary.json (empty when a signal stopped the
@@ -130,7 +133,7 @@ class Trainer:
             if ds is not None:
                 key = "path" if stem == "train" else "eval_path"
                 data[key] = dataset_path(ds, run_dir, stem, resume is not None)
-        cfg = resolve_paths(load_config(None, changes, preset=preset))
+        cfg = resolve_paths(load_config(None, changes, preset=preset, source=API_SOURCE))
         for stem, ds in (("train", self.train_dataset), ("eval", self.eval_dataset)):
             if ds is not None and not isinstance(ds, (str, Path)):
                 check_rows(cfg, stem)
@@ -139,7 +142,14 @@ class Trainer:
     def train(self, resume_from_checkpoint: bool | str | Path | None = None) -> TrainResult:
         """Run training to the end (or until a callback returns "stop"). With
         `resume_from_checkpoint` (True: `output_dir`; or a run directory) the run continues
-        from its newest good checkpoint; only RESUME_SAFE keys may differ from its config."""
+        from its newest good checkpoint; only RESUME_SAFE keys may differ from its config.
+        `show_progress=False` silences transformers' bars too (loading, saving shards)."""
+        from rlvr.models import progress_bars
+
+        with progress_bars(self.show_progress):
+            return self._train(resume_from_checkpoint)
+
+    def _train(self, resume_from_checkpoint: bool | str | Path | None) -> TrainResult:
         from rlvr.models import load_tokenizer
         from rlvr.train.trainer import Given
         from rlvr.train.trainer import train as run_training

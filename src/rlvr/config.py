@@ -160,8 +160,10 @@ def load_config(
     overrides: list[str] | dict[str, dict[str, Any]] | None = None,
     *,
     preset: str | None = None,
+    source: str = "command line",
 ) -> Config:
-    """Defaults -> preset -> YAML file -> overrides, then `validate`. Raises ConfigError."""
+    """Defaults -> preset -> YAML file -> overrides, then `validate`. Raises ConfigError;
+    an error in `overrides` names `source` (the Python API passes its own)."""
     file_changes: dict[str, Any] = {}
     if path is not None:
         path = Path(path)
@@ -192,7 +194,7 @@ def load_config(
             cfg = apply_changes(cfg, changes, f"built-in tiny model defaults for task {task}")
     if file_changes:
         cfg = apply_changes(cfg, file_changes, str(path))
-    cfg = apply_changes(cfg, overrides, "command line")
+    cfg = apply_changes(cfg, overrides, source)
     validate(cfg)
     return cfg
 

@@ -220,6 +220,27 @@ def _from_pretrained(load, path: str, name: str, **kwargs):
         ) from err
 
 
+@contextlib.contextmanager
+def progress_bars(enabled: bool):
+    """Inside: transformers' and the Hub's progress bars (loading weights, writing shards,
+    downloads) on or off as asked; outside: as they were. `--no-progress` sets
+    HF_HUB_DISABLE_PROGRESS_BARS for the whole process instead."""
+    from huggingface_hub import utils as hub_utils
+    from transformers.utils import logging as hf_logging
+
+    was_hf, was_hub = hf_logging.is_progress_bar_enabled(), not hub_utils.are_progress_bars_disabled()
+    if not enabled:
+        hf_logging.disable_progress_bar()
+        hub_utils.disable_progress_bars()
+    try:
+        yield
+    finally:
+        if was_hf:
+            hf_logging.enable_progress_bar()
+        if was_hub:
+            hub_utils.enable_progress_bars()
+
+
 def unwrap_model(model: torch.nn.Module) -> torch.nn.Module:
     """The model under DDP (`.module`) and PEFT (`get_base_model()`) wrappers."""
     for _ in range(8):

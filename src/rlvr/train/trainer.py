@@ -117,10 +117,19 @@ def _advantages(run: Run, batch: Batch) -> tuple[Batch, dict[str, float], Critic
     return replace(batch, advantages=got.advantages), got.metrics, got.critic_targets
 
 
-def _accuracy_line(when: str, ev: dict) -> str:
-    if "accuracy" not in ev:  # train.eval_size=0
-        return f"no held-out evaluation {when} training (train.eval_size=0)"
+def _accuracy_line(when: str, ev: dict, cfg: Config) -> str:
+    if "accuracy" not in ev:
+        return f"no held-out evaluation {when} training ({no_eval_reason(cfg)})"
     return f"held-out accuracy {when} training: {ev['accuracy']:.3f}"
+
+
+def no_eval_reason(cfg: Config) -> str:
+    """Why a run has no held-out prompts: no eval set given, or train.eval_size=0."""
+    if cfg.train.eval_size == 0:
+        return "train.eval_size=0"
+    if cfg.data.path and not cfg.data.eval_path:
+        return "no eval set: data.eval_path (the API's eval_dataset) is not set"
+    return "the eval set holds no prompts"
 
 
 def train(
@@ -187,7 +196,7 @@ def _train(
     with logger as log, StopSignal() as stop:
         if eval_before is None:
             eval_before = run.evaluate()
-            log.message(_accuracy_line("before", eval_before))
+            log.message(_accuracy_line("before", eval_before, cfg))
         while step < cfg.train.max_steps and not d.max(float(stop.requested)):
             step += 1
             memory.check(step)  # a clear error instead of the OOM killer
@@ -214,7 +223,7 @@ def _train(
             )
             return run_dir
         eval_after = run.evaluate()
-        log.message(_accuracy_line("after", eval_after))
+        log.message(_accuracy_line("after", eval_after, cfg))
     if d.is_main:
         summary = {
             "eval_before": eval_before,
