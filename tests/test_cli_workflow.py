@@ -89,6 +89,7 @@ def test_a_step_with_nothing_to_train_on_says_why(tmp_path, capsys, monkeypatch)
     assert rc == 0
     err = capsys.readouterr().err
     assert "step 1: no update, nothing to train on: every group was solved" in err
+    assert re.search(r"^step 1/1  reward \S+  acc 1\.000  no update \(all_solved\)", err, re.M)
     row = json.loads((tmp_path / "run" / "metrics.jsonl").read_text())
     assert row["update/skipped"] == 1.0 and row["update/skip_reason"] == "all_solved"
 

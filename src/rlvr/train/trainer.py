@@ -186,6 +186,7 @@ def _train(
             total_steps=cfg.train.max_steps,
             console=console,
             show_progress=show_progress,
+            log_every=cfg.train.log_every,
             report_to=cfg.train.report_to,
             project=cfg.train.project,
             config=to_dict(cfg),
