@@ -10,7 +10,8 @@ import re
 import pytest
 import yaml
 
-from rlvr.cli import main, split_overrides
+from rlvr.arguments import split_overrides
+from rlvr.cli import main
 
 SMALL = [
     "--rollout.prompts_per_step=2",

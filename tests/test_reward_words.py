@@ -59,7 +59,8 @@ def test_a_failing_user_accuracy_reward_is_named_by_its_own_name(tmp_path):
         "def exact(completions, **kwargs):\n    raise ValueError('no answer tag')\n"
     )
     cfg = load_config(
-        None, {"reward": {"accuracy": f"{tmp_path / 'r.py'}:exact"}, "algo": {"soft_overlong": "false"}}
+        None,
+        {"reward": {"accuracy": f"{tmp_path / 'r.py'}:exact"}, "algo": {"soft_overlong": "false"}},
     )
     scorer = Scorer.build(cfg, task=None)
     prompts = [Prompt(text="q", ids=[5], answer="a", example=None)] * 2

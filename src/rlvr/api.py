@@ -26,12 +26,12 @@ from typing import Any
 
 from rlvr.api_inputs import check_rows, dataset_path, overrides, reward_changes, tool_names
 from rlvr.config import Config, ConfigError, load_config
+from rlvr.presets import preset_names
 from rlvr.run.stored_config import (
     check_resume_changes,
     resolve_paths,
     stored_config,
 )
-
 
 API_SOURCE = "rlvr.train arguments"
 
@@ -243,7 +243,7 @@ def train(
         parquet, a saved dataset); rows hold the prompt ("prompt": a string or chat messages)
         and the reference ("answer") unless `data.prompt_field` / `data.answer_field` say
         otherwise. None: the config's data (the built-in task by default).
-    preset: "dapo" (default), "grpo" or "dr_grpo" (a Config passed as `config` keeps its own).
+    preset: one of PRESET_NAMES (a Config passed as `config` keeps its own).
     config: changes to the config, as {"rollout.group_size": 8}, {"rollout": {...}}, or a
         Config.
     callbacks: each called as `fn(step, metrics)` after every step; returning "stop" ends
@@ -269,3 +269,7 @@ def train(
         show_progress=show_progress,
     )
     return trainer.train(resume_from_checkpoint=resume_from_checkpoint)
+
+
+# the preset list from the registry, so the docstring cannot fall behind it
+train.__doc__ = train.__doc__.replace("PRESET_NAMES", preset_names())

@@ -228,7 +228,10 @@ def progress_bars(enabled: bool):
     from huggingface_hub import utils as hub_utils
     from transformers.utils import logging as hf_logging
 
-    was_hf, was_hub = hf_logging.is_progress_bar_enabled(), not hub_utils.are_progress_bars_disabled()
+    was_hf, was_hub = (
+        hf_logging.is_progress_bar_enabled(),
+        not hub_utils.are_progress_bars_disabled(),
+    )
     if not enabled:
         hf_logging.disable_progress_bar()
         hub_utils.disable_progress_bars()

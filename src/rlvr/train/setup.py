@@ -174,7 +174,7 @@ def setup(
     source = load_prompts(cfg, tokenizer, getattr(model.config, "max_position_embeddings", None))
     module = wrap(model, d, device, cfg.train.parallel)  # before the optimiser: FSDP2 shards
     optimizer, scheduler = _optimizer(cfg, model)
-    toolbox = _toolbox(cfg, source, tokenizer, given)
+    toolbox = build_toolbox(cfg, source, tokenizer, given)
     engine = _engine(cfg, model, tokenizer, device, d, backend, toolbox)
     run = Run(
         cfg=cfg,
@@ -219,7 +219,7 @@ def _optimizer(cfg: Config, model: torch.nn.Module):
     return optimizer, scheduler
 
 
-def _toolbox(cfg: Config, source: PromptSource, tokenizer, given: Given) -> Toolbox | None:
+def build_toolbox(cfg: Config, source: PromptSource, tokenizer, given: Given) -> Toolbox | None:
     """The tools of `rollout.tools`, else the task's own (docs/tools.md); None without any."""
     r = cfg.rollout
     specs = r.tools or tuple(getattr(source.task, "tools", ()) or ())
