@@ -44,17 +44,18 @@ def test_split_overrides_keeps_values_with_spaces():
 def test_values_with_spaces_and_a_dataset_error_in_one_line(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "bad.jsonl").write_text(json.dumps({"question": "q", "answer": "1 #### 1"}) + "\n")
-    rc = main(
-        ["train", "--data.path=bad.jsonl", "--reward.accuracy=math", "--output-dir", "run",
-         "--data.prompt_template={question} Answer now.",
-         "--reward.params={math: {signed: false}}", *SMALL]
-    )  # fmt: skip
+    args = ["--data.path=bad.jsonl", "--reward.accuracy=math", "--output-dir", "run",
+            "--data.prompt_template={question} Answer now.",
+            "--reward.params={math: {signed: false}}", *SMALL]  # fmt: skip
+    rc = main(["train", *args])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2
     assert err[-1].startswith("error: bad.jsonl:1, field 'prompt': missing")
     assert "--data.prompt_field=question" in err[-1] and "--data.preset=gsm8k" in err[-1]
     assert not any("Traceback" in line for line in err)
-    stored = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
+    assert not (tmp_path / "run").exists()  # a run that never started leaves nothing
+    assert main(["config", "show", *args]) == 0  # the config that run would have stored
+    stored = yaml.safe_load(capsys.readouterr().out)
     assert stored["data"]["prompt_template"] == "{question} Answer now."
     assert stored["reward"]["params"] == {"math": {"signed": False}}
     assert stored["data"]["path"] == str(tmp_path / "bad.jsonl")  # absolute

@@ -90,7 +90,7 @@ class Trainer:
         elif model is not None:
             if not hasattr(model, "forward"):
                 raise ConfigError(f"model: expected a name, a path or a model, got {model!r}")
-            name = getattr(model, "name_or_path", "") or type(model).__name__
+            name = _model_source(model) or type(model).__name__  # the record in config.yaml
             section = changes.setdefault("model", {})
             section["name_or_path"] = str(name)
             section.setdefault("dtype", "auto")  # train the object in its own dtype
@@ -108,7 +108,7 @@ class Trainer:
         return changes
 
     def _build(self, resume: Path | None) -> Config:
-        from rlvr.run.rundir import new_default_run_dir
+        from rlvr.run.rundir import check_run_dir, draft_run_dir, new_default_run_dir
 
         changes = {k: (dict(v) if isinstance(v, dict) else v) for k, v in self.changes.items()}
         preset = changes.pop("preset", None) or self.preset
@@ -121,6 +121,8 @@ class Trainer:
             run_dir = Path(changes["train"]["output_dir"])
         else:
             run_dir = new_default_run_dir(Path("runs"))
+            draft_run_dir(run_dir, made=True)
+            self._draft = run_dir
         changes.setdefault("train", {})["output_dir"] = str(run_dir)
         data = changes.setdefault("data", {})
         taken = resume is None and (run_dir / "metrics.jsonl").exists()
@@ -129,6 +131,10 @@ class Trainer:
                 f"train.output_dir: {run_dir} already holds a run; resume it with "
                 f"resume_from_checkpoint=True or choose another output_dir"
             )
+        if resume is None:  # what is written from here on goes again if the run fails
+            check_run_dir(run_dir)
+            draft_run_dir(run_dir)
+            self._draft = run_dir
         for stem, ds in (("train", self.train_dataset), ("eval", self.eval_dataset)):
             if ds is not None:
                 key = "path" if stem == "train" else "eval_path"
@@ -150,7 +156,17 @@ class Trainer:
             return self._train(resume_from_checkpoint)
 
     def _train(self, resume_from_checkpoint: bool | str | Path | None) -> TrainResult:
-        from rlvr.models import load_tokenizer
+        from rlvr.run.rundir import discard_unstarted
+
+        self._draft = None  # a new run's directory, noted by _build, until its first step
+        try:
+            return self._run(resume_from_checkpoint)
+        except BaseException:  # a run that never logged a step leaves nothing behind
+            if self._draft is not None:
+                discard_unstarted(self._draft)
+            raise
+
+    def _run(self, resume_from_checkpoint: bool | str | Path | None) -> TrainResult:
         from rlvr.train.trainer import Given
         from rlvr.train.trainer import train as run_training
 
@@ -167,10 +183,7 @@ class Trainer:
         self.config = cfg
         tokenizer = self.tokenizer
         if tokenizer is None and not isinstance(self.model_arg, (str, Path)):
-            try:
-                tokenizer = load_tokenizer(cfg.model.name_or_path)
-            except (OSError, ValueError) as e:
-                raise ConfigError(f"tokenizer: the model object needs tokenizer= ({e})") from None
+            tokenizer = _tokenizer_of(self.model_arg)
         if tokenizer is not None and tokenizer.pad_token is None:
             tokenizer.pad_token = tokenizer.eos_token  # masks come from lengths: pad may be eos
         given = Given(
@@ -212,6 +225,33 @@ class Trainer:
                 load_model(base["base_model_name_or_path"]), str(checkpoint)
             ).eval()
         return load_model(str(checkpoint), dtype=cfg.model.dtype).eval()
+
+
+def _model_source(model: Any) -> str:
+    """Where a model object was loaded from (`from_pretrained`'s name or directory, as its
+    config keeps it); "" for one built in memory."""
+    name = getattr(model, "name_or_path", "") or ""
+    config = getattr(model, "config", None)
+    return str(name or getattr(config, "_name_or_path", "") or getattr(config, "name_or_path", ""))
+
+
+def _tokenizer_of(model: Any):
+    """The tokenizer saved with a model object's source, or ConfigError naming what to pass."""
+    from rlvr.models import load_tokenizer
+
+    source = _model_source(model)
+    if not source:
+        raise ConfigError(
+            f"tokenizer: the {type(model).__name__} object was built in memory (its config has "
+            "no name_or_path to load a tokenizer from); pass tokenizer="
+        )
+    try:
+        return load_tokenizer(source)
+    except (OSError, ValueError) as e:
+        raise ConfigError(
+            f"tokenizer: none found for the model object at its source {source!r} ({e}); "
+            "pass tokenizer="
+        ) from None
 
 
 def train(

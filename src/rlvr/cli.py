@@ -15,6 +15,7 @@ from rlvr.arguments import split_overrides, train_request
 from rlvr.config import ConfigError, dump_yaml
 from rlvr.data import DatasetError
 from rlvr.evaluate import cmd_eval
+from rlvr.models import progress_bars
 from rlvr.plots import cmd_plot
 from rlvr.rewards.combine import RewardError
 from rlvr.rm.command import cmd_rm
@@ -192,10 +193,12 @@ def _main(argv: list[str] | None) -> int:
             "\nrlvr COMMAND --help for details."
         )
         return 0
-    if "--no-progress" in argv:  # none of transformers' bars either (loading, saving shards)
+    quiet = "--no-progress" in argv
+    if quiet:  # none of transformers' bars either (loading, saving shards), in child processes
         os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     try:
-        return COMMANDS[argv[0]](argv[1:])
+        with progress_bars(not quiet):  # and in this one, where transformers is imported
+            return COMMANDS[argv[0]](argv[1:])
     except (ConfigError, FileNotFoundError, CheckpointError, DatasetError) as e:
         sys.stderr.write(f"error: {e}\n")  # plain text: a message may hold [brackets]
         return 2

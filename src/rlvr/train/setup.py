@@ -1,6 +1,7 @@
-"""Building a run once: the device and ranks, the run directory (resumed from its newest good
-checkpoint when asked), the tokenizer, the policy and its reference, the CPU backend's gate,
-the prompts, the optimiser and schedule, the rollout engine, the scorer and (PPO) the critic."""
+"""Building a run once: the device and ranks, the tokenizer, the policy and its reference, the
+CPU backend's gate, the prompts, the optimiser and schedule, the rollout engine, the scorer,
+then the run directory (a resumed run's first: its newest good checkpoint is loaded) and
+(PPO) the critic. A new run's directory is written only once all of these are built."""
 
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ from rlvr.run.distributed import (
     load_optimizer_state,
     wrap,
 )
-from rlvr.run.rundir import prepare_run_dir, truncate_jsonl
+from rlvr.run.rundir import check_run_dir, discard_unstarted, prepare_run_dir, truncate_jsonl
 from rlvr.tools import Toolbox, ToolFormat, make_python_tool
 from rlvr.train.collect import PromptSampler
 from rlvr.train.critic import Critic, build_critic
@@ -157,10 +158,11 @@ def setup(
             f"rollout.prompts_per_step: {cfg.rollout.prompts_per_step} is not "
             f"divisible by the {d.world_size} ranks (each takes whole groups)"
         )
-    run_dir = prepare_run_dir(cfg, resume=resume_dir is not None) if d.is_main else None
-    run_dir = Path(d.broadcast(str(run_dir)))
-    checkpoint = None
+    checkpoint, run_dir = None, None
+    if resume_dir is None and d.is_main and cfg.train.output_dir:
+        check_run_dir(Path(cfg.train.output_dir))  # refused now; written once all is built
     if resume_dir:  # raises CheckpointError when checkpoints exist but none verifies
+        run_dir = _prepared(cfg, d, resume=True)
         warn = console.print if d.is_main else _quiet
         checkpoint = resume_checkpoint(run_dir, cfg.train.save_every, warn=warn)
         if checkpoint is None and d.is_main:  # killed before its first save: start over
@@ -176,6 +178,9 @@ def setup(
     optimizer, scheduler = _optimizer(cfg, model)
     toolbox = build_toolbox(cfg, source, tokenizer, given)
     engine = _engine(cfg, model, tokenizer, device, d, backend, toolbox)
+    scorer = Scorer.build(cfg, source.task, given.reward_functions)
+    if run_dir is None:  # everything built and checked: only now the run directory
+        run_dir = _prepared(cfg, d, resume=False)
     run = Run(
         cfg=cfg,
         d=d,
@@ -185,19 +190,30 @@ def setup(
         policy=policy,
         module=module,
         engine=engine,
-        scorer=Scorer.build(cfg, source.task, given.reward_functions),
+        scorer=scorer,
         source=source,
         sampler=PromptSampler(len(source.train), cfg.train.seed),
         optimizer=optimizer,
         scheduler=scheduler,
         backend=backend,
     )
-    run.kl_ctl = kl_controller(cfg)
-    run.outer = build_outer(run)  # may put the reward model in front of the scorer
-    if checkpoint is None:
-        run.critic = _build_critic(cfg, device, d, None)
-        return run, None
-    return run, _resume(run, checkpoint, console)
+    try:
+        run.kl_ctl = kl_controller(cfg)
+        run.outer = build_outer(run)  # may put the reward model in front of the scorer
+        if checkpoint is None:
+            run.critic = _build_critic(cfg, device, d, None)
+            return run, None
+        return run, _resume(run, checkpoint, console)
+    except BaseException:
+        if resume_dir is None and d.is_main:
+            discard_unstarted(run_dir)
+        raise
+
+
+def _prepared(cfg: Config, d: Dist, resume: bool) -> Path:
+    """The run directory, prepared by rank 0 (rlvr.run.rundir), its path on every rank."""
+    run_dir = prepare_run_dir(cfg, resume=resume) if d.is_main else None
+    return Path(d.broadcast(str(run_dir)))
 
 
 def _optimizer(cfg: Config, model: torch.nn.Module):

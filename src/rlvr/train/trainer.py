@@ -32,7 +32,7 @@ from rlvr.run.distributed import gathered, shutdown
 from rlvr.run.health import HealthGuard
 from rlvr.run.memory import MemoryGuard
 from rlvr.run.metrics import NullLogger, RunLogger
-from rlvr.run.rundir import unlock_run_dir
+from rlvr.run.rundir import discard_unstarted, started, unlock_run_dir
 from rlvr.run.signals import StopSignal
 from rlvr.train.batch import Batch
 from rlvr.train.collect import collect
@@ -154,6 +154,10 @@ def train(
         # once this rank exits with the error.
         callbacks = given.callbacks if given else ()
         run_dir = _train(run, resumed, console, show_progress, t_start, callbacks)
+    except BaseException:  # a run that never logged a step leaves nothing behind
+        if run is not None and resume_dir is None:
+            discard_unstarted(run.run_dir)
+        raise
     finally:  # the run directory's lock (rlvr.run.rundir), taken in setup by rank 0
         locked = run.run_dir if run else cfg.train.output_dir or resume_dir
         if locked:
@@ -209,6 +213,7 @@ def _train(
             for text in guard.check(step, metrics, final):
                 log.message(f"[yellow]{text}")
             log.log(step, metrics)
+            started(run_dir)  # from here on the run directory stays
             log.samples(step, examples)
             if cfg.train.save_every and step % cfg.train.save_every == 0:
                 final = run.save(step, eval_before)
