@@ -15,7 +15,7 @@ from rich.console import Console
 from rlvr import cpu
 from rlvr.algos import KLController
 from rlvr.config import Config, ConfigError
-from rlvr.models import autocast, eos_ids, load_tokenizer
+from rlvr.models import autocast, check_vocabulary, eos_ids, load_tokenizer
 from rlvr.prompts import PromptSource, load_prompts
 from rlvr.rewards.sandbox import SandboxUnavailable, resolve_isolation
 from rlvr.rewards.scoring import Scorer
@@ -172,6 +172,10 @@ def setup(
     tokenizer = given.tokenizer or load_tokenizer(cfg.model.name_or_path)
     policy = load_policy(cfg, checkpoint, device, model=given.model)
     model = policy.model
+    try:
+        check_vocabulary(tokenizer, model, "model.name_or_path")
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     backend = _cpu_backend(policy)
     source = load_prompts(cfg, tokenizer, getattr(model.config, "max_position_embeddings", None))
     module = wrap(model, d, device, cfg.train.parallel)  # before the optimiser: FSDP2 shards
