@@ -15,7 +15,7 @@ import pytest
 
 import rlvr
 from rlvr.config import ConfigError
-from rlvr.models import build_tiny_model, build_tokenizer, check_vocabulary
+from rlvr.models import build_tiny_model, build_tokenizer
 from test_api import exact_answer, rows
 
 UNREACHABLE = "http://127.0.0.1:9"  # the discard port: nothing listens, refused at once
@@ -86,6 +86,8 @@ def test_a_loaded_model_object_finds_its_tokenizer_from_its_config(tmp_path, tin
 
 
 def test_only_ids_the_model_cannot_embed_are_a_vocabulary_error():
+    from rlvr.models import check_vocabulary
+
     tok = build_tokenizer()  # 108 ids
     model = build_tiny_model(tok, seed=0, hidden_size=16, num_layers=1, num_heads=2,
                              num_kv_heads=1, intermediate_size=32)  # fmt: skip
