@@ -93,8 +93,9 @@ def test_discard_takes_back_only_what_this_process_added(tmp_path):
     prepare_run_dir(cfg, resume=False)
     (run / "data" / "train.jsonl").write_text("{}\n")
     (run / "metrics.jsonl").write_text("")
+    (run / "other.txt").write_text("not a run's name: whoever wrote it, it stays")
     discard_unstarted(run)
-    assert _tree(run) == ["data", "data/mine.csv"]
+    assert _tree(run) == ["data", "data/mine.csv", "other.txt"]
     made = tmp_path / "new"
     prepare_run_dir(load_config(None, {"train": {"output_dir": str(made)}}), resume=False)
     discard_unstarted(made)

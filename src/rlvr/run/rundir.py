@@ -91,25 +91,28 @@ def started(run_dir: Path) -> None:
 
 
 def discard_unstarted(run_dir: Path) -> None:
-    """Remove what this process added to `run_dir` for a run that never logged a step (the
-    directory itself when this process made it); entries that were there before stay."""
+    """Remove what a run that never logged a step wrote into `run_dir`: the names a run
+    writes (RUN_FILES, the lock, a tracker's folder) that were not there before, then
+    `data/` and the directory itself when this process made them and they are left empty.
+    Anything else, whoever wrote it, stays."""
     key = Path(run_dir).resolve()
     if key not in _drafts:
         return
     unlock_run_dir(key)
-    before = _drafts.pop(key)
-    if not key.is_dir():
-        return
-    added = [n for n in (*_entries(key), *RUN_FILES) if before is None or n not in before]
-    for name in added:
+    made = _drafts[key] is None
+    before = _drafts.pop(key) or frozenset()
+    for name in (*RUN_FILES, LOCK, "wandb"):
         path = key / name
+        if name in before or not (path.exists() or path.is_symlink()):
+            continue
         if path.is_dir() and not path.is_symlink():
             shutil.rmtree(path, ignore_errors=True)
-        elif path.is_symlink() or path.exists():
+        else:
             path.unlink(missing_ok=True)
-    if before is None:
-        with contextlib.suppress(OSError):  # something else wrote into it meanwhile: it stays
-            key.rmdir()
+    for folder, ours in ((key / "data", "data" not in before), (key, made)):
+        if ours:
+            with contextlib.suppress(OSError):  # not empty: something else wrote into it
+                folder.rmdir()
 
 
 def _contents(run_dir: Path) -> frozenset[str]:
