@@ -2,11 +2,11 @@
 trimmed on resume, and left behind only by a run that started.
 
 A new run's directory is prepared (created, locked, config.yaml written) only once the whole
-run has been built and checked: config, data, rewards, model and tokenizer. What this
-process puts into a directory before its first step is logged (the Python API's in-memory
-datasets, config.yaml, the logs of a failing first evaluation) is removed again when the run
-fails before that step (`discard_unstarted`), the directory too when this process made it;
-files that were there before are never touched. A directory rlvr did not make (no
+run has been built and checked: config, data, rewards, model and tokenizer. What the run
+writes before its first step is logged (the Python API's in-memory datasets, config.yaml,
+the lock, the logs of a failing first evaluation) is removed again when it fails before that
+step (`discard_unstarted`), the directory too when this process made it; files that were
+there before, and any name a run does not write, are never touched. A directory rlvr did not make (no
 `rlvr.lock`) that already holds a file of a run's own names (`RUN_FILES`: config.yaml, the
 logs, checkpoints, the API's data files) is refused naming the file, so
 `rlvr train config.yaml --output-dir .` never overwrites the user's config.yaml.
