@@ -60,6 +60,7 @@ def check_run_dir(run_dir: Path, resume: bool = False) -> None:
     directory)."""
     if resume or not run_dir.is_dir():
         return
+    _refuse_if_live(run_dir)
     if (run_dir / "metrics.jsonl").exists():
         raise ConfigError(
             f"train.output_dir: {run_dir} already holds a run; resume it with "
@@ -74,6 +75,32 @@ def check_run_dir(run_dir: Path, resume: bool = False) -> None:
                 f"train.output_dir: {run_dir} already holds {name} (not a run's: no {LOCK}), "
                 "which the run would overwrite; choose a new or empty --output-dir"
             )
+
+
+def _refuse_if_live(run_dir: Path) -> None:
+    """ConfigError naming the holder when another process holds `run_dir`'s lock; writes
+    nothing (the lock is tried on a read-only descriptor and let go at once)."""
+    if run_dir.resolve() in _held:
+        return
+    try:
+        fd = os.open(run_dir / LOCK, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return  # no lock file: no run holds it
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+        if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            holder = os.pread(fd, 64, 0).decode("ascii", "replace").strip() or "unknown"
+            raise ConfigError(_in_use(run_dir, holder)) from None
+    finally:
+        os.close(fd)
+
+
+def _in_use(run_dir: Path, holder: str) -> str:
+    return (
+        f"train.output_dir: {run_dir} is in use by another rlvr run (pid {holder}); "
+        "wait for it to end or choose another --output-dir"
+    )
 
 
 def draft_run_dir(run_dir: Path, made: bool = False) -> None:
@@ -191,10 +218,7 @@ def lock_run_dir(run_dir: Path) -> None:
             return
         if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
             raise ConfigError(f"train.output_dir: cannot lock {run_dir}: {e.strerror}") from None
-        raise ConfigError(
-            f"train.output_dir: {run_dir} is in use by another rlvr run (pid {holder}); "
-            "wait for it to end or choose another --output-dir"
-        ) from None
+        raise ConfigError(_in_use(run_dir, holder)) from None
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
     _held[key] = fd
