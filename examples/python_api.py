@@ -1,6 +1,6 @@
 """The Python API with a reward function written for TRL, on your own list-of-dicts data.
 
-    python examples/python_api.py            # 30 steps on the built-in tiny model, ~1 minute
+    python examples/python_api.py            # up to 30 steps on the built-in tiny model
     python examples/python_api.py 2          # a smoke run of 2 steps (what CI runs)
 
 The reward has TRL's signature, so the same function runs under trl.GRPOTrainer unchanged:

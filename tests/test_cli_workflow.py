@@ -10,7 +10,8 @@ import re
 import pytest
 import yaml
 
-from rlvr.cli import main, split_overrides
+from rlvr.arguments import split_overrides
+from rlvr.cli import main
 
 SMALL = [
     "--rollout.prompts_per_step=2",
@@ -43,17 +44,18 @@ def test_split_overrides_keeps_values_with_spaces():
 def test_values_with_spaces_and_a_dataset_error_in_one_line(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "bad.jsonl").write_text(json.dumps({"question": "q", "answer": "1 #### 1"}) + "\n")
-    rc = main(
-        ["train", "--data.path=bad.jsonl", "--reward.accuracy=math", "--output-dir", "run",
-         "--data.prompt_template={question} Answer now.",
-         "--reward.params={math: {signed: false}}", *SMALL]
-    )  # fmt: skip
+    args = ["--data.path=bad.jsonl", "--reward.accuracy=math", "--output-dir", "run",
+            "--data.prompt_template={question} Answer now.",
+            "--reward.params={math: {signed: false}}", *SMALL]  # fmt: skip
+    rc = main(["train", *args])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2
     assert err[-1].startswith("error: bad.jsonl:1, field 'prompt': missing")
     assert "--data.prompt_field=question" in err[-1] and "--data.preset=gsm8k" in err[-1]
     assert not any("Traceback" in line for line in err)
-    stored = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
+    assert not (tmp_path / "run").exists()  # a run that never started leaves nothing
+    assert main(["config", "show", *args]) == 0  # the config that run would have stored
+    stored = yaml.safe_load(capsys.readouterr().out)
     assert stored["data"]["prompt_template"] == "{question} Answer now."
     assert stored["reward"]["params"] == {"math": {"signed": False}}
     assert stored["data"]["path"] == str(tmp_path / "bad.jsonl")  # absolute
@@ -70,10 +72,10 @@ def test_a_reward_that_exits_is_a_named_failure(tmp_path, capsys, monkeypatch, o
     err = capsys.readouterr().err
     if on_error == "raise":
         assert rc == 1
-        assert "error: reward 'accuracy' failed on sample 0 (SystemExit: 0)" in err
+        assert "error: reward 'acc' failed on sample 0 (SystemExit: 0)" in err
     else:
         assert rc == 0
-        assert re.search(r"reward 'accuracy' failed on (\d+) of \1 responses", err)
+        assert re.search(r"reward 'acc' failed on (\d+) of \1 responses", err)
         assert "reward failures over the run" in err
 
 
@@ -89,6 +91,7 @@ def test_a_step_with_nothing_to_train_on_says_why(tmp_path, capsys, monkeypatch)
     assert rc == 0
     err = capsys.readouterr().err
     assert "step 1: no update, nothing to train on: every group was solved" in err
+    assert re.search(r"^step 1/1  reward \S+  acc 1\.000  no update \(all_solved\)", err, re.M)
     row = json.loads((tmp_path / "run" / "metrics.jsonl").read_text())
     assert row["update/skipped"] == 1.0 and row["update/skip_reason"] == "all_solved"
 

@@ -4,9 +4,11 @@ apart from a collapsing policy, and sample completions in TensorBoard and tracke
 from __future__ import annotations
 
 import io
+import re
 import sys
 import textwrap
 
+import pytest
 from rich.console import Console
 
 from rlvr.run.health import HealthGuard, skip_reason
@@ -138,3 +140,31 @@ def test_samples_go_to_a_tracker_table(tmp_path, monkeypatch):
     table = values["samples"]
     assert step == 2 and table.columns[:4] == ["prompt", "completion", "answer", "reward"]
     assert table.data[0][:4] == ["Compute 1+2.", "<answer>3</answer>", "3", 1.0]
+
+
+@pytest.mark.parametrize("show_progress", [True, False])
+def test_a_plain_line_every_log_every_steps_without_a_terminal(tmp_path, show_progress):
+    out = io.StringIO()  # a pipe, a file, CI: not a terminal, so rich draws no live bar
+    console = Console(file=out, soft_wrap=True)
+    with RunLogger(tmp_path, total_steps=12, console=console, show_progress=show_progress,
+                   log_every=5, tensorboard=False) as log:  # fmt: skip
+        for step in range(1, 13):
+            log.log(step, {"reward/mean": 0.25, "accuracy": 0.5, "entropy": 0.75,
+                           "tokens_per_s": 100.0})  # fmt: skip
+    lines = [x for x in out.getvalue().splitlines() if x.startswith("step ")]
+    assert [x.split()[1] for x in lines] == ["5/12", "10/12", "12/12"]
+    assert "reward +0.250  acc 0.500  ent 0.750  tok/s 100" in lines[0]
+
+
+def test_no_plain_lines_under_a_live_bar_or_with_log_every_0(tmp_path):
+    out = io.StringIO()
+    console = Console(file=out, force_terminal=True, soft_wrap=True)
+    with RunLogger(tmp_path, total_steps=4, console=console, log_every=1, tensorboard=False) as log:
+        for step in range(1, 5):
+            log.log(step, {"accuracy": 0.5})
+    assert not re.search(r"^step \d+/4  ", out.getvalue(), re.M)
+    quiet = io.StringIO()
+    with RunLogger(tmp_path, total_steps=4, console=Console(file=quiet), log_every=0,
+                   tensorboard=False) as log:  # fmt: skip
+        log.log(4, {"accuracy": 0.5})
+    assert "step 4/4" not in quiet.getvalue()

@@ -113,3 +113,16 @@ def test_opening_a_run_removes_staging_left_by_a_crash(tmp_path, capfd):
         unlock_run_dir(run)
     assert not stale.exists() and good.is_dir()
     assert "removed .tmp-step-000004, left by a save that did not finish" in capfd.readouterr().err
+
+
+def test_a_new_run_on_a_live_directory_is_refused_before_anything_is_built(held):
+    from rlvr.run.rundir import check_run_dir
+
+    run, proc = held
+    (run / "metrics.jsonl").write_text("")
+    lock = (run / "rlvr.lock").read_text()
+    with pytest.raises(
+        ConfigError, match=re.escape(f"in use by another rlvr run (pid {proc.pid})")
+    ):
+        check_run_dir(run)
+    assert (run / "rlvr.lock").read_text() == lock  # the holder's pid, untouched

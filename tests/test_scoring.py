@@ -29,6 +29,6 @@ def test_accuracy_reward_failures_are_counted_when_scored_zero():
     )
     scores = scorer(prompts, completions, rollout)
     assert scores.correct.tolist() == [True, False, False, False]  # the failed one scores 0
-    assert scores.failures == {"accuracy": 1}
+    assert scores.failures == {"picky_digit": 1}  # by the reward's own name
     values, correct = scorer.accuracy(prompts, completions, rollout)
     assert torch.equal(correct, scores.correct) and values.tolist() == [1.0, 0.0, 0.0, 0.0]

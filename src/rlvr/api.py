@@ -40,6 +40,7 @@ from rlvr.api_inputs import (
     tool_names,
 )
 from rlvr.config import Config, ConfigError, load_config, to_dict
+from rlvr.presets import preset_names
 from rlvr.run.callbacks import check_callbacks
 from rlvr.run.stored_config import (
     check_resume_changes,
@@ -47,6 +48,8 @@ from rlvr.run.stored_config import (
     stored_config,
 )
 from rlvr.trl_compat import differences, peft_changes, trl_changes
+
+API_SOURCE = "rlvr.train arguments"
 
 
 @dataclass(frozen=True)
@@ -133,7 +136,7 @@ class Trainer:
         elif model is not None:
             if not hasattr(model, "forward"):
                 raise ConfigError(f"model: expected a name, a path or a model, got {model!r}")
-            name = getattr(model, "name_or_path", "") or type(model).__name__
+            name = _model_source(model) or type(model).__name__  # the record in config.yaml
             section = changes.setdefault("model", {})
             section["name_or_path"] = str(name)
             section.setdefault("dtype", "auto")  # train the object in its own dtype
@@ -154,7 +157,7 @@ class Trainer:
         return changes
 
     def _build(self, resume: Path | None) -> Config:
-        from rlvr.run.rundir import new_default_run_dir
+        from rlvr.run.rundir import check_run_dir, draft_run_dir, new_default_run_dir
 
         changes = {k: (dict(v) if isinstance(v, dict) else v) for k, v in self.changes.items()}
         preset = changes.pop("preset", None) or self.preset
@@ -167,6 +170,8 @@ class Trainer:
             run_dir = Path(changes["train"]["output_dir"])
         else:
             run_dir = new_default_run_dir(Path("runs"))
+            draft_run_dir(run_dir, made=True)
+            self._draft = run_dir
         changes.setdefault("train", {})["output_dir"] = str(run_dir)
         data = changes.setdefault("data", {})
         taken = resume is None and (run_dir / "metrics.jsonl").exists()
@@ -175,11 +180,15 @@ class Trainer:
                 f"train.output_dir: {run_dir} already holds a run; resume it with "
                 f"resume_from_checkpoint=True or choose another output_dir"
             )
+        if resume is None:  # what is written from here on goes again if the run fails
+            check_run_dir(run_dir)
+            draft_run_dir(run_dir)
+            self._draft = run_dir
         for stem, ds in (("train", self.train_dataset), ("eval", self.eval_dataset)):
             if ds is not None:
                 key = "path" if stem == "train" else "eval_path"
                 data[key] = dataset_path(ds, run_dir, stem, resume is not None)
-        cfg = resolve_paths(load_config(None, changes, preset=preset))
+        cfg = resolve_paths(load_config(None, changes, preset=preset, source=API_SOURCE))
         if self.trl is not None and resume is None:
             self._print_trl_block(changes, preset, cfg)
         for stem, ds in (("train", self.train_dataset), ("eval", self.eval_dataset)):
@@ -203,8 +212,25 @@ class Trainer:
     def train(self, resume_from_checkpoint: bool | str | Path | None = None) -> TrainResult:
         """Run training to the end (or until a callback returns "stop"). With
         `resume_from_checkpoint` (True: `output_dir`; or a run directory) the run continues
-        from its newest good checkpoint; only RESUME_SAFE keys may differ from its config."""
-        from rlvr.models import load_tokenizer
+        from its newest good checkpoint; only RESUME_SAFE keys may differ from its config.
+        `show_progress=False` silences transformers' bars too (loading, saving shards)."""
+        from rlvr.models import progress_bars
+
+        with progress_bars(self.show_progress):
+            return self._train(resume_from_checkpoint)
+
+    def _train(self, resume_from_checkpoint: bool | str | Path | None) -> TrainResult:
+        from rlvr.run.rundir import discard_unstarted
+
+        self._draft = None  # a new run's directory, noted by _build, until its first step
+        try:
+            return self._run(resume_from_checkpoint)
+        except BaseException:  # a run that never logged a step leaves nothing behind
+            if self._draft is not None:
+                discard_unstarted(self._draft)
+            raise
+
+    def _run(self, resume_from_checkpoint: bool | str | Path | None) -> TrainResult:
         from rlvr.train.trainer import Given
         from rlvr.train.trainer import train as run_training
 
@@ -221,10 +247,7 @@ class Trainer:
         self.config = cfg
         tokenizer = self.tokenizer
         if tokenizer is None and not isinstance(self.model_arg, (str, Path)):
-            try:
-                tokenizer = load_tokenizer(cfg.model.name_or_path)
-            except (OSError, ValueError) as e:
-                raise ConfigError(f"tokenizer: the model object needs tokenizer= ({e})") from None
+            tokenizer = _tokenizer_of(self.model_arg)
         if tokenizer is not None and tokenizer.pad_token is None:
             tokenizer.pad_token = tokenizer.eos_token  # masks come from lengths: pad may be eos
         given = Given(
@@ -270,6 +293,33 @@ class Trainer:
         return load_model(str(checkpoint), dtype=cfg.model.dtype).eval()
 
 
+def _model_source(model: Any) -> str:
+    """Where a model object was loaded from (`from_pretrained`'s name or directory, as its
+    config keeps it); "" for one built in memory."""
+    name = getattr(model, "name_or_path", "") or ""
+    config = getattr(model, "config", None)
+    return str(name or getattr(config, "_name_or_path", "") or getattr(config, "name_or_path", ""))
+
+
+def _tokenizer_of(model: Any):
+    """The tokenizer saved with a model object's source, or ConfigError naming what to pass."""
+    from rlvr.models import load_tokenizer
+
+    source = _model_source(model)
+    if not source:
+        raise ConfigError(
+            f"tokenizer: the {type(model).__name__} object was built in memory (its config has "
+            "no name_or_path to load a tokenizer from); pass tokenizer="
+        )
+    try:
+        return load_tokenizer(source)
+    except (OSError, ValueError) as e:
+        raise ConfigError(
+            f"tokenizer: none found for the model object at its source {source!r} ({e}); "
+            "pass tokenizer="
+        ) from None
+
+
 def train(
     model: Any = "rlvr-tiny",
     reward_funcs: Sequence[str | Callable] | str | Callable | None = None,
@@ -302,7 +352,7 @@ def train(
         parquet, a saved dataset); rows hold the prompt ("prompt": a string or chat messages)
         and the reference ("answer") unless `data.prompt_field` / `data.answer_field` say
         otherwise. None: the config's data (the built-in task by default).
-    preset: "dapo" (default), "grpo" or "dr_grpo" (a Config passed as `config` keeps its own).
+    preset: one of PRESET_NAMES (a Config passed as `config` keeps its own).
     config: changes to the config, as {"rollout.group_size": 8}, {"rollout": {...}}, or a
         Config.
     callbacks: functions called as `fn(step, metrics)` after every step (returning "stop"
@@ -339,3 +389,7 @@ def train(
         show_progress=show_progress,
     )
     return trainer.train(resume_from_checkpoint=resume_from_checkpoint)
+
+
+# the preset list from the registry, so the docstring cannot fall behind it
+train.__doc__ = train.__doc__.replace("PRESET_NAMES", preset_names())

@@ -1,127 +1,81 @@
-"""`rlvr train | eval`: the command line. Config keys are dotted overrides (`--algo.clip_high=0.28`);
-`rlvr train --help` lists every key with its default and documentation."""
+"""`rlvr train | eval | export | plot | ablate | rm | config`: the command line. Config keys
+are dotted overrides (`--algo.clip_high=0.28`); `rlvr train --help` lists every key with the
+value the run would use and its documentation, `rlvr config show` the whole resolved config."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import os
-import re
 import sys
 from pathlib import Path
 
 from rlvr.ablate import cmd_ablate
-from rlvr.config import ConfigError, help_text, load_config, parse_overrides
+from rlvr.arguments import split_overrides, train_request
+from rlvr.config import ConfigError, dump_yaml
 from rlvr.data import DatasetError
 from rlvr.evaluate import cmd_eval
+from rlvr.models import progress_bars
 from rlvr.plots import cmd_plot
 from rlvr.rewards.combine import RewardError
 from rlvr.rm.command import cmd_rm
 from rlvr.run.checkpoint import CheckpointError
 from rlvr.run.distributed import torchrun_rank
 from rlvr.run.health import TrainingHealthError
-from rlvr.run.stored_config import RESUME_SAFE, resolve_paths
-
-TRAIN_EPILOG = "config keys (override with --section.key=value):\n"
-
-
-def _train_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="rlvr train",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        description="Train with GRPO / DAPO. With no arguments: the dapo preset on the built-in "
-        "tiny model and the built-in arithmetic task, on the CPU.",
-        epilog=TRAIN_EPILOG + help_text(),
-    )
-    p.add_argument("config", nargs="?", help="YAML file holding changes to the preset")
-    p.add_argument("--preset", help="grpo, dapo (default) or dr_grpo")
-    p.add_argument("--output-dir", help="run directory (default runs/<timestamp>)")
-    p.add_argument("--max-steps", type=int, help="rollout steps (train.max_steps)")
-    p.add_argument("--seed", type=int, help="run seed (train.seed)")
-    p.add_argument("--save-every", type=int, help="checkpoint interval in steps (train.save_every)")
-    p.add_argument(
-        "--resume", metavar="RUN_DIR", help="continue a run from its newest good checkpoint"
-    )
-    p.add_argument("--no-progress", action="store_true", help="no progress bar (logs only)")
-    p.add_argument(
-        "--nproc",
-        type=int,
-        default=1,
-        help="data-parallel processes on this machine (launches torchrun)",
-    )
-    return p
-
-
-# `--section.key=value`: taken out before argparse, which reads any argument holding a space
-# as a positional one (the config file), so `--data.prompt_template={question} Answer now.`
-# as one argv element stays an override.
-_OVERRIDE = re.compile(r"--?[A-Za-z_]\w*\.[A-Za-z_]\w*=")
-
-
-def split_overrides(argv: list[str]) -> tuple[list[str], list[str]]:
-    """(override arguments, the rest)."""
-    overrides = [a for a in argv if _OVERRIDE.match(a)]
-    return overrides, [a for a in argv if not _OVERRIDE.match(a)]
 
 
 def cmd_train(argv: list[str]) -> int:
-    overrides_argv, rest_argv = split_overrides(argv)
-    args, rest = _train_parser().parse_known_args(rest_argv)
-    if args.nproc > 1 and "WORLD_SIZE" not in os.environ:
-        return _launch_torchrun(args.nproc, argv)
-    overrides = parse_overrides(overrides_argv + rest)
-    for key, section, value in (
-        ("max_steps", "train", args.max_steps),
-        ("seed", "train", args.seed),
-        ("output_dir", "train", args.output_dir),
-        ("save_every", "train", args.save_every),
-    ):
-        if value is not None:
-            overrides.setdefault(section, {})[key] = value
-    from rlvr.train.trainer import train
+    if _nproc(argv) > 1 and "WORLD_SIZE" not in os.environ:
+        train_request(argv)  # a config error is one line here, not one per rank
+        return _launch_torchrun(_nproc(argv), argv)
+    request = train_request(argv)
+    args, cfg = request.args, request.cfg
+    from rlvr.train.trainer import no_eval_reason, train
 
-    if args.resume:
-        run_dir = Path(args.resume)
-        if not (run_dir / "config.yaml").is_file():
-            raise ConfigError(f"--resume: {run_dir} holds no config.yaml (not a run directory)")
-        bad = [
-            f"{s}.{k}"
-            for s, kv in overrides.items()
-            for k in kv
-            if (s, k) not in RESUME_SAFE and not (s == "train" and k == "output_dir")
-        ]
-        if bad or args.config or args.preset:
-            raise ConfigError(
-                f"--resume: cannot change {', '.join(bad) or 'the config/preset'} "
-                f"(it would change the run's math); allowed: "
-                f"{', '.join(f'{s}.{k}' for s, k in sorted(RESUME_SAFE))}"
-            )
-        overrides.setdefault("train", {})["output_dir"] = str(run_dir.resolve())
-        cfg = load_config(run_dir / "config.yaml", overrides)
-        train(
-            cfg,
-            resume_dir=run_dir,
-            show_progress=not args.no_progress,
-            destroy_process_group=not torchrun_rank(),  # main() ends a rank with os._exit
-        )
-        return 0
-    # local paths made absolute: config.yaml then resumes from any working directory
-    cfg = resolve_paths(load_config(args.config, overrides, preset=args.preset))
     run_dir = train(
-        cfg, show_progress=not args.no_progress, destroy_process_group=not torchrun_rank()
+        cfg,
+        resume_dir=request.resume,
+        show_progress=not args.no_progress,
+        destroy_process_group=not torchrun_rank(),  # main() ends a rank with os._exit
     )
     summary = run_dir / "summary.json"
-    if summary.exists():
+    if request.resume is None and summary.exists():
         s = json.loads(summary.read_text())
         print(f"run directory: {run_dir}")
         before, after = s["eval_before"].get("accuracy"), s["eval_after"].get("accuracy")
-        if before is None or after is None:  # train.eval_size=0: no held-out evaluation
-            print(f"{s['steps']} steps, {s['wall_time_s']:.0f} s (no held-out evaluation)")
+        if before is None or after is None:
+            print(
+                f"{s['steps']} steps, {s['wall_time_s']:.0f} s "
+                f"(no held-out evaluation: {no_eval_reason(cfg)})"
+            )
         else:
             print(
                 f"held-out accuracy: {before:.3f} -> {after:.3f} ({s['steps']} steps, "
                 f"{s['wall_time_s']:.0f} s)"
             )
+    return 0
+
+
+def _nproc(argv: list[str]) -> int:
+    """`--nproc N` / `--nproc=N` (1 when absent), read before the config is."""
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument("--nproc", type=int, default=1)
+    return p.parse_known_args(split_overrides(argv)[1])[0].nproc
+
+
+def cmd_config(argv: list[str]) -> int:
+    """`rlvr config show [train arguments]`: the resolved config.yaml of that run, printed."""
+    if not argv or argv[0] not in ("show",):
+        if argv and argv[0] not in ("-h", "--help"):
+            sys.stderr.write(f"rlvr config: unknown subcommand {argv[0]!r}; valid: show\n")
+            return 2
+        print(
+            "usage: rlvr config show [rlvr train arguments]\n\n  show    the config those "
+            "arguments would run (presets and the built-in model's defaults applied), as YAML"
+        )
+        return 0
+    request = train_request(argv[1:], prog="rlvr config show")
+    sys.stdout.write(dump_yaml(request.cfg))
     return 0
 
 
@@ -205,6 +159,7 @@ COMMANDS = {
     "plot": cmd_plot,
     "ablate": cmd_ablate,
     "rm": cmd_rm,
+    "config": cmd_config,
 }
 
 
@@ -228,19 +183,22 @@ def _main(argv: list[str] | None) -> int:
             )
             return 2
         print(
-            "usage: rlvr {train,eval,export,plot,ablate,rm} ...\n\n  train   train a policy with GRPO/DAPO "
+            "usage: rlvr {train,eval,export,plot,ablate,rm,config} ...\n\n  train   train a policy with GRPO/DAPO "
             "(no arguments: the built-in offline demo)\n  eval    avg@k, pass@k, greedy accuracy "
             "of a model, run or checkpoint on a task or dataset\n  export  a run's model as a plain Hugging Face model "
             "(--merge folds in LoRA)\n  plot    training curves (PNG) from run directories\n"
             "  ablate  DAPO's ablation ladder (naive GRPO ... DAPO) over seeds, with a report\n"
             "  rm      train an outcome reward model on a policy's rule-labelled responses\n"
+            "  config  config show [train arguments]: the config a run would use, as YAML\n"
             "\nrlvr COMMAND --help for details."
         )
         return 0
-    if "--no-progress" in argv:  # none of transformers' bars either (loading, saving shards)
+    quiet = "--no-progress" in argv
+    if quiet:  # none of transformers' bars either (loading, saving shards), in child processes
         os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     try:
-        return COMMANDS[argv[0]](argv[1:])
+        with progress_bars(not quiet):  # and in this one, where transformers is imported
+            return COMMANDS[argv[0]](argv[1:])
     except (ConfigError, FileNotFoundError, CheckpointError, DatasetError) as e:
         sys.stderr.write(f"error: {e}\n")  # plain text: a message may hold [brackets]
         return 2

@@ -1,9 +1,10 @@
 """Run configuration: the schema (rlvr.schema) and its loading.
 
 A config is built in one order, each layer holding only changes to the one before:
-dataclass defaults -> preset (`grpo`, `dapo`, `dr_grpo`) -> the built-in model's sizes (only
-for rlvr-tiny) -> YAML file -> `--section.key=value`. Values are coerced to the field types;
-unknown keys and bad values fail before any work, naming the key and what was expected.
+dataclass defaults -> preset (`rlvr.presets.PRESETS`) -> the built-in model's sizes (only
+for rlvr-tiny) -> YAML file -> `--section.key=value`; `rlvr config show` prints the result.
+Values are coerced to the field types; unknown keys and bad values fail before any work,
+naming the key and what was expected.
 """
 
 from __future__ import annotations
@@ -189,8 +190,10 @@ def load_config(
     overrides: list[str] | dict[str, dict[str, Any]] | None = None,
     *,
     preset: str | None = None,
+    source: str = "command line",
 ) -> Config:
-    """Defaults -> preset -> YAML file -> overrides, then `validate`. Raises ConfigError."""
+    """Defaults -> preset -> YAML file -> overrides, then `validate`. Raises ConfigError;
+    an error in `overrides` names `source` (the Python API passes its own)."""
     file_changes: dict[str, Any] = {}
     if path is not None:
         path = Path(path)
@@ -222,7 +225,7 @@ def load_config(
             cfg = apply_changes(cfg, changes, f"built-in tiny model defaults for task {task}")
     if file_changes:
         cfg = apply_changes(cfg, file_changes, str(path))
-    cfg = apply_changes(cfg, overrides, "command line")
+    cfg = apply_changes(cfg, overrides, source)
     validate(cfg)
     return cfg
 
@@ -266,17 +269,23 @@ def dump_yaml(cfg: Config) -> str:
     return yaml.safe_dump(to_dict(cfg), sort_keys=False)
 
 
-def help_text() -> str:
-    """Every key with its type, default and documentation, for `rlvr train --help`."""
+def help_text(cfg: Config | None = None) -> str:
+    """Every key with its value in `cfg` (the dataclass defaults when None), its type and
+    documentation, for `rlvr train --help`; a value that differs from the dataclass default
+    names that default too."""
+    cfg = cfg or Config()
     lines = []
-    for name, cls in SECTIONS.items():
+    for name in SECTIONS:
         cls = typing.get_type_hints(Config)[name]
         assert is_dataclass(cls)
         docs, hints, default = field_docs(cls), typing.get_type_hints(cls), cls()
+        values = getattr(cfg, name)
         lines.append(f"{name}:")
         for f in fields(cls):
+            value, base = getattr(values, f.name), getattr(default, f.name)
+            note = "" if value == base else f" [schema default {base!r}]"
             lines.append(
-                f"  --{name}.{f.name}={getattr(default, f.name)!r}  "
-                f"({_type_name(hints[f.name])}) {docs.get(f.name, '')}"
+                f"  --{name}.{f.name}={value!r}  ({_type_name(hints[f.name])}) "
+                f"{docs.get(f.name, '')}{note}"
             )
     return "\n".join(lines)

@@ -90,13 +90,13 @@ def load_for_eval(target: str, dtype: str = "float32"):
 
 
 def cmd_eval(argv: list[str]) -> int:
-    from rlvr.cli import split_overrides
+    from rlvr.arguments import split_overrides
     from rlvr.models import eos_ids
     from rlvr.prompts import load_prompts
     from rlvr.rewards.scoring import Scorer
     from rlvr.rollout import ENGINES
     from rlvr.train.evaluation import eval_params, evaluate
-    from rlvr.train.setup import Given, _toolbox
+    from rlvr.train.setup import Given, build_toolbox
 
     over_argv, rest = split_overrides(argv)
     args, unknown = _parser().parse_known_args(rest)
@@ -107,7 +107,7 @@ def cmd_eval(argv: list[str]) -> int:
     if not source.eval:
         raise ConfigError("no held-out prompts: set --num-prompts > 0 or --data.eval_path")
     scorer = Scorer.build(cfg, source.task, has_answer=source.has_answer)
-    toolbox = _toolbox(cfg, source, tokenizer, Given())  # rollout.tools, or the task's
+    toolbox = build_toolbox(cfg, source, tokenizer, Given())  # rollout.tools, or the task's
     engine = ENGINES[cfg.rollout.engine](
         model,
         pad_id=tokenizer.pad_token_id,

@@ -172,7 +172,7 @@ def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
     load = AutoTokenizer.from_pretrained
     if _declared_tokenizer_class(path) in _GENERIC_TOKENIZERS:
         load = PreTrainedTokenizerFast.from_pretrained
-    tokenizer = _from_pretrained(load, path, name_or_path)
+    tokenizer = _from_pretrained(load, path, name_or_path, **hub_kwargs(path))
     if tokenizer.pad_token is None:
         if tokenizer.eos_token is None:
             raise ValueError(f"tokenizer of {name_or_path!r} has neither a pad nor an eos token")
@@ -204,9 +204,77 @@ def load_model(
         raise FileNotFoundError(f"model directory {name_or_path!r} has no config.json")
     torch_dtype = "auto" if dtype == "auto" else _DTYPES[dtype]
     model = _from_pretrained(
-        AutoModelForCausalLM.from_pretrained, path, name_or_path, dtype=torch_dtype
+        AutoModelForCausalLM.from_pretrained,
+        path,
+        name_or_path,
+        dtype=torch_dtype,
+        **hub_kwargs(path),
     )
     return model.to(device)
+
+
+HUB_PROBE_TIMEOUT_S = 3.0
+_hub_state: dict[str, str | None] = {}  # endpoint -> None (it answers) or why it does not
+
+
+def hub_unreachable() -> str | None:
+    """None when the Hugging Face Hub answers, else why not: HF_HUB_OFFLINE, or the error of
+    one HEAD request to the endpoint (at most HUB_PROBE_TIMEOUT_S, once per process, through
+    the Hub's own HTTP session and so its proxy settings). Without it, an unreachable Hub
+    costs each id transformers' retries (about 47 s measured) before the error."""
+    from huggingface_hub import constants
+    from huggingface_hub.utils import get_session
+
+    if constants.HF_HUB_OFFLINE:
+        return "HF_HUB_OFFLINE is set"
+    endpoint = constants.ENDPOINT
+    if endpoint not in _hub_state:
+        try:
+            get_session().head(endpoint, timeout=HUB_PROBE_TIMEOUT_S)
+            _hub_state[endpoint] = None
+        except Exception as e:  # httpx's connect, timeout and proxy errors
+            _hub_state[endpoint] = f"{endpoint}: {type(e).__name__}: {e}"
+    return _hub_state[endpoint]
+
+
+def hub_kwargs(path: str) -> dict:
+    """`from_pretrained`'s extra keyword arguments for `path`: none for a local directory or
+    a reachable Hub; `local_files_only` for a Hub id in the local cache when the Hub cannot
+    be reached; FileNotFoundError in one line when it is neither."""
+    if Path(path).is_dir():
+        return {}
+    why = hub_unreachable()
+    if why is None:
+        return {}
+    from huggingface_hub import constants, try_to_load_from_cache
+
+    cached = False
+    for filename in ("config.json", "tokenizer_config.json"):
+        with contextlib.suppress(ValueError):  # not a valid repo id: not cached
+            cached = cached or isinstance(try_to_load_from_cache(path, filename), str)
+    if cached:
+        return {"local_files_only": True}
+    raise FileNotFoundError(
+        f"could not load {path!r}: it is not a local directory, the Hugging Face Hub cannot "
+        f"be reached from here ({why}) and the local cache ({constants.HF_HUB_CACHE}) does "
+        f"not hold it; pass a local model directory, or `hf download {path}` where there is "
+        "a network"
+    )
+
+
+def check_vocabulary(tokenizer, model: torch.nn.Module, name: str) -> None:
+    """ValueError in one line when the tokenizer makes ids the model cannot embed. An
+    embedding larger than the tokenizer is normal (Qwen2 pads its 151,665 ids to 151,936
+    rows); only ids at or past the embedding's rows are an error."""
+    embedding = unwrap_model(model).get_input_embeddings()
+    rows = getattr(embedding, "num_embeddings", None)
+    ids = len(tokenizer)
+    if rows is not None and ids > rows:
+        raise ValueError(
+            f"{name}: the tokenizer makes {ids:,} token ids but the model embeds only {rows:,} "
+            f"(ids {rows:,}..{ids - 1:,} have no embedding); pass the model's own tokenizer "
+            "or resize the model's embeddings (model.resize_token_embeddings(len(tokenizer)))"
+        )
 
 
 def _from_pretrained(load, path: str, name: str, **kwargs):
@@ -218,6 +286,30 @@ def _from_pretrained(load, path: str, name: str, **kwargs):
             f"could not load {name!r}: it is neither a local model directory nor a Hugging "
             f"Face Hub id that can be reached from here ({type(err).__name__}: {err})"
         ) from err
+
+
+@contextlib.contextmanager
+def progress_bars(enabled: bool):
+    """Inside: transformers' and the Hub's progress bars (loading weights, writing shards,
+    downloads) on or off as asked; outside: as they were. `--no-progress` sets
+    HF_HUB_DISABLE_PROGRESS_BARS for the whole process instead."""
+    from huggingface_hub import utils as hub_utils
+    from transformers.utils import logging as hf_logging
+
+    was_hf, was_hub = (
+        hf_logging.is_progress_bar_enabled(),
+        not hub_utils.are_progress_bars_disabled(),
+    )
+    if not enabled:
+        hf_logging.disable_progress_bar()
+        hub_utils.disable_progress_bars()
+    try:
+        yield
+    finally:
+        if was_hf:
+            hf_logging.enable_progress_bar()
+        if was_hub:
+            hub_utils.enable_progress_bars()
 
 
 def unwrap_model(model: torch.nn.Module) -> torch.nn.Module:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from rlvr.schema import Config
+
 # Presets hold only changes to the defaults. The defaults are the tiny offline run's sizes;
 # the algorithm fields are what each paper specifies (docs/algorithms.md#presets).
 PRESETS: dict[str, dict[str, dict[str, Any]]] = {
@@ -132,3 +134,9 @@ TINY_TASK_DEFAULTS: dict[str, dict[str, dict[str, Any]]] = {
         "train": {"max_steps": 60},
     },
 }
+
+
+def preset_names() -> str:
+    """The registry's presets, the default marked: "grpo, dapo (default), ..."."""
+    default = Config().preset
+    return ", ".join(f"{n} (default)" if n == default else n for n in PRESETS)

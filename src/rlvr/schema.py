@@ -310,6 +310,8 @@ class TrainConfig:
     eval_samples: sampled answers per held-out prompt at the training temperature.
     eval_every: periodic held-out evaluation every N steps (0 = only before and after).
     log_samples: completions written to samples.jsonl per step.
+    log_every: a plain log line every N steps (and at the last) where no live progress bar
+        shows: stderr not a terminal (nohup, CI, a pipe, a notebook) or --no-progress; 0 = none.
     save_every: checkpoint every N steps (0 = only at the end).
     keep_checkpoints: keep the newest K checkpoints.
     threads: torch CPU threads (0 = torch's default).
@@ -327,6 +329,7 @@ class TrainConfig:
     eval_samples: int = 1
     eval_every: int = 0
     log_samples: int = 4
+    log_every: int = 10
     save_every: int = 0
     keep_checkpoints: int = 2
     threads: int = 0

@@ -93,7 +93,7 @@ def validate(cfg: Config) -> None:
     _check(t.max_steps >= 0, "train.max_steps", ">= 0", t.max_steps)
     _check(t.eval_size >= 0, "train.eval_size", ">= 0", t.eval_size)
     _check(t.eval_samples >= 1, "train.eval_samples", ">= 1", t.eval_samples)
-    for key in ("eval_every", "log_samples", "save_every", "threads"):
+    for key in ("eval_every", "log_samples", "log_every", "save_every", "threads"):
         _check(getattr(t, key) >= 0, f"train.{key}", ">= 0", getattr(t, key))
     _check(t.max_bad_steps >= 1, "train.max_bad_steps", ">= 1", t.max_bad_steps)
     _check(t.entropy_floor >= 0, "train.entropy_floor", ">= 0", t.entropy_floor)

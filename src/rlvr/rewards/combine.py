@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rlvr.config import ConfigError
+from rlvr.rewards.limits import awaited
 
 RewardFn = Callable[..., list]
 _SNIPPET = 200
@@ -70,6 +71,19 @@ class RewardError(RuntimeError):
             f"reward {name!r} failed on sample {index} ({why}); completion: {snippet!r}"
         )
         self.name, self.index, self.completion = name, index, completion
+
+    @classmethod
+    def whole_batch(cls, name: str, n: int, cause: BaseException | str) -> RewardError:
+        """A reward that fails on the batch of `n` and passes on every sample alone."""
+        why = cause if isinstance(cause, str) else f"{type(cause).__name__}: {cause}"
+        err = cls.__new__(cls)
+        RuntimeError.__init__(
+            err,
+            f"reward {name!r} failed on the whole batch of {n} completions ({why}), "
+            f"though it scores each of them alone",
+        )
+        err.name, err.index, err.completion = name, None, None
+        return err
 
 
 class RewardSignatureError(ConfigError):
@@ -167,7 +181,7 @@ def _call(name: str, fn: RewardFn, kwargs: Mapping[str, Any], n: int):
     """(scores, None) or (None, why): `fn` called once, any failure caught."""
     bound = bind(name, fn, kwargs)  # a signature mismatch is a config error, never scored 0
     try:
-        scores = fn(**bound)
+        scores = awaited(fn(**bound))  # an async reward is awaited, as TRL does
         if (
             scores is not None
             and not isinstance(scores, (list, tuple))
@@ -217,7 +231,7 @@ def run_reward(
         out.append(0.0)
     if first is None and on_error == "raise":
         # fails on the batch, passes on every sample alone: report it as a batch failure
-        raise RewardError(name, -1, "<whole batch>", why)
+        raise RewardError.whole_batch(name, n, why)
     return out, bad, None if first is None else str(first)
 
 

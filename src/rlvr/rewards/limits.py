@@ -21,6 +21,7 @@ step finish, then saves) ends the run within that time; a second SIGTERM exits a
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 import inspect
@@ -44,6 +45,36 @@ class RewardTimeout(RuntimeError):
         self.name, self.timeout_s = name, timeout_s
 
 
+def awaited(value: Any) -> Any:
+    """`value`, or what it resolves to when it is awaitable (an `async def` reward's
+    coroutine, as TRL awaits them): run to completion on an event loop of its own, in a
+    thread of its own when this thread already runs a loop (a notebook cell)."""
+    if not inspect.isawaitable(value):
+        return value
+
+    async def wait() -> Any:
+        return await value
+
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(wait())
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["value"] = asyncio.run(wait())
+        except BaseException as e:  # re-raised in the caller's thread
+            box["error"] = e
+
+    thread = threading.Thread(target=run, name="reward event loop", daemon=True)
+    thread.start()
+    thread.join()
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
 def with_time_limit(fn: Callable, name: str, timeout_s: float) -> Callable:
     """`fn` with each call limited to `timeout_s` seconds of wall clock (0: no limit). Keeps
     `fn`'s signature, so the keyword arguments it is given are the same."""
@@ -62,7 +93,7 @@ def with_time_limit(fn: Callable, name: str, timeout_s: float) -> Callable:
         def run() -> None:
             try:
                 with enter_callers_state():
-                    box["value"] = fn(*args, **kwargs)
+                    box["value"] = awaited(fn(*args, **kwargs))
             except BaseException as e:  # re-raised in the caller's thread
                 box["error"] = e
 
@@ -210,7 +241,7 @@ def serve() -> None:
         except EOFError:
             return
         try:
-            reply = (True, fn(**kwargs))
+            reply = (True, awaited(fn(**kwargs)))
         except BaseException as e:  # sent back: a failing reward, under reward.on_error
             reply = (False, e if _picklable(e) else RuntimeError(f"{type(e).__name__}: {e}"))
         _send(stdout, reply)

@@ -215,7 +215,8 @@ class Scorer:
             accuracy = torch.where(correct, r.correct_score, r.wrong_score)
             return accuracy.float(), correct, None
         kwargs = kwargs or self.reward_kwargs(prompts, completions, rollout)
-        res = combine_rewards([("accuracy", 1.0, self.accuracy_fn)], kwargs, on_error=r.on_error)
+        name = _term_name(r.accuracy)  # errors and failures/* name the user's reward
+        res = combine_rewards([(name, 1.0, self.accuracy_fn)], kwargs, on_error=r.on_error)
         accuracy = torch.tensor(res.total, dtype=torch.float32)
         return accuracy, accuracy > r.correct_threshold, res
 

@@ -100,7 +100,7 @@ def _with_output(cfg, output_dir: str):
 
 
 def cmd_rm(argv: list[str]) -> int:
-    from rlvr.cli import split_overrides
+    from rlvr.arguments import split_overrides
 
     over_argv, rest = split_overrides(argv)
     args, unknown = _parser().parse_known_args(rest)

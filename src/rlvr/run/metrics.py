@@ -1,6 +1,9 @@
 """Per-step metrics: metrics.jsonl (one JSON object per step), samples.jsonl, TensorBoard,
 and a rich progress bar. Only the writing lives here; the trainer computes the numbers.
 
+Where no live bar shows (stderr not a terminal, or no progress asked), the bar's line is
+printed as plain text every `train.log_every` steps and at the last step.
+
 Sample completions (prompt, completion, answer, reward) go to samples.jsonl, to TensorBoard
 as a text table per step (tag `samples`), and to W&B / trackio as a table when enabled. At
 the end of the run, reward failures scored 0 (`reward.on_error=zero`) are totalled on screen.
@@ -38,6 +41,7 @@ class RunLogger:
         console: Console | None = None,
         tensorboard: bool = True,
         show_progress: bool = True,
+        log_every: int = 10,
         report_to: tuple[str, ...] = (),
         project: str = "rlvr",
         config: dict[str, Any] | None = None,
@@ -61,6 +65,8 @@ class RunLogger:
             extra = {"dir": str(run_dir)} if name == "wandb" else {}
             module.init(project=project, name=run_dir.name, config=config or {}, **extra)
             self._trackers.append(module)
+        # rich draws no live bar where the console is not a terminal: plain lines instead
+        live = show_progress and self.console.is_terminal
         self.progress = Progress(
             TextColumn("[bold]step"),
             MofNCompleteColumn(),
@@ -68,10 +74,11 @@ class RunLogger:
             TextColumn("{task.fields[info]}"),
             TimeRemainingColumn(),
             console=self.console,
-            disable=not show_progress,
+            disable=not live,
             transient=False,
         )
         self._task = self.progress.add_task("train", total=total_steps, info="")
+        self.log_every, self.total_steps = (0 if live else log_every), total_steps
         self._start = time.time()
         self._failures: dict[str, float] = {}  # reward name -> samples scored 0, whole run
         self._responses = 0.0
@@ -114,6 +121,11 @@ class RunLogger:
         if "eval/accuracy" in metrics:
             info += f"  eval {metrics['eval/accuracy']:.3f}"
         self.progress.update(self._task, completed=step, info=info)
+        if self.log_every and (step % self.log_every == 0 or step == self.total_steps):
+            elapsed = time.time() - self._start
+            self.progress.console.print(
+                f"step {step}/{self.total_steps}  {info}  {elapsed:.0f} s", markup=False
+            )
 
     def samples(self, step: int, rows: list[dict[str, Any]]) -> None:
         for r in rows:

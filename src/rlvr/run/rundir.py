@@ -1,5 +1,15 @@
 """The run directory: created once, never overwritten by a new run, locked while a run uses it,
-trimmed on resume.
+trimmed on resume, and left behind only by a run that started.
+
+A new run's directory is prepared (created, locked, config.yaml written) only once the whole
+run has been built and checked: config, data, rewards, model and tokenizer. What the run
+writes before its first step is logged (the Python API's in-memory datasets, config.yaml,
+the lock, the logs of a failing first evaluation) is removed again when it fails before that
+step (`discard_unstarted`), the directory too when this process made it; files that were
+there before, and any name a run does not write, are never touched. A directory rlvr did not make (no
+`rlvr.lock`) that already holds a file of a run's own names (`RUN_FILES`: config.yaml, the
+logs, checkpoints, the API's data files) is refused naming the file, so
+`rlvr train config.yaml --output-dir .` never overwrites the user's config.yaml.
 
 The lock is `fcntl.flock` on `rlvr.lock` in the run directory, taken by the process that
 writes (rank 0 under torchrun) before it writes anything and held until the run ends; the
@@ -11,10 +21,12 @@ is honoured only where the server supports it.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import json
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -24,20 +36,140 @@ from rlvr.run.checkpoint import remove_staging
 
 LOCK = "rlvr.lock"
 
+# The names a run writes into its directory (the Python API's datasets included).
+RUN_FILES = (
+    "config.yaml",
+    "metrics.jsonl",
+    "samples.jsonl",
+    "summary.json",
+    "tensorboard",
+    "checkpoints",
+    "data/train.jsonl",
+    "data/eval.jsonl",
+)
+
 _held: dict[Path, int] = {}  # run directory (resolved) -> the lock file's descriptor
+# run directory (resolved) -> the names it held before this process wrote into it (None:
+# this process made it), until its run's first step is logged (`started`)
+_drafts: dict[Path, frozenset[str] | None] = {}
+
+
+def check_run_dir(run_dir: Path, resume: bool = False) -> None:
+    """Refuse, writing nothing, a directory a new run may not use: one that holds a run, or
+    a user's file under one of RUN_FILES' names (where rlvr.lock does not mark it as a run
+    directory)."""
+    if resume or not run_dir.is_dir():
+        return
+    _refuse_if_live(run_dir)
+    if (run_dir / "metrics.jsonl").exists():
+        raise ConfigError(
+            f"train.output_dir: {run_dir} already holds a run; resume it with "
+            f"`rlvr train --resume {run_dir}` or choose another --output-dir"
+        )
+    if (run_dir / LOCK).exists():
+        return  # rlvr's own directory, of a run that never logged a step
+    before = _drafts.get(run_dir.resolve(), _contents(run_dir))
+    for name in RUN_FILES:
+        if before is not None and name in before:
+            raise ConfigError(
+                f"train.output_dir: {run_dir} already holds {name} (not a run's: no {LOCK}), "
+                "which the run would overwrite; choose a new or empty --output-dir"
+            )
+
+
+def _refuse_if_live(run_dir: Path) -> None:
+    """ConfigError naming the holder when another process holds `run_dir`'s lock; writes
+    nothing (the lock is tried on a read-only descriptor and let go at once)."""
+    if run_dir.resolve() in _held:
+        return
+    try:
+        fd = os.open(run_dir / LOCK, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return  # no lock file: no run holds it
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+        if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            holder = os.pread(fd, 64, 0).decode("ascii", "replace").strip() or "unknown"
+            raise ConfigError(_in_use(run_dir, holder)) from None
+    finally:
+        os.close(fd)
+
+
+def _in_use(run_dir: Path, holder: str) -> str:
+    return (
+        f"train.output_dir: {run_dir} is in use by another rlvr run (pid {holder}); "
+        "wait for it to end or choose another --output-dir"
+    )
+
+
+def draft_run_dir(run_dir: Path, made: bool = False) -> None:
+    """Note what `run_dir` holds before this process writes into it (`made`: nothing, this
+    process has just made it; a no-op when noted already), so `discard_unstarted` can take
+    back only what the run added."""
+    key = run_dir.resolve()
+    if key not in _drafts:
+        _drafts[key] = None if made or not run_dir.is_dir() else _contents(run_dir)
+
+
+def started(run_dir: Path) -> None:
+    """The run in `run_dir` has logged a step: its directory stays, whatever happens next."""
+    _drafts.pop(Path(run_dir).resolve(), None)
+
+
+def discard_unstarted(run_dir: Path) -> None:
+    """Remove what a run that never logged a step wrote into `run_dir`: the names a run
+    writes (RUN_FILES, the lock, a tracker's folder) that were not there before, then
+    `data/` and the directory itself when this process made them and they are left empty.
+    Anything else, whoever wrote it, stays."""
+    key = Path(run_dir).resolve()
+    if key not in _drafts:
+        return
+    unlock_run_dir(key)
+    made = _drafts[key] is None
+    before = _drafts.pop(key) or frozenset()
+    for name in (*RUN_FILES, LOCK, "wandb"):
+        path = key / name
+        if name in before or not (path.exists() or path.is_symlink()):
+            continue
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+    for folder, ours in ((key / "data", "data" not in before), (key, made)):
+        if ours:
+            with contextlib.suppress(OSError):  # not empty: something else wrote into it
+                folder.rmdir()
+
+
+def _contents(run_dir: Path) -> frozenset[str]:
+    """Its top-level names and which of RUN_FILES it holds."""
+    return frozenset(_entries(run_dir)) | {n for n in RUN_FILES if (run_dir / n).exists()}
+
+
+def _entries(run_dir: Path) -> list[str]:
+    try:
+        return os.listdir(run_dir)
+    except OSError:
+        return []
 
 
 def prepare_run_dir(cfg: Config, resume: bool) -> Path:
     """Create (or, resuming, open) the run directory and lock it for this process; stale
-    `.tmp-*` checkpoint staging directories left by a crashed save are removed."""
+    `.tmp-*` checkpoint staging directories left by a crashed save are removed. A new run's
+    directory is first checked (`check_run_dir`) and noted as a draft (`draft_run_dir`)."""
     if cfg.train.output_dir:
         run_dir = Path(cfg.train.output_dir)
+        if not resume:
+            check_run_dir(run_dir)
+            draft_run_dir(run_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
     else:
         run_dir = new_default_run_dir(Path("runs"))
+        draft_run_dir(run_dir, made=True)
     lock_run_dir(run_dir)
     if not resume and (run_dir / "metrics.jsonl").exists():
-        unlock_run_dir(run_dir)
+        discard_unstarted(run_dir)
         raise ConfigError(
             f"train.output_dir: {run_dir} already holds a run; resume it with "
             f"`rlvr train --resume {run_dir}` or choose another --output-dir"
@@ -86,10 +218,7 @@ def lock_run_dir(run_dir: Path) -> None:
             return
         if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
             raise ConfigError(f"train.output_dir: cannot lock {run_dir}: {e.strerror}") from None
-        raise ConfigError(
-            f"train.output_dir: {run_dir} is in use by another rlvr run (pid {holder}); "
-            "wait for it to end or choose another --output-dir"
-        ) from None
+        raise ConfigError(_in_use(run_dir, holder)) from None
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
     _held[key] = fd

@@ -14,6 +14,7 @@ RESUME_SAFE = {
     ("train", "save_every"),
     ("train", "keep_checkpoints"),
     ("train", "log_samples"),
+    ("train", "log_every"),
     ("train", "threads"),
     ("train", "eval_every"),
     ("reward", "python_path"),  # where the same modules are imported from

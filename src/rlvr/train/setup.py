@@ -1,6 +1,7 @@
-"""Building a run once: the device and ranks, the run directory (resumed from its newest good
-checkpoint when asked), the tokenizer, the policy and its reference, the CPU backend's gate,
-the prompts, the optimiser and schedule, the rollout engine, the scorer and (PPO) the critic."""
+"""Building a run once: the device and ranks, the tokenizer, the policy and its reference, the
+CPU backend's gate, the prompts, the optimiser and schedule, the rollout engine, the scorer,
+then the run directory (a resumed run's first: its newest good checkpoint is loaded) and
+(PPO) the critic. A new run's directory is written only once all of these are built."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from rlvr import cpu
 from rlvr.algorithm import Algorithm
 from rlvr.algos import KLController
 from rlvr.config import Config, ConfigError
-from rlvr.models import autocast, eos_ids, load_tokenizer
+from rlvr.models import autocast, check_vocabulary, eos_ids, load_tokenizer
 from rlvr.prompts import PromptSource, load_prompts
 from rlvr.rewards.sandbox import SandboxUnavailable, resolve_isolation
 from rlvr.rewards.scoring import Scorer
@@ -35,7 +36,7 @@ from rlvr.run.distributed import (
     load_optimizer_state,
     wrap,
 )
-from rlvr.run.rundir import prepare_run_dir, truncate_jsonl
+from rlvr.run.rundir import check_run_dir, discard_unstarted, prepare_run_dir, truncate_jsonl
 from rlvr.tools import Toolbox, ToolFormat, make_python_tool
 from rlvr.train.collect import PromptSampler
 from rlvr.train.critic import Critic, build_critic
@@ -166,10 +167,11 @@ def setup(
             f"rollout.prompts_per_step: {cfg.rollout.prompts_per_step} is not "
             f"divisible by the {d.world_size} ranks (each takes whole groups)"
         )
-    run_dir = prepare_run_dir(cfg, resume=resume_dir is not None) if d.is_main else None
-    run_dir = Path(d.broadcast(str(run_dir)))
-    checkpoint = None
+    checkpoint, run_dir = None, None
+    if resume_dir is None and d.is_main and cfg.train.output_dir:
+        check_run_dir(Path(cfg.train.output_dir))  # refused now; written once all is built
     if resume_dir:  # raises CheckpointError when checkpoints exist but none verifies
+        run_dir = _prepared(cfg, d, resume=True)
         warn = console.print if d.is_main else _quiet
         checkpoint = resume_checkpoint(run_dir, cfg.train.save_every, warn=warn)
         if checkpoint is None and d.is_main:  # killed before its first save: start over
@@ -179,12 +181,19 @@ def setup(
     tokenizer = given.tokenizer or load_tokenizer(cfg.model.name_or_path)
     policy = load_policy(cfg, checkpoint, device, model=given.model)
     model = policy.model
+    try:
+        check_vocabulary(tokenizer, model, "model.name_or_path")
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     backend = _cpu_backend(policy)
     source = load_prompts(cfg, tokenizer, getattr(model.config, "max_position_embeddings", None))
     module = wrap(model, d, device, cfg.train.parallel)  # before the optimiser: FSDP2 shards
     optimizer, scheduler = _optimizer(cfg, model)
-    toolbox = _toolbox(cfg, source, tokenizer, given)
+    toolbox = build_toolbox(cfg, source, tokenizer, given)
     engine = _engine(cfg, model, tokenizer, device, d, backend, toolbox)
+    scorer = Scorer.build(cfg, source.task, given.reward_functions, has_answer=source.has_answer)
+    if run_dir is None:  # everything built and checked: only now the run directory
+        run_dir = _prepared(cfg, d, resume=False)
     run = Run(
         cfg=cfg,
         d=d,
@@ -194,19 +203,30 @@ def setup(
         policy=policy,
         module=module,
         engine=engine,
-        scorer=Scorer.build(cfg, source.task, given.reward_functions, has_answer=source.has_answer),
+        scorer=scorer,
         source=source,
         sampler=PromptSampler(len(source.train), cfg.train.seed),
         optimizer=optimizer,
         scheduler=scheduler,
         backend=backend,
     )
-    run.kl_ctl = kl_controller(cfg)
-    run.outer = build_outer(run)  # may put the reward model in front of the scorer
-    if checkpoint is None:
-        run.critic = _build_critic(cfg, device, d, None)
-        return run, None
-    return run, _resume(run, checkpoint, console)
+    try:
+        run.kl_ctl = kl_controller(cfg)
+        run.outer = build_outer(run)  # may put the reward model in front of the scorer
+        if checkpoint is None:
+            run.critic = _build_critic(cfg, device, d, None)
+            return run, None
+        return run, _resume(run, checkpoint, console)
+    except BaseException:
+        if resume_dir is None and d.is_main:
+            discard_unstarted(run_dir)
+        raise
+
+
+def _prepared(cfg: Config, d: Dist, resume: bool) -> Path:
+    """The run directory, prepared by rank 0 (rlvr.run.rundir), its path on every rank."""
+    run_dir = prepare_run_dir(cfg, resume=resume) if d.is_main else None
+    return Path(d.broadcast(str(run_dir)))
 
 
 def _optimizer(cfg: Config, model: torch.nn.Module):
@@ -228,7 +248,7 @@ def _optimizer(cfg: Config, model: torch.nn.Module):
     return optimizer, scheduler
 
 
-def _toolbox(cfg: Config, source: PromptSource, tokenizer, given: Given) -> Toolbox | None:
+def build_toolbox(cfg: Config, source: PromptSource, tokenizer, given: Given) -> Toolbox | None:
     """The tools of `rollout.tools`, else the task's own (docs/tools.md); None without any."""
     from rlvr.rewards.user import extend_sys_path
 

@@ -32,7 +32,7 @@ from rlvr.run.distributed import gathered, shutdown
 from rlvr.run.health import HealthGuard
 from rlvr.run.memory import MemoryGuard
 from rlvr.run.metrics import NullLogger, RunLogger
-from rlvr.run.rundir import unlock_run_dir
+from rlvr.run.rundir import discard_unstarted, started, unlock_run_dir
 from rlvr.run.signals import StopSignal
 from rlvr.train.batch import Batch
 from rlvr.train.collect import collect
@@ -117,10 +117,19 @@ def _advantages(run: Run, batch: Batch) -> tuple[Batch, dict[str, float], Critic
     return replace(batch, advantages=got.advantages), got.metrics, got.critic_targets
 
 
-def _accuracy_line(when: str, ev: dict) -> str:
-    if "accuracy" not in ev:  # train.eval_size=0
-        return f"no held-out evaluation {when} training (train.eval_size=0)"
+def _accuracy_line(when: str, ev: dict, cfg: Config) -> str:
+    if "accuracy" not in ev:
+        return f"no held-out evaluation {when} training ({no_eval_reason(cfg)})"
     return f"held-out accuracy {when} training: {ev['accuracy']:.3f}"
+
+
+def no_eval_reason(cfg: Config) -> str:
+    """Why a run has no held-out prompts: no eval set given, or train.eval_size=0."""
+    if cfg.train.eval_size == 0:
+        return "train.eval_size=0"
+    if cfg.data.path and not cfg.data.eval_path:
+        return "no eval set: data.eval_path (the API's eval_dataset) is not set"
+    return "the eval set holds no prompts"
 
 
 def train(
@@ -154,6 +163,10 @@ def train(
         )  # fmt: skip
         events.set_training_args(run.cfg)
         run_dir = _train(run, resumed, console, show_progress, t_start, events)
+    except BaseException:  # a run that never logged a step leaves nothing behind
+        if run is not None and resume_dir is None:
+            discard_unstarted(run.run_dir)
+        raise
     finally:  # the run directory's lock (rlvr.run.rundir), taken in setup by rank 0
         locked = run.run_dir if run else cfg.train.output_dir or resume_dir
         if locked:
@@ -186,6 +199,7 @@ def _train(
             total_steps=cfg.train.max_steps,
             console=console,
             show_progress=show_progress,
+            log_every=cfg.train.log_every,
             report_to=cfg.train.report_to,
             project=cfg.train.project,
             config=to_dict(cfg),
@@ -196,7 +210,7 @@ def _train(
     with logger as log, StopSignal() as stop:
         if eval_before is None:
             eval_before = run.evaluate()
-            log.message(_accuracy_line("before", eval_before))
+            log.message(_accuracy_line("before", eval_before, cfg))
         events.train_begin(step)
         while step < cfg.train.max_steps and not d.max(float(stop.requested)):
             step += 1
@@ -212,6 +226,7 @@ def _train(
             for text in guard.check(step, metrics, final):
                 log.message(f"[yellow]{text}")
             log.log(step, metrics)
+            started(run_dir)  # from here on the run directory stays
             log.samples(step, examples)
             if cfg.train.save_every and step % cfg.train.save_every == 0:
                 final = run.save(step, eval_before)
@@ -230,7 +245,7 @@ def _train(
             )
             return run_dir
         eval_after = run.evaluate()
-        log.message(_accuracy_line("after", eval_after))
+        log.message(_accuracy_line("after", eval_after, cfg))
         events.train_end(step)
     if d.is_main:
         summary = {
