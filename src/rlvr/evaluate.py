@@ -95,6 +95,7 @@ def cmd_eval(argv: list[str]) -> int:
     from rlvr.prompts import load_prompts
     from rlvr.rewards.scoring import Scorer
     from rlvr.rollout import ENGINES
+    from rlvr.rollout.vllm import VLLMEngineError
     from rlvr.train.evaluation import eval_params, evaluate
     from rlvr.train.setup import Given, _toolbox
 
@@ -108,12 +109,15 @@ def cmd_eval(argv: list[str]) -> int:
         raise ConfigError("no held-out prompts: set --num-prompts > 0 or --data.eval_path")
     scorer = Scorer.build(cfg, source.task)
     toolbox = _toolbox(cfg, source, tokenizer, Given())  # rollout.tools, or the task's
-    engine = ENGINES[cfg.rollout.engine](
-        model,
-        pad_id=tokenizer.pad_token_id,
-        eos_ids=eos_ids(tokenizer, model),
-        **({"tools": toolbox} if toolbox is not None else {}),
-    )
+    try:
+        engine = ENGINES[cfg.rollout.engine](
+            model,
+            pad_id=tokenizer.pad_token_id,
+            eos_ids=eos_ids(tokenizer, model),
+            **({"tools": toolbox} if toolbox is not None else {}),
+        )
+    except VLLMEngineError as e:  # no or unsupported vllm, vLLM failed to start
+        raise ConfigError(str(e)) from None
     sampled_rows: list[dict] = []
     greedy_rows: list[dict] = []
     sampled = evaluate(

