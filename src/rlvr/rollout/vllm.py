@@ -213,6 +213,7 @@ class VLLMEngine:
         self.changing = trainable_names(model)
         os.environ.update(launch_env(device, rank, local_rank, world_size))
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # not its INFO lines a step
+        os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")  # stdout: rlvr's
         path = getattr(model.config, "_name_or_path", None) or model.name_or_path
         vdtype = vllm_dtype(_param_dtype(model), autocast, dtype)
         if max_model_len is None:
