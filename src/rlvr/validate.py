@@ -114,12 +114,6 @@ def validate(cfg: Config) -> None:
         )
     _check_machine(cfg)
     _check(
-        r.engine != "vllm" or m.device != "cpu",
-        "rollout.engine",
-        "fast or hf with model.device=cpu (vllm runs on a CUDA GPU)",
-        r.engine,
-    )
-    _check(
         r.vllm_dtype == "auto" or r.engine == "vllm",
         "rollout.vllm_dtype",
         f"auto unless rollout.engine is vllm (it is {r.engine!r})",

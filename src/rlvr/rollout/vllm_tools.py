@@ -6,7 +6,8 @@ The round logic takes the generation as a function (`Generate`), so it runs here
 backend; `VLLMEngine` passes one that makes vLLM requests (one per row, its own seed for
 each round). A row stops at the close tag through vLLM's `stop_token_ids`, so the tag must
 be one token (Qwen2.5's and the built-in tokenizer's `</tool_call>` are); a longer tag is
-refused. Written against vLLM's documented API and unverified on a GPU.
+refused. Run with vLLM on the CPU (tests/test_vllm_engine.py: the fast engine's rows under
+greedy decoding); unverified on a GPU.
 """
 
 from __future__ import annotations

@@ -13,6 +13,8 @@ key/value width kv, vocabulary V, training tokens n per micro-batch):
          + ACTIVATION * 4 n (L (10 d + 4 f + 3 kv) + 3 V)      no gradient checkpointing
          + ACTIVATION * 4 n (L d + GC_LAYERS (10 d + 4 f + 3 kv) + 3 V)   with it
          + the rollout's KV cache, 8 L kv per generated or prompt position of every row
+         + what the rollout engine keeps through the update (vLLM on the CPU, which has no
+           sleep mode: its copy of the weights and its KV-cache reservation)
 
 10 d + 4 f + 3 kv are the per-token values a Qwen2/Llama layer keeps for its backward (norm
 inputs and outputs, q/k/v, attention output, residuals; gate, up, SiLU and product), 3 V the
@@ -99,6 +101,7 @@ class Work:
     groups_per_micro: int = 0  # > 0: prompt sharing (each prompt forwarded once per micro-batch)
     gradient_checkpointing: bool = False
     reference_copy: bool = False
+    engine_bytes: float = 0.0  # held by the rollout engine through the update
 
 
 def predict(shape: Shape, work: Work) -> dict[str, float]:
@@ -116,6 +119,7 @@ def predict(shape: Shape, work: Work) -> dict[str, float]:
         "state": STATE * (4 * s.params + 12 * s.trainable + 4 * s.params * w.reference_copy),
         "activations": ACTIVATION * lora * 4 * tokens * (kept + 3 * s.vocab),
         "kv_cache": 8.0 * s.layers * s.kv * w.rows * (w.prompt + w.response),
+        "engine": float(w.engine_bytes),
     }
     parts["total"] = sum(parts.values())
     return parts
@@ -149,7 +153,9 @@ class MemoryGuard:
         self.enabled = shape is not None and os.environ.get("RLVR_MEMORY_GUARD", "1") != "0"
 
     @staticmethod
-    def for_run(cfg, model, prompt_len: int, reference_copy: bool) -> MemoryGuard:
+    def for_run(
+        cfg, model, prompt_len: int, reference_copy: bool, engine_bytes: float = 0.0
+    ) -> MemoryGuard:
         r, o = cfg.rollout, cfg.optim
         rows = r.prompts_per_step * r.group_size
         micro = min(o.micro_batch_sequences, rows)
@@ -162,6 +168,7 @@ class MemoryGuard:
             groups_per_micro=-(-micro // r.group_size) if share else 0,
             gradient_checkpointing=o.gradient_checkpointing,
             reference_copy=reference_copy,
+            engine_bytes=engine_bytes,
         )
         on_cpu = all(p.device.type == "cpu" for p in model.parameters())
         return MemoryGuard(Shape.of(model) if on_cpu else None, work)

@@ -190,7 +190,7 @@ def setup(
     module = wrap(model, d, device, cfg.train.parallel)  # before the optimiser: FSDP2 shards
     optimizer, scheduler = _optimizer(cfg, model)
     toolbox = build_toolbox(cfg, source, tokenizer, given)
-    engine = _engine(cfg, model, tokenizer, device, d, backend, toolbox)
+    engine = _engine(cfg, model, tokenizer, device, d, backend, toolbox, source)
     scorer = Scorer.build(cfg, source.task, given.reward_functions, has_answer=source.has_answer)
     if run_dir is None:  # everything built and checked: only now the run directory
         run_dir = _prepared(cfg, d, resume=False)
@@ -279,9 +279,13 @@ def build_toolbox(cfg: Config, source: PromptSource, tokenizer, given: Given) ->
         raise ConfigError(f"rollout.tools: {e}") from None
 
 
-def _engine(cfg: Config, model, tokenizer, device, d: Dist, backend: cpu.Backend, toolbox=None):
+def _engine(
+    cfg: Config, model, tokenizer, device, d: Dist, backend: cpu.Backend, toolbox=None, source=None
+):
     """The rollout engine `rollout.engine` names, on this rank's device; a failure to
-    build it is a ConfigError naming the key."""
+    build it is a ConfigError naming the key. vllm's context and rows (its KV cache on the
+    CPU) come from the run: the longest prompt plus the response budget, a rank's rows a
+    step."""
     engine_kw = {"backend": backend} if cfg.rollout.engine == "fast" else {}
     if toolbox is not None:
         engine_kw["tools"] = toolbox
@@ -291,6 +295,8 @@ def _engine(cfg: Config, model, tokenizer, device, d: Dist, backend: cpu.Backend
             autocast=cfg.model.autocast,
             dtype=cfg.rollout.vllm_dtype,
             gpu_memory_utilization=cfg.rollout.vllm_memory,
+            max_model_len=_vllm_context(cfg, model, source),
+            max_rows=max(1, cfg.rollout.prompts_per_step * cfg.rollout.group_size // d.world_size),
             rank=d.rank,
             local_rank=d.local_rank,
             world_size=d.world_size,
@@ -304,6 +310,19 @@ def _engine(cfg: Config, model, tokenizer, device, d: Dist, backend: cpu.Backend
     except RuntimeError as e:
         raise ConfigError(f"rollout.engine: {e}") from None
     return engine
+
+
+def _vllm_context(cfg: Config, model, source) -> int | None:
+    """The longest sequence a run asks of vLLM: its longest prompt (train or eval) plus the
+    response budget (with tools, the whole response's), within the model's context."""
+    if source is None:
+        return None
+    prompts = [*source.train, *source.eval]
+    longest = max((len(p.ids) for p in prompts), default=0)
+    r = cfg.rollout
+    budget = r.max_total_tokens if r.tools and r.max_total_tokens else r.max_new_tokens
+    context = getattr(model.config, "max_position_embeddings", None)
+    return longest + budget if context is None else min(context, longest + budget)
 
 
 def _resume(run: Run, checkpoint: Path, console: Console) -> dict:

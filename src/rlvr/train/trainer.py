@@ -192,7 +192,13 @@ def _train(
     )
     longest_prompt = max((len(p.ids) for p in run.source.train), default=0)
     reference_copy = run.policy.reference_copy is not None
-    memory = MemoryGuard.for_run(cfg, run.policy.model, longest_prompt, reference_copy)
+    memory = MemoryGuard.for_run(
+        cfg,
+        run.policy.model,
+        longest_prompt,
+        reference_copy,
+        engine_bytes=getattr(run.engine, "resident_bytes", 0.0),  # vLLM on the CPU: it stays
+    )
     logger = (
         RunLogger(
             run_dir,

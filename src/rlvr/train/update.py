@@ -10,7 +10,7 @@ import torch
 
 from rlvr import cpu
 from rlvr.algorithm import Algorithm
-from rlvr.algos import LossOutput, overlong_filter_mask
+from rlvr.algos import LossOutput, kl_k3, overlong_filter_mask
 from rlvr.algos.objectives import LossInputs
 from rlvr.config import Config
 from rlvr.models import autocast
@@ -148,7 +148,8 @@ class MicroResult:
     loss_tokens: float
     entropy_sum: float  # over generated tokens (overlong-filtered responses too)
     generated_tokens: float
-    logprob_diff: tuple[float, float, float] | None  # |engine - trainer|: sum, max, tokens
+    # |engine - trainer|: sum, max, tokens; and the sum of k3 of KL(engine || trainer)
+    logprob_diff: tuple[float, float, float, float] | None
 
 
 def _micro_inputs(
@@ -240,14 +241,19 @@ def _batch_stats(u: _Update, micros: list[Batch], num_tokens, num_sequences):
 
 
 def _logprob_diff(engine: torch.Tensor | None, trainer: torch.Tensor, valid: torch.Tensor):
-    """|engine log-prob - trainer log-prob| over the valid tokens: (sum, max, count), or None
-    where the engine reports no log-probs. `trainer`: pi_old's (the policy that sampled)."""
+    """|engine log-prob - trainer log-prob| over the valid tokens: (sum, max, count, k3 sum),
+    or None where the engine reports no log-probs. `trainer`: pi_old's (the policy that
+    sampled). k3 estimates KL(engine || trainer) from the engine's own samples:
+    exp(x) - x - 1 with x = trainer - engine (`kl_k3(engine, trainer)`)."""
     if engine is None:
         return None
-    diff = (engine.to(trainer.device) - trainer).abs()[valid.bool()]
+    engine = engine.to(trainer.device)
+    valid = valid.bool()
+    diff = (engine - trainer).abs()[valid]
     if diff.numel() == 0:
-        return 0.0, 0.0, 0.0
-    return float(diff.sum()), float(diff.max()), float(diff.numel())
+        return 0.0, 0.0, 0.0, 0.0
+    k3 = kl_k3(engine[valid].double(), trainer[valid].double())
+    return float(diff.sum()), float(diff.max()), float(diff.numel()), float(k3.sum())
 
 
 def policy_update(
@@ -332,8 +338,9 @@ class _Sums:
         self.add("entropy", r.entropy_sum)
         self.add("entropy_tokens", r.generated_tokens)
         if first:  # every response once, against the policy that sampled it
-            diff_sum, diff_max, diff_n = r.logprob_diff or (0.0, -math.inf, 0.0)
+            diff_sum, diff_max, diff_n, k3_sum = r.logprob_diff or (0.0, -math.inf, 0.0, 0.0)
             self.add("logprob_diff", diff_sum)
+            self.add("mismatch_kl_k3", k3_sum)
             self.add("logprob_diff_tokens", diff_n)
             if diff_n:
                 self.diff_max = max(self.diff_max, diff_max)
@@ -344,6 +351,7 @@ class _Sums:
         tokens = max(total.pop("tokens", 0.0), 1.0)
         entropy = total.pop("entropy", 0.0) / max(total.pop("entropy_tokens", 0.0), 1.0)
         diff_sum, diff_n = total.pop("logprob_diff", 0.0), total.pop("logprob_diff_tokens", 0.0)
+        k3_sum = total.pop("mismatch_kl_k3", 0.0)
         counts = {"loss", "log_ratio_clamped", "num_tokens"}
         out = {k: v / tokens for k, v in total.items() if k not in counts}
         out["entropy"] = entropy
@@ -356,6 +364,7 @@ class _Sums:
         if diff_n > 0:  # the engine reported its log-probs (fast, vllm)
             out["rollout/logprob_diff_mean"] = diff_sum / diff_n
             out["rollout/logprob_diff_max"] = diff_max
+            out["rollout/mismatch_kl_k3"] = k3_sum / diff_n
         norms = self.grad_norms
         out["grad_norm"] = sum(norms) / len(norms) if norms else float("nan")
         out["optimizer_steps"] = self.steps - self.nonfinite

