@@ -193,7 +193,7 @@ def train_reward_model(cfg, rcfg: RMConfig, run_dir: Path, resume: bool, progres
         truncate_jsonl(run_dir / "metrics.jsonl", 0)
     else:
         rm = RewardModel.load(ckpt, rcfg.max_length)
-        state = load_trainer_state(ckpt)
+        state = load_trainer_state(ckpt, required=("step", "optimizer"))
         start, opt_state = state["step"], state["optimizer"]
         truncate_jsonl(run_dir / "metrics.jsonl", start)
         console.print(f"resuming {run_dir} from {ckpt.name} (step {start})")

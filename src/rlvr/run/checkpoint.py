@@ -19,6 +19,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import pickle
 import random
 import re
 import shutil
@@ -65,9 +66,12 @@ _fault_hits = 0
 
 
 def rng_state() -> dict[str, Any]:
+    """The RNG states as tensors and plain values, which `load_trainer_state` reads without
+    unpickling any class: numpy's MT19937 key as an int64 tensor instead of an ndarray."""
+    kind, key, pos, has_gauss, cached = np.random.get_state()
     state = {
         "python": random.getstate(),
-        "numpy": np.random.get_state(),
+        "numpy": (kind, torch.from_numpy(key.astype(np.int64)), pos, has_gauss, cached),
         "torch": torch.get_rng_state(),
     }
     if torch.cuda.is_available():
@@ -77,7 +81,9 @@ def rng_state() -> dict[str, Any]:
 
 def set_rng_state(state: dict[str, Any]) -> None:
     random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    kind, key, *rest = state["numpy"]
+    key = key.numpy() if isinstance(key, torch.Tensor) else key
+    np.random.set_state((kind, np.asarray(key, dtype=np.uint32), *rest))
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
@@ -325,5 +331,43 @@ def _stderr(text: str) -> None:
     sys.stderr.write(text + "\n")
 
 
-def load_trainer_state(path: Path) -> dict[str, Any]:
-    return torch.load(path / STATE, map_location="cpu", weights_only=False)
+# What a trainer state may hold besides tensors and plain values: numpy's uint32 RNG key as
+# written by checkpoints that stored it as an ndarray (an array of a fixed dtype, no code).
+_NUMPY_ARRAY = [np.ndarray, np.dtype, type(np.dtype(np.uint32)), np.empty(0).__reduce__()[0]]
+
+
+def load_trainer_state(path: Path, required: tuple[str, ...] = ("step",)) -> dict[str, Any]:
+    """`path`'s trainer state, read with `torch.load(weights_only=True)`: tensors, numbers,
+    strings, lists, tuples and dicts only (plus numpy's RNG key array), so a state file
+    written by someone else cannot run code when a run resumes from it (the manifest does not
+    help there: whoever wrote the file wrote the manifest). Anything else, or a state without
+    the keys in `required`, raises CheckpointError naming the file."""
+    file = path / STATE
+    try:
+        with torch.serialization.safe_globals(_NUMPY_ARRAY):
+            state = torch.load(file, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        found = re.search(r"GLOBAL (\S+) was not|but got <class '([^']+)'>", str(e))
+        if found is None:
+            why = re.search(r"WeightsUnpickler error: (.+)", str(e))
+            raise CheckpointError(
+                f"{file}: unreadable trainer state: {why.group(1)[:300] if why else _first_line(e)}"
+            ) from None
+        raise CheckpointError(
+            f"{file}: refused: it holds an object of {found.group(1) or found.group(2)}; a "
+            "trainer state may hold only tensors and plain values (it is loaded without running "
+            "code)"
+        ) from None
+    except (RuntimeError, OSError, EOFError, ValueError) as e:
+        raise CheckpointError(f"{file}: unreadable trainer state: {_first_line(e)}") from None
+    if not isinstance(state, dict):
+        raise CheckpointError(f"{file}: expected a dict, got {type(state).__name__}")
+    missing = [k for k in required if k not in state]
+    if missing:
+        raise CheckpointError(f"{file}: the trainer state has no {', '.join(map(repr, missing))}")
+    return state
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return (text[0] if text else type(e).__name__)[:300]
