@@ -20,7 +20,12 @@ from rlvr.rm.command import cmd_rm
 from rlvr.run.checkpoint import CheckpointError
 from rlvr.run.distributed import torchrun_rank
 from rlvr.run.health import TrainingHealthError
-from rlvr.run.stored_config import RESUME_SAFE, resolve_paths
+from rlvr.run.stored_config import (
+    RESUME_SAFE,
+    check_run_code,
+    pop_code_overrides,
+    resolve_paths,
+)
 
 TRAIN_EPILOG = "config keys (override with --section.key=value):\n"
 
@@ -41,6 +46,12 @@ def _train_parser() -> argparse.ArgumentParser:
     p.add_argument("--save-every", type=int, help="checkpoint interval in steps (train.save_every)")
     p.add_argument(
         "--resume", metavar="RUN_DIR", help="continue a run from its newest good checkpoint"
+    )
+    p.add_argument(
+        "--trust-run-code",
+        action="store_true",
+        help="--resume: import the rewards and tools (module:function, file.py:function) the "
+        "run's config.yaml names without naming them again",
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar (logs only)")
     p.add_argument(
@@ -84,6 +95,7 @@ def cmd_train(argv: list[str]) -> int:
         run_dir = Path(args.resume)
         if not (run_dir / "config.yaml").is_file():
             raise ConfigError(f"--resume: {run_dir} holds no config.yaml (not a run directory)")
+        named = pop_code_overrides(overrides)
         bad = [
             f"{s}.{k}"
             for s, kv in overrides.items()
@@ -98,6 +110,9 @@ def cmd_train(argv: list[str]) -> int:
             )
         overrides.setdefault("train", {})["output_dir"] = str(run_dir.resolve())
         cfg = load_config(run_dir / "config.yaml", overrides)
+        note = check_run_code(cfg, named, args.trust_run_code, f"--resume {run_dir}")
+        if note:
+            sys.stderr.write(note + "\n")
         train(
             cfg,
             resume_dir=run_dir,

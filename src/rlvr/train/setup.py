@@ -13,7 +13,7 @@ from rich.console import Console
 
 from rlvr import cpu
 from rlvr.algos import KLController
-from rlvr.config import Config, ConfigError
+from rlvr.config import Config, ConfigError, to_dict
 from rlvr.models import autocast, eos_ids, load_tokenizer
 from rlvr.prompts import PromptSource, load_prompts
 from rlvr.rewards.sandbox import SandboxUnavailable, resolve_isolation
@@ -35,6 +35,7 @@ from rlvr.run.distributed import (
     wrap,
 )
 from rlvr.run.rundir import prepare_run_dir, truncate_jsonl
+from rlvr.run.stored_config import check_trained_with
 from rlvr.tools import Toolbox, ToolFormat, make_python_tool
 from rlvr.train.collect import PromptSampler
 from rlvr.train.critic import Critic, build_critic
@@ -114,6 +115,7 @@ class Run:
                 "critic": critic,
                 "kl_controller": self.kl_ctl.state_dict() if self.kl_ctl is not None else None,
                 "outer": self.outer.state() if self.outer is not None else None,
+                "config": to_dict(self.cfg),  # what resume checks config.yaml against
             }
             path = save_checkpoint(
                 self.run_dir,
@@ -167,6 +169,10 @@ def setup(
             console.print(f"{run_dir}: no intact checkpoint yet; starting the run over from step 0")
             for name in ("metrics.jsonl", "samples.jsonl"):
                 truncate_jsonl(run_dir / name, 0)
+    state = None
+    if checkpoint is not None:  # read and checked before anything is built from the config
+        state = load_trainer_state(checkpoint, required=_STATE_KEYS)
+        check_trained_with(state, cfg, checkpoint)
     tokenizer = given.tokenizer or load_tokenizer(cfg.model.name_or_path)
     policy = load_policy(cfg, checkpoint, device, model=given.model)
     model = policy.model
@@ -197,7 +203,7 @@ def setup(
     if checkpoint is None:
         run.critic = _build_critic(cfg, device, d, None)
         return run, None
-    return run, _resume(run, checkpoint, console)
+    return run, _resume(run, checkpoint, state, console)
 
 
 def _optimizer(cfg: Config, model: torch.nn.Module):
@@ -274,11 +280,13 @@ def _engine(cfg: Config, model, tokenizer, device, d: Dist, backend: cpu.Backend
     return engine
 
 
-def _resume(run: Run, checkpoint: Path, console: Console) -> dict:
+_STATE_KEYS = ("step", "optimizer", "scheduler", "sampler_position", "rng", "eval_before")
+
+
+def _resume(run: Run, checkpoint: Path, state: dict, console: Console) -> dict:
     """Restore the trainer state saved with `checkpoint` into `run` (critic, KL
     controller, optimiser, schedule, sampler position, RNG) and cut the logs back to it."""
     cfg, d, run_dir = run.cfg, run.d, run.run_dir
-    state = load_trainer_state(checkpoint)
     run.critic = _build_critic(cfg, run.device, d, state.get("critic"))
     if run.kl_ctl is not None and state.get("kl_controller") is not None:
         run.kl_ctl.load_state_dict(state["kl_controller"])
