@@ -22,6 +22,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import yaml
 
+from rlvr.safe_yaml import load_yaml
+
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
@@ -127,7 +129,7 @@ def load_run(run_dir: Path) -> Run:
         rows.append(row)
     if not rows:
         raise PlotError(f"{path}: no steps logged")
-    config = _read_optional(run_dir / "config.yaml", yaml.safe_load)
+    config = _read_optional(run_dir / "config.yaml", lambda text: load_yaml(text, "config.yaml"))
     summary = _read_optional(run_dir / "summary.json", json.loads)
     return Run(run_dir, rows, config if isinstance(config, dict) else None, summary)
 
