@@ -4,14 +4,13 @@ to match, as whoever wrote the file can) is refused by name instead of executed 
 
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
+from rlvr.cli import main
 from rlvr.run.checkpoint import CheckpointError, load_trainer_state, save_checkpoint
 from rlvr.run.manifest import verify_checkpoint, write_manifest
 
@@ -78,8 +77,8 @@ def test_a_state_without_its_optimizer_is_named(tmp_path, tiny_model, tokenizer)
         load_trainer_state(ckpt)
 
 
-def test_resume_of_a_planted_run_is_one_line_and_runs_nothing(small_run, tmp_path, tokenizer):
-    """`rlvr train --resume` of a run directory whose newest state was replaced (manifest
+def test_resume_of_a_planted_run_is_one_line_and_runs_nothing(small_run, tmp_path, capsys):
+    """`rlvr train --resume` (in process) of a run directory whose newest state was replaced (manifest
     rewritten): exit 2, one error line, the planted call never made."""
     run = tmp_path / "run"
     shutil.copytree(small_run, run)
@@ -88,13 +87,10 @@ def test_resume_of_a_planted_run_is_one_line_and_runs_nothing(small_run, tmp_pat
     state = torch.load(ckpt / "trainer_state.pt", weights_only=False)  # the run's own file
     torch.save({**state, "payload": Plant(marker)}, ckpt / "trainer_state.pt")
     rewrite_manifest(ckpt, state["step"])
-    res = subprocess.run(
-        [sys.executable, "-m", "rlvr", "train", "--resume", str(run), "--no-progress"],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert res.returncode == 2, res.stderr
-    errors = [line for line in res.stderr.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1 and "refused: it holds an object of io.open" in errors[0]
-    assert "Traceback" not in res.stderr
+    capsys.readouterr()
+    assert main(["train", "--resume", str(run), "--trust-run-code", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "refused: it holds an object of io.open" in errors[0], err
     assert not marker.exists()
     assert json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])["step"] == 2
