@@ -105,7 +105,17 @@ def save_checkpoint(
 
     A failed save (a full disk, a quota, an I/O error) removes its `.tmp-*` directory and
     raises CheckpointError naming the step, the path and, for a full disk, the space needed;
-    the checkpoints already on disk are untouched."""
+    the checkpoints already on disk are untouched. Weights or a trainer state holding NaN/inf
+    are never saved (CheckpointError naming the tensor): every checkpoint the keep policy
+    counts is finite, so it never deletes the last finite one for a broken newer one."""
+    weights = model_state if model_state is not None else model.state_dict()
+    bad = nonfinite_tensor(weights, "weights") or nonfinite_tensor(trainer_state, "trainer state")
+    if bad is not None:
+        last = list_checkpoints(run_dir)
+        raise CheckpointError(
+            f"checkpoint step {step}: {bad} holds NaN/inf; not saved (the newest checkpoint "
+            f"on disk is {last[-1] if last else 'none'})"
+        )
     root = run_dir / "checkpoints"
     root.mkdir(parents=True, exist_ok=True)
     remove_staging(run_dir)
@@ -365,7 +375,33 @@ def load_trainer_state(path: Path, required: tuple[str, ...] = ("step",)) -> dic
     missing = [k for k in required if k not in state]
     if missing:
         raise CheckpointError(f"{file}: the trainer state has no {', '.join(map(repr, missing))}")
+    bad = nonfinite_tensor(state, "trainer state")
+    if bad is not None:  # training on it would make every later step NaN
+        raise CheckpointError(
+            f"{file}: {bad} holds NaN/inf; refusing to train on it (move {path.name} aside to "
+            "resume from the checkpoint before it)"
+        )
     return state
+
+
+def nonfinite_tensor(obj: Any, where: str) -> str | None:
+    """The path ("trainer state.optimizer.state.3.exp_avg") of the first floating-point tensor
+    under `obj` (dicts, lists, tuples) holding NaN or inf, or None when all are finite."""
+    if isinstance(obj, torch.Tensor):
+        bad = obj.is_floating_point() and not bool(torch.isfinite(obj).all())
+        return where if bad else None
+    items = (
+        obj.items()
+        if isinstance(obj, dict)
+        else enumerate(obj)
+        if isinstance(obj, (list, tuple))
+        else ()
+    )
+    for key, value in items:
+        found = nonfinite_tensor(value, f"{where}.{key}")
+        if found is not None:
+            return found
+    return None
 
 
 def _first_line(e: BaseException) -> str:
