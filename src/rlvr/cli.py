@@ -265,3 +265,7 @@ def _main(argv: list[str] | None) -> int:
     except TrainingHealthError as e:
         sys.stderr.write(f"error: {e}\n")
         return 1
+    except OSError as e:  # a read-only or full output directory, a file removed mid-run
+        where = f"{e.filename}: " if e.filename else ""
+        sys.stderr.write(f"error: {where}{e.strerror or e}\n")
+        return 2

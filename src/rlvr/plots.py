@@ -126,6 +126,11 @@ def load_run(run_dir: Path) -> Run:
             raise PlotError(f"{path}, line {n}: not valid JSON ({e.msg})") from None
         if not isinstance(row, dict) or not isinstance(row.get("step"), int):
             raise PlotError(f'{path}, line {n}: expected a JSON object with an integer "step"')
+        if rows and row["step"] <= rows[-1]["step"]:
+            raise PlotError(
+                f"{path}, line {n}: step {row['step']} after step {rows[-1]['step']}; steps must "
+                "increase one line each (the file was edited or damaged)"
+            )
         rows.append(row)
     if not rows:
         raise PlotError(f"{path}: no steps logged")

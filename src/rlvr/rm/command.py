@@ -201,7 +201,7 @@ def train_reward_model(cfg, rcfg: RMConfig, run_dir: Path, resume: bool, progres
         rm = RewardModel.load(ckpt, rcfg.max_length)
         state = load_trainer_state(ckpt, required=("step", "optimizer"))
         start, opt_state = state["step"], state["optimizer"]
-        truncate_jsonl(run_dir / "metrics.jsonl", start)
+        truncate_jsonl(run_dir / "metrics.jsonl", start, one_per_step=True)
         console.print(f"resuming {run_dir} from {ckpt.name} (step {start})")
     optimizer = make_optimizer(rm, rcfg.lr)
     if opt_state is not None:

@@ -298,7 +298,7 @@ def _resume(run: Run, checkpoint: Path, state: dict, console: Console) -> dict:
     set_rng_state(state["rng"])
     if d.is_main:
         for name in ("metrics.jsonl", "samples.jsonl"):
-            truncate_jsonl(run_dir / name, state["step"])
+            truncate_jsonl(run_dir / name, state["step"], one_per_step=name == "metrics.jsonl")
         console.print(f"resuming {run_dir} from {checkpoint.name} (step {state['step']})")
     return {"step": state["step"], "eval_before": state["eval_before"], "path": checkpoint}
 
