@@ -99,11 +99,13 @@ def test_run_code_is_imported_only_when_named_or_trusted(small_run, tmp_path, _c
     assert f"its config.yaml names code to import: {planted}:digit_share" in error
     assert "--trust-run-code" in error
     error = _one_error(_cli("train", "--resume", run, f"--reward.extra={REWARD}=1.0"))
-    assert f"{REWARD} is not code this run uses" in error
+    assert "reward.extra is ('" in error and "on the command line but ('" in error
     error = _one_error(_cli("eval", "--model", run, "--k", 1, "--num-prompts", 2))
     assert f"--model {run}: its config.yaml names code to import: {planted}" in error
     assert not marker.exists()
     cfg.write_text(original)
+    error = _one_error(_cli("train", "--resume", run, f"--reward.extra={REWARD}=2.0"))
+    assert "a run's rewards and tools cannot change on resume" in error  # not silently dropped
     res = _cli("train", "--resume", run, f"--reward.extra={REWARD}=1.0", "--max-steps", 3)
     assert res.returncode == 0, res.stderr
     assert f"importing {REWARD} (named on the command line)" in res.stderr

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 from rlvr.config import Config, ConfigError, load_config, parse_overrides
-from rlvr.run.stored_config import check_run_code, named_code
+from rlvr.run.stored_config import check_run_code, code_overrides
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -81,7 +81,9 @@ def _config(args, overrides: dict, run_dir: Path | None, model: str) -> Config:
             base, {**changes, "data": {**changes.get("data", {}), "eval_path": cfg.data.path}}
         )
     if run_dir is not None:  # the run's code is imported only when named again or trusted
-        note = check_run_code(cfg, named_code(overrides), args.trust_run_code, f"--model {run_dir}")
+        note = check_run_code(
+            cfg, code_overrides(overrides), args.trust_run_code, f"--model {run_dir}"
+        )
         if note:
             sys.stderr.write(note + "\n")
     return cfg

@@ -145,38 +145,43 @@ def run_code(cfg: Config) -> list[str]:
     return list(dict.fromkeys(s for s in specs if ":" in s))
 
 
-def named_code(overrides: dict) -> list[str]:
-    """The code the CODE_KEYS of command-line `overrides` name (paths made absolute)."""
-    code = {s: {k: overrides[s][k]} for s, k in CODE_KEYS if k in overrides.get(s, {})}
-    changes: dict = {}
-    for s, kv in code.items():
-        changes.setdefault(s, {}).update(kv)
-    return run_code(resolve_paths(apply_changes(Config(), changes, "command line")))
+def code_overrides(overrides: dict) -> dict:
+    """The CODE_KEYS of command-line `overrides`, as {section: {key: value}}."""
+    out: dict = {}
+    for s, k in CODE_KEYS:
+        if k in overrides.get(s, {}):
+            out.setdefault(s, {})[k] = overrides[s][k]
+    return out
 
 
-def pop_code_overrides(overrides: dict) -> list[str]:
-    """`named_code(overrides)`, the CODE_KEYS then taken out of `overrides`: on resume they
-    only say which of the run's code may be imported, they change nothing."""
-    named = named_code(overrides)
+def pop_code_overrides(overrides: dict) -> dict:
+    """`code_overrides(overrides)`, then taken out of `overrides`: on resume they say which
+    of the run's code may be imported (`check_run_code`), they change nothing."""
+    code = code_overrides(overrides)
     for s, k in CODE_KEYS:
         overrides.get(s, {}).pop(k, None)
     for s in [s for s, kv in overrides.items() if isinstance(kv, dict) and not kv]:
         del overrides[s]
-    return named
+    return code
 
 
-def check_run_code(cfg: Config, named: list[str], trust: bool, where: str) -> str | None:
+def check_run_code(cfg: Config, given: dict, trust: bool, where: str) -> str | None:
     """The line that says which code the run directory's config (`cfg`) makes this process
-    import, or None when it names none. Raises ConfigError when it names code that is neither
-    named again on the command line (`named`) nor allowed by `trust` (--trust-run-code), or
-    when `named` holds code the config does not use."""
-    code = run_code(cfg)
-    foreign = [c for c in named if c not in code]
-    if foreign:
-        raise ConfigError(
-            f"{where}: {', '.join(foreign)} is not code this run uses (its config.yaml names "
-            f"{', '.join(code) or 'none'}); a run's rewards and tools cannot change on resume"
-        )
+    import, or None when it names none. `given`: the CODE_KEYS named on the command line
+    (`code_overrides`); each must equal the config's value (paths made absolute). Raises
+    ConfigError when the config names code that is neither named again nor allowed by
+    `trust` (--trust-run-code), or when a named key differs from the config's."""
+    named_cfg = resolve_paths(apply_changes(Config(), given, "command line"))
+    for s, kv in given.items():
+        for k in kv:
+            was, now = getattr(getattr(cfg, s), k), getattr(getattr(named_cfg, s), k)
+            if _plain(was) != _plain(now):
+                raise ConfigError(
+                    f"{where}: {s}.{k} is {_short(repr(now), 200)} on the command line but "
+                    f"{_short(repr(was), 200)} in its config.yaml; a run's rewards and tools "
+                    "cannot change on resume (name them as the run was started)"
+                )
+    code, named = run_code(cfg), run_code(named_cfg)
     if not code:
         return None
     if trust:
