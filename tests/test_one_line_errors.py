@@ -64,8 +64,8 @@ def test_a_damaged_data_file_through_the_cli(tmp_path, capsys):
     "changes, expected",
     [
         ({"data": {"prompt_template": "Solve: {q}"}}, "data.prompt_template: got 'Solve: {q}'"),
-        ({"optim": {"lr": "1e30"}}, "optim.lr: got 1e+30, expected in (0, 1.0]"),
-        ({"critic": {"lr": "2"}}, "critic.lr: got 2.0, expected in (0, 1.0]"),
+        ({"optim": {"lr": "1e30"}}, "optim.lr: got 1e+30, expected <= 1.0"),
+        ({"critic": {"lr": "2"}}, "critic.lr: got 2.0, expected <= 1.0"),
     ],
 )
 def test_config_values_that_were_accepted_are_refused(changes, expected):
@@ -149,8 +149,8 @@ def test_a_disk_filled_under_tensorboard(mount_point, capfd):
         for step in range(2, 200):
             logger.log(step, {"loss": 1.0, "a": 2.0})
     assert e.value.filename == str(mount_point / "metrics.jsonl")
-    with pytest.raises(OSError):
-        logger.close()  # its buffered line cannot be written either
+    (mount_point / "filler").unlink()  # the other process frees the space again
+    logger.close()
     err = capfd.readouterr().err
     assert "Traceback" not in err and "Exception in thread" not in err
     assert err.count("warning: TensorBoard logging stopped") == 1

@@ -98,7 +98,8 @@ def validate(cfg: Config) -> None:
         m.lora_target_modules,
     )
     # an Adam step moves each weight by about lr: past 1 every step rewrites the model
-    _check(0 < o.lr <= MAX_LR, "optim.lr", f"in (0, {MAX_LR}]", o.lr)
+    _check(o.lr > 0, "optim.lr", "> 0", o.lr)
+    _check(o.lr <= MAX_LR, "optim.lr", f"<= {MAX_LR}", o.lr)
     _check(o.weight_decay >= 0, "optim.weight_decay", ">= 0", o.weight_decay)
     _check(0 <= o.beta1 < 1, "optim.beta1", "in [0, 1)", o.beta1)
     _check(0 <= o.beta2 < 1, "optim.beta2", "in [0, 1)", o.beta2)
@@ -196,7 +197,8 @@ def _validate_ppo(cfg: Config) -> None:
         "false when rollout.group_size is 1 (a group of one is never mixed: all would be dropped)",
         a.dynamic_sampling,
     )
-    _check(0 < c.lr <= MAX_LR, "critic.lr", f"in (0, {MAX_LR}]", c.lr)
+    _check(c.lr > 0, "critic.lr", "> 0", c.lr)
+    _check(c.lr <= MAX_LR, "critic.lr", f"<= {MAX_LR}", c.lr)
     _check(c.weight_decay >= 0, "critic.weight_decay", ">= 0", c.weight_decay)
     _check(c.warmup_steps >= 0, "critic.warmup_steps", ">= 0", c.warmup_steps)
     _check(c.max_grad_norm >= 0, "critic.max_grad_norm", ">= 0", c.max_grad_norm)
@@ -239,7 +241,8 @@ def _validate_reference(cfg: Config) -> None:
         w.model,
     )
     _check(0 <= w.rm_replay_frac <= 1, "reward.rm_replay_frac", "in [0, 1]", w.rm_replay_frac)
-    _check(0 < w.rm_lr <= MAX_LR, "reward.rm_lr", f"in (0, {MAX_LR}]", w.rm_lr)
+    _check(w.rm_lr > 0, "reward.rm_lr", "> 0", w.rm_lr)
+    _check(w.rm_lr <= MAX_LR, "reward.rm_lr", f"<= {MAX_LR}", w.rm_lr)
     _check(w.rm_epochs >= 1, "reward.rm_epochs", ">= 1", w.rm_epochs)
     if w.model is not None and not Path(w.model).exists():
         raise ConfigError(f"reward.model: {w.model} does not exist")
