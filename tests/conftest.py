@@ -139,3 +139,27 @@ def server():
     stop.set()
     t.join()
     srv.close()
+
+
+def small_run_args(model_dir, run, steps: int = 2) -> list[str]:
+    """`rlvr train` arguments of a 2-step GRPO run on the tiny model, a checkpoint every step."""
+    rewards = os.path.join(os.path.dirname(__file__), "e2e_rewards.py")
+    return [
+        *("train", "--preset", "grpo", f"--model.name_or_path={model_dir}"),
+        f"--reward.extra={rewards}:digit_share=1.0",
+        *("--rollout.prompts_per_step=4", "--rollout.group_size=4"),
+        *("--rollout.max_new_tokens=10", "--train.eval_size=8", "--data.train_size=64"),
+        *("--optim.lr=1e-3", "--train.threads=1", "--save-every", "1"),
+        *("--max-steps", str(steps), "--output-dir", str(run), "--no-progress"),
+    ]
+
+
+@pytest.fixture(scope="session")
+def small_run(tiny_model_dir, tmp_path_factory):
+    """A finished 2-step run directory (checkpoints at steps 1 and 2), trained in process
+    (~5 s); copy it before changing it."""
+    from rlvr.cli import main
+
+    run = tmp_path_factory.mktemp("small-run") / "run"
+    assert main(small_run_args(tiny_model_dir, run)) == 0
+    return run

@@ -158,6 +158,7 @@ def test_fsdp2_checkpoint_resumes_on_one_process(tiny_model_dir, tmp_path):
             "train",
             "--resume",
             str(mixed),
+            f"--reward.accuracy={ACCURACY}",
             "--max-steps=3",
             "--no-progress",
         ]

@@ -124,7 +124,8 @@ def test_kill_and_resume_reproduce_the_run(tiny_model_dir, tmp_path):
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert not (run / "checkpoints" / "step-000004").exists()
-    res = _run([sys.executable, "-m", "rlvr", "train", "--resume", str(run), "--no-progress"])
+    resume = ["train", "--resume", str(run), "--trust-run-code", "--no-progress"]
+    res = _run([sys.executable, "-m", "rlvr", *resume])
     assert "resuming" in res.stderr
     assert _metrics(ref) == _metrics(run)  # bit for bit
     (p1, c1), (p2, c2) = _weights(ref, 4), _weights(run, 4)

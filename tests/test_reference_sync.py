@@ -163,7 +163,8 @@ def test_killed_between_resets_resumes_to_the_same_run(tiny_model_dir, tmp_path,
         assert proc.poll() is None, proc.stderr.read()
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    cmd = [sys.executable, "-m", "rlvr", "train", "--resume", str(run), "--no-progress"]
+    cmd = [sys.executable, "-m", "rlvr", "train", "--resume", str(run), "--trust-run-code"]
+    cmd.append("--no-progress")
     res = subprocess.run(cmd, capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
     assert _rows(run) == rows  # bit for bit, kl included: the reference came back exactly

@@ -51,9 +51,9 @@ def _run(args, env=None, **kw):
 
 
 def _resume(run, *extra):
-    return _run(
-        [sys.executable, "-m", "rlvr", "train", "--resume", str(run), "--no-progress", *extra]
-    )
+    # the run's reward file named again: resume imports only code named on the command line
+    again = f"--reward.extra={USER_REWARD}"
+    return _run([sys.executable, "-m", "rlvr", "train", "--resume", str(run), again, "--no-progress", *extra])  # fmt: skip
 
 
 def _math(run):

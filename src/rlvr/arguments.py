@@ -11,7 +11,7 @@ from pathlib import Path
 
 from rlvr.config import Config, ConfigError, help_text, load_config, parse_overrides
 from rlvr.presets import preset_names
-from rlvr.run.stored_config import RESUME_SAFE, resolve_paths
+from rlvr.run.stored_config import RESUME_SAFE, check_run_code, pop_code_overrides, resolve_paths
 
 # `--section.key=value`: taken out before argparse, which reads any argument holding a space
 # as a positional one (the config file), so `--data.prompt_template={question} Answer now.`
@@ -46,6 +46,12 @@ def train_parser(prog: str = "rlvr train", shown: Config | None = None) -> argpa
         "--resume", metavar="RUN_DIR", help="continue a run from its newest good checkpoint"
     )
     p.add_argument(
+        "--trust-run-code",
+        action="store_true",
+        help="--resume: import the rewards and tools (module:function, file.py:function) the "
+        "run's config.yaml names without naming them again",
+    )
+    p.add_argument(
         "--no-progress",
         action="store_true",
         help="no progress bar: a plain line every train.log_every steps instead",
@@ -62,11 +68,12 @@ def train_parser(prog: str = "rlvr train", shown: Config | None = None) -> argpa
 @dataclass(frozen=True)
 class TrainRequest:
     """`rlvr train`'s arguments: the parsed flags, the config that would run and, resuming,
-    the run directory."""
+    the run directory and which of the run's own code it imports (`note`)."""
 
     args: argparse.Namespace
     cfg: Config
     resume: Path | None
+    note: str | None = None
 
 
 def train_request(argv: list[str], prog: str = "rlvr train") -> TrainRequest:
@@ -98,6 +105,7 @@ def train_request(argv: list[str], prog: str = "rlvr train") -> TrainRequest:
     run_dir = Path(args.resume)
     if not (run_dir / "config.yaml").is_file():
         raise ConfigError(f"--resume: {run_dir} holds no config.yaml (not a run directory)")
+    named = pop_code_overrides(overrides)
     bad = [
         f"{s}.{k}"
         for s, kv in overrides.items()
@@ -111,4 +119,6 @@ def train_request(argv: list[str], prog: str = "rlvr train") -> TrainRequest:
             f"{', '.join(f'{s}.{k}' for s, k in sorted(RESUME_SAFE))}"
         )
     overrides.setdefault("train", {})["output_dir"] = str(run_dir.resolve())
-    return TrainRequest(args, load_config(run_dir / "config.yaml", overrides), run_dir)
+    cfg = load_config(run_dir / "config.yaml", overrides)
+    note = check_run_code(cfg, named, args.trust_run_code, f"--resume {run_dir}")
+    return TrainRequest(args, cfg, run_dir, note)

@@ -30,6 +30,8 @@ def cmd_train(argv: list[str]) -> int:
         return _launch_torchrun(_nproc(argv), argv)
     request = train_request(argv)
     args, cfg = request.args, request.cfg
+    if request.note:
+        sys.stderr.write(request.note + "\n")
     from rlvr.train.trainer import no_eval_reason, train
 
     run_dir = train(
@@ -208,3 +210,7 @@ def _main(argv: list[str] | None) -> int:
     except TrainingHealthError as e:
         sys.stderr.write(f"error: {e}\n")
         return 1
+    except OSError as e:  # a read-only or full output directory, a file removed mid-run
+        where = f"{e.filename}: " if e.filename else ""
+        sys.stderr.write(f"error: {where}{e.strerror or e}\n")
+        return 2

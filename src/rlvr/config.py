@@ -27,6 +27,7 @@ from rlvr.presets import (
     TINY_PRESET_DEFAULTS,
     TINY_TASK_DEFAULTS,
 )
+from rlvr.safe_yaml import load_yaml, read_text, show
 from rlvr.schema import (  # noqa: F401 (re-exported: rlvr.config is the public module)
     SECTIONS,
     AlgoConfig,
@@ -64,24 +65,26 @@ def _coerce(key: str, tp: Any, value: Any) -> Any:
         return _coerce(key, inner[0], value)
     if origin is Literal:
         if value not in args:
-            raise ConfigError(f"{key}: got {value!r}, expected one of {', '.join(map(repr, args))}")
+            raise ConfigError(
+                f"{key}: got {show(value)}, expected one of {', '.join(map(repr, args))}"
+            )
         return value
     if origin is dict:
         if isinstance(value, str):
             try:
-                value = yaml.safe_load(value) if value.strip() else {}
-            except yaml.YAMLError:
-                raise ConfigError(f"{key}: got {value!r}, expected a mapping") from None
+                value = load_yaml(value, key) if value.strip() else {}
+            except ConfigError:
+                raise ConfigError(f"{key}: got {show(value)}, expected a mapping") from None
         if not isinstance(value, dict) or not all(
             isinstance(k, str) and isinstance(v, dict) for k, v in value.items()
         ):
-            raise ConfigError(f"{key}: got {value!r}, expected a mapping of name -> settings")
+            raise ConfigError(f"{key}: got {show(value)}, expected a mapping of name -> settings")
         return {k: dict(v) for k, v in value.items()}
     if origin is tuple:
         if isinstance(value, str):
             value = [v for v in value.split(",") if v]
         if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{key}: got {value!r}, expected a list")
+            raise ConfigError(f"{key}: got {show(value)}, expected a list")
         return tuple(_coerce(key, args[0], v) for v in value)
     if tp is bool:
         if isinstance(value, bool):
@@ -90,27 +93,27 @@ def _coerce(key: str, tp: Any, value: Any) -> Any:
             return True
         if isinstance(value, str) and value.lower() in ("false", "0", "no", "off"):
             return False
-        raise ConfigError(f"{key}: got {value!r}, expected true or false")
+        raise ConfigError(f"{key}: got {show(value)}, expected true or false")
     if tp is int:
         if isinstance(value, bool) or not isinstance(value, (int, str)):
-            raise ConfigError(f"{key}: got {value!r}, expected an integer")
+            raise ConfigError(f"{key}: got {show(value)}, expected an integer")
         try:
             return int(value)
         except ValueError:
-            raise ConfigError(f"{key}: got {value!r}, expected an integer") from None
+            raise ConfigError(f"{key}: got {show(value)}, expected an integer") from None
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-            raise ConfigError(f"{key}: got {value!r}, expected a number")
+            raise ConfigError(f"{key}: got {show(value)}, expected a number")
         try:
             number = float(value)
         except (ValueError, OverflowError):
-            raise ConfigError(f"{key}: got {value!r}, expected a number") from None
+            raise ConfigError(f"{key}: got {show(value)}, expected a number") from None
         if not math.isfinite(number):  # nan/inf (or 1e999) poison every step downstream
-            raise ConfigError(f"{key}: got {value!r}, expected a finite number")
+            raise ConfigError(f"{key}: got {show(value)}, expected a finite number")
         return number
     if tp is str:
         if not isinstance(value, (str, int, float)) or isinstance(value, bool):
-            raise ConfigError(f"{key}: got {value!r}, expected a string")
+            raise ConfigError(f"{key}: got {show(value)}, expected a string")
         return str(value)
     raise ConfigError(f"{key}: unsupported field type {tp}")  # pragma: no cover
 
@@ -199,10 +202,7 @@ def load_config(
         path = Path(path)
         if not path.is_file():
             raise ConfigError(f"config file {path} does not exist")
-        try:
-            file_changes = yaml.safe_load(path.read_text()) or {}
-        except yaml.YAMLError as e:
-            raise ConfigError(f"{path}: not valid YAML: {e}") from None
+        file_changes = load_yaml(read_text(path), str(path)) or {}
         if not isinstance(file_changes, dict):
             raise ConfigError(f"{path}: expected a mapping of sections at the top level")
         file_changes = _trl_names(file_changes)

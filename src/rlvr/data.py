@@ -73,10 +73,9 @@ def _rows(path: Path, split: str):
     if path.is_file() and path.suffix in (".jsonl", ".json"):
         data = _utf8_bytes(path)
         if path.suffix == ".json" and data.lstrip().startswith(b"["):
-            try:
-                rows = json.loads(_decode(data, name, 0))
-            except json.JSONDecodeError as e:
-                raise DatasetError(f"{name}:{e.lineno}", None, f"bad JSON: {e.msg}") from None
+            rows = _json(_decode(data, name, 0), name, None)
+            if not isinstance(rows, list):
+                raise DatasetError(name, None, "expected a JSON array of objects")
             for i, r in enumerate(rows):
                 yield _checked_text(f"{name}[{i}]", r)
             return
@@ -86,18 +85,49 @@ def _rows(path: Path, split: str):
             line = _decode(raw, name, lineno)
             if not line.strip():
                 continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DatasetError(f"{name}:{lineno}", None, f"bad JSON: {e.msg}") from None
-            yield _checked_text(f"{name}:{lineno}", row)
+            yield _checked_text(f"{name}:{lineno}", _json(line, name, lineno))
         return
     if path.is_file() and path.suffix == ".parquet":
+        import pyarrow
         import pyarrow.parquet as pq
 
-        yield from ((f"{name}[{i}]", r) for i, r in enumerate(pq.read_table(path).to_pylist()))
+        try:
+            table = pq.read_table(path)
+        except (pyarrow.ArrowException, OSError) as e:
+            raise DatasetError(name, None, f"not a readable parquet file ({_line(e)})") from None
+        yield from ((f"{name}[{i}]", r) for i, r in enumerate(table.to_pylist()))
         return
-    yield from ((f"{name}[{i}]", r) for i, r in enumerate(_hf_rows(path, split)))
+    if path.is_dir() and path.suffix in (".jsonl", ".json", ".parquet"):
+        raise DatasetError(name, None, f"is a directory, not a {path.suffix} file")
+    try:
+        rows = _hf_rows(path, split)
+    except DatasetError:
+        raise
+    except Exception as e:  # datasets' own errors: empty directory, no data files, bad csv
+        raise DatasetError(name, None, f"cannot be read as a dataset: {_line(e)}") from None
+    yield from ((f"{name}[{i}]", r) for i, r in enumerate(rows))
+
+
+def _json(text: str, name: str, lineno: int | None):
+    """`json.loads(text)` of line `lineno` (None: the whole file) with NaN/Infinity refused
+    (not JSON, and a NaN answer would be scored as the string "nan") and nesting too deep for
+    the parser named; DatasetError otherwise."""
+
+    def constant(word: str):
+        raise DatasetError(f"{name}:{lineno or 1}", None, f"{word} is not a JSON value")
+
+    try:
+        return json.loads(text, parse_constant=constant)
+    except json.JSONDecodeError as e:
+        raise DatasetError(f"{name}:{lineno or e.lineno}", None, f"bad JSON: {e.msg}") from None
+    except RecursionError:
+        where = f"{name}:{lineno}" if lineno else name
+        raise DatasetError(where, None, "JSON nested too deeply to be a dataset row") from None
+
+
+def _line(e: BaseException, limit: int = 300) -> str:
+    text = " ".join(str(e).split()) or type(e).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _utf8_bytes(path: Path) -> bytes:

@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 from rlvr.config import Config, ConfigError, load_config, parse_overrides
+from rlvr.run.stored_config import check_run_code, code_overrides
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -34,6 +36,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--max-new-tokens", type=int, default=None)
     p.add_argument("--temperature", type=float, default=None)
     p.add_argument("--output", help="write every answer to this jsonl file")
+    p.add_argument(
+        "--trust-run-code",
+        action="store_true",
+        help="import the rewards and tools (module:function, file.py:function) a run "
+        "directory's config.yaml names without naming them again",
+    )
     return p
 
 
@@ -72,6 +80,12 @@ def _config(args, overrides: dict, run_dir: Path | None, model: str) -> Config:
         cfg = load_config(
             base, {**changes, "data": {**changes.get("data", {}), "eval_path": cfg.data.path}}
         )
+    if run_dir is not None:  # the run's code is imported only when named again or trusted
+        note = check_run_code(
+            cfg, code_overrides(overrides), args.trust_run_code, f"--model {run_dir}"
+        )
+        if note:
+            sys.stderr.write(note + "\n")
     return cfg
 
 

@@ -22,6 +22,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import yaml
 
+from rlvr.safe_yaml import load_yaml
+
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
@@ -124,10 +126,15 @@ def load_run(run_dir: Path) -> Run:
             raise PlotError(f"{path}, line {n}: not valid JSON ({e.msg})") from None
         if not isinstance(row, dict) or not isinstance(row.get("step"), int):
             raise PlotError(f'{path}, line {n}: expected a JSON object with an integer "step"')
+        if rows and row["step"] <= rows[-1]["step"]:
+            raise PlotError(
+                f"{path}, line {n}: step {row['step']} after step {rows[-1]['step']}; steps must "
+                "increase one line each (the file was edited or damaged)"
+            )
         rows.append(row)
     if not rows:
         raise PlotError(f"{path}: no steps logged")
-    config = _read_optional(run_dir / "config.yaml", yaml.safe_load)
+    config = _read_optional(run_dir / "config.yaml", lambda text: load_yaml(text, "config.yaml"))
     summary = _read_optional(run_dir / "summary.json", json.loads)
     return Run(run_dir, rows, config if isinstance(config, dict) else None, summary)
 

@@ -15,7 +15,17 @@ from typing import Any, Literal
 
 
 class ConfigError(ValueError):
-    """A config key or value is wrong; the message names the key and what is expected."""
+    """A config key or value is wrong; the message names the key and what is expected. A
+    message is at most MAX_CHARS characters (a value quoted in it is cut in the middle)."""
+
+    MAX_CHARS = 2000
+
+    def __init__(self, message: object = "") -> None:
+        text = str(message)
+        if len(text) > self.MAX_CHARS:
+            half = self.MAX_CHARS // 2 - 20
+            text = f"{text[:half]} ...[{len(text) - 2 * half} characters cut]... {text[-half:]}"
+        super().__init__(text)
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,8 @@ from typing import Any
 from rlvr.algorithm import Algorithm
 from rlvr.schema import Config, ConfigError, RolloutConfig
 
+MAX_LR = 1.0  # learning rates above this are refused
+
 
 def _check(ok: bool, key: str, expected: str, value: Any) -> None:
     if not ok:
@@ -81,7 +83,9 @@ def validate(cfg: Config) -> None:
         "module names, or all-linear alone",
         m.lora_target_modules,
     )
+    # an Adam step moves each weight by about lr: past 1 every step rewrites the model
     _check(o.lr > 0, "optim.lr", "> 0", o.lr)
+    _check(o.lr <= MAX_LR, "optim.lr", f"<= {MAX_LR}", o.lr)
     _check(o.weight_decay >= 0, "optim.weight_decay", ">= 0", o.weight_decay)
     _check(0 <= o.beta1 < 1, "optim.beta1", "in [0, 1)", o.beta1)
     _check(0 <= o.beta2 < 1, "optim.beta2", "in [0, 1)", o.beta2)
@@ -121,6 +125,13 @@ def validate(cfg: Config) -> None:
     )
     _check(0 < r.vllm_memory < 1, "rollout.vllm_memory", "in (0, 1)", r.vllm_memory)
     _validate_tools(r)
+    template = cfg.data.prompt_template
+    _check(
+        template is None or "{question}" in template,
+        "data.prompt_template",
+        "a string containing {question} (where the prompt goes)",
+        template,
+    )
     if cfg.data.path is None:
         from rlvr.tasks import TASKS
 
@@ -161,6 +172,7 @@ def _validate_ppo(cfg: Config) -> None:
         a.dynamic_sampling,
     )
     _check(c.lr > 0, "critic.lr", "> 0", c.lr)
+    _check(c.lr <= MAX_LR, "critic.lr", f"<= {MAX_LR}", c.lr)
     _check(c.weight_decay >= 0, "critic.weight_decay", ">= 0", c.weight_decay)
     _check(c.warmup_steps >= 0, "critic.warmup_steps", ">= 0", c.warmup_steps)
     _check(c.max_grad_norm >= 0, "critic.max_grad_norm", ">= 0", c.max_grad_norm)
@@ -204,6 +216,7 @@ def _validate_reference(cfg: Config) -> None:
     )
     _check(0 <= w.rm_replay_frac <= 1, "reward.rm_replay_frac", "in [0, 1]", w.rm_replay_frac)
     _check(w.rm_lr > 0, "reward.rm_lr", "> 0", w.rm_lr)
+    _check(w.rm_lr <= MAX_LR, "reward.rm_lr", f"<= {MAX_LR}", w.rm_lr)
     _check(w.rm_epochs >= 1, "reward.rm_epochs", ">= 1", w.rm_epochs)
     if w.model is not None and not Path(w.model).exists():
         raise ConfigError(f"reward.model: {w.model} does not exist")

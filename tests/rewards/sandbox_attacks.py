@@ -68,11 +68,41 @@ import ctypes
 libc = ctypes.CDLL(None, use_errno=True)
 print("UNSHARED" if libc.unshare(0x10000000) == 0 else "denied %d" % ctypes.get_errno())
 """,
+    "keyring": """
+import ctypes, platform
+libc = ctypes.CDLL(None, use_errno=True)
+add_key, keyctl = {{"x86_64": (248, 250), "aarch64": (217, 219)}}[platform.machine()]
+# read the session keyring it was started in, then add a key to it
+buf = ctypes.create_string_buffer(4096)
+got = libc.syscall(keyctl, 11, -3, buf, 4096)  # KEYCTL_READ of @s: the serials it holds
+print("READ" if got >= 0 else "denied %d" % ctypes.get_errno())
+r = libc.syscall(add_key, b"user", b"{key}", b"x" * 64, 64, -3)
+print("ADDED" if r >= 0 else "denied %d" % ctypes.get_errno())
+""",
+    "ptrace_init": """
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+print("ATTACHED" if libc.ptrace(16, 1, 0, 0) == 0 else "denied %d" % ctypes.get_errno())
+""",
     "identity": """
 import os
 print(os.getuid(), os.getgid(), os.getpid(), sorted(os.environ), os.path.exists("/proc/1"))
 """,
 }
+
+
+def _keyctl(*args) -> int:
+    """keyctl(2) on this machine (x86_64, aarch64)."""
+    import ctypes
+    import platform
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    return libc.syscall({"x86_64": 250, "aarch64": 219}[platform.machine()], *args)
+
+
+def key_in_session(name: str) -> bool:
+    """Whether this process's session keyring holds a "user" key `name` (KEYCTL_SEARCH)."""
+    return _keyctl(10, -3, b"user", name.encode(), 0) >= 0
 
 
 def setsid_children():
@@ -93,8 +123,10 @@ def main():
     sandbox = importlib.util.module_from_spec(spec)
     sys.modules["sandbox"] = sandbox
     spec.loader.exec_module(sandbox)
-    fill = dict(trainer=os.getpid(), decoy=int(decoy), port=int(port), mark=MARK,
+    key = f"rlvr-probe-{isolation}-{os.getpid()}"
+    fill = dict(trainer=os.getpid(), decoy=int(decoy), port=int(port), mark=MARK, key=key,
                 target=os.path.join(writable, f"escape-{isolation}.txt"))  # fmt: skip
+    _keyctl(1, None)  # a session keyring of this script's own, as a trainer's login session has
     out = {"uid": os.getuid(), "isolation": sandbox.available_isolation()}
     for name, src in ATTACKS.items():
         if name == "kill" and isolation == "none":  # the control would kill this script
@@ -102,6 +134,8 @@ def main():
         r = sandbox.run_python(src.format(**fill), isolation=isolation,
                                limits=sandbox.Limits(timeout_s=3))  # fmt: skip
         out[name] = r.stdout
+        if name == "keyring":  # did the key reach the trainer's session keyring?
+            out["keyring_left"] = key_in_session(key)
         if name == "setsid":
             deadline = time.monotonic() + 3.0
             while (left := setsid_children()) and time.monotonic() < deadline:

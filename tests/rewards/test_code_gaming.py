@@ -136,3 +136,32 @@ def test_a_forged_sandbox_failure_is_a_failed_program_not_a_stopped_run():
     scores 0; it raises nothing that could stop training."""
     forged = "import os, sys\nsys.stderr.write('rlvr sandbox setup failed: x\\n')\nos._exit(97)"
     assert run_tests(forged, {"inputs": ["1\n"], "outputs": ["1\n"]}, limits=LIMITS) == (0, 1)
+
+
+STOP = ["assert all(map(lambda x: inc(x) == x + 1, [1, 2, 3]))", "assert inc(1) == 2",
+        "assert list(filter(lambda x: inc(x) != x + 1, [4, 5])) == []"]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "solution, passed",
+    [
+        ("def inc(x):\n    raise StopIteration", 0),  # would end map()/filter() early: 2/3
+        ("def inc(x):\n    raise StopIteration('done')", 0),
+        ("def inc(x):\n    return x + 2", 0),  # the honest wrong answer
+        ("def inc(x):\n    return x + 1", 3),
+    ],
+)
+def test_stop_iteration_does_not_end_the_tests_iteration(solution, passed):
+    """A test counts only when it ran to completion: a StopIteration the solution raises
+    inside `all(map(...))` or `filter` reaches the tests as RuntimeError (PEP 479's rule for
+    generators), not as the end of the iteration."""
+    assert run_tests(solution, STOP, limits=LIMITS) == (passed, len(STOP))
+
+
+def test_the_stop_iteration_control():
+    """Why: in plain Python the same test passes with a solution that never returns."""
+
+    def inc(x):
+        raise StopIteration
+
+    exec(STOP[0], {"inc": inc})  # no AssertionError: map ended, all() of nothing is True

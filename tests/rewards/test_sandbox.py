@@ -243,3 +243,20 @@ def test_a_program_cannot_forge_a_sandbox_failure():
 def test_a_real_sandbox_failure_raises():
     with pytest.raises(SandboxError, match="setup failed"):
         run_python("print(1)", extra_files={"no/such/dir.py": ""}, limits=FAST)
+
+
+def test_own_keyring_and_a_non_dumpable_init():
+    """As whoever runs the suite (root in CI): model code can neither read nor add to the
+    trainer's session keyring (the keyring syscalls fail with EPERM and the sandbox has a
+    session keyring of its own), nor ptrace the jail's init. The control, isolation="none",
+    reads the trainer's keyring and leaves a key in it."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    from sandbox_attacks import ATTACKS, _keyctl, key_in_session
+
+    _keyctl(1, None)  # this test process's own session keyring, as a login session has one
+    for isolation, expected, left in (("auto", "denied 1\ndenied 1\n", False), ("none", "READ\nADDED\n", True)):  # fmt: skip
+        key = f"rlvr-probe-root-{isolation}-{os.getpid()}"
+        r = run_python(ATTACKS["keyring"].format(key=key), isolation=isolation, limits=FAST)
+        assert r.stdout == expected and key_in_session(key) is left, (isolation, r)
+    r = run_python(ATTACKS["ptrace_init"], limits=FAST)
+    assert r.stdout == "denied 1\n", r

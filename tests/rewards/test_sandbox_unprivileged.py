@@ -100,6 +100,9 @@ def test_unprivileged_user_gets_full_isolation(copy, server):
     assert r["setsid"] == "started\n" and r["setsid_left"] == 0  # setsid child died with it
     assert r["userns"].startswith("denied"), r["userns"]
     assert r["identity"].split()[:3] == ["1000", "1000", "2"] and "False" in r["identity"]
+    # the keyring syscalls refused; nothing reached the trainer's session keyring
+    assert r["keyring"] == "denied 1\ndenied 1\n" and not r["keyring_left"], r["keyring"]
+    assert r["ptrace_init"] == "denied 1\n", r["ptrace_init"]  # its init is not dumpable
     time.sleep(0.3)
     assert accepted == []
 
@@ -114,6 +117,7 @@ def test_the_same_attacks_succeed_without_isolation(copy, server):
     assert r["connect"].strip() == "CONNECTED"
     assert "KILLED" in r["kill"] and not decoy_alive
     assert r["setsid_left"] == 1
+    assert r["keyring"] == "READ\nADDED\n" and r["keyring_left"]
 
 
 TRAINER = """

@@ -2,7 +2,9 @@
 # The tests' side of the code reward (runs in its own sandbox, after _code_wire's text):
 # runs each snippet of tests.json in a namespace with the solution's top-level names (see
 # _names): values rebuilt here by _code_wire.decode, or a `Remote` that forwards calls to
-# the solution's sandbox. Reports {"result": i, "ok": bool} per test, then
+# the solution's sandbox. A test passes only when it runs to completion; a StopIteration
+# the solution raises reaches the tests as RuntimeError, so it cannot end an iteration the
+# tests drive and skip their checks. Reports {"result": i, "ok": bool} per test, then
 # {"done": true}. The solution never runs in this process, so it cannot reach the tests,
 # their frames, the comparisons or this report.
 import builtins
@@ -36,6 +38,9 @@ def _request(obj):
         return decode(reply["ok"], Remote)
     err = reply.get("err") if type(reply) is dict else None
     if type(err) is list and len(err) == 2 and all(type(x) is str for x in err):
+        if err[0] == "StopIteration":  # as PEP 479 does for generators: not the end of an
+            # iteration the tests run (`all(map(f, xs))` would end early and pass)
+            raise RuntimeError(f"the solution raised StopIteration: {err[1]}")
         raise EXCEPTIONS.get(err[0], SolutionError)(err[1])
     raise SolutionError("malformed reply")
 

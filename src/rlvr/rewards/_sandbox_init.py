@@ -15,8 +15,10 @@ steps work as root and as any other user, because the user namespace comes first
      tmpfs root with the Python installation, /usr, /lib* and /dev/{null,zero,urandom} bound
      read-only and nosuid, a size-limited tmpfs at /tmp (the only writable place), writes the
      files there, pivots into the new root and detaches the old one (no path leads back to
-     the host; no /proc), drops every capability, sets the resource limits and
-     PR_SET_NO_NEW_PRIVS, reports "ready", and forks D, which execs the program with an
+     the host; no /proc), joins a session keyring of its own, drops every capability, sets
+     the resource limits and PR_SET_NO_NEW_PRIVS, installs a seccomp filter refusing the
+     keyring syscalls (add_key, request_key, keyctl: EPERM), makes itself non-dumpable (the
+     program cannot ptrace it), reports "ready", and forks D, which execs the program with an
      empty environment. C enforces the wall clock: when D outlives `timeout_s`, C exits,
      and the kernel kills every process left in the namespace (setsid or double-forked
      ones included); when D exits first, C reports its status and exits the same way.
@@ -53,7 +55,14 @@ MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT = 1, 2, 4, 8, 32
 MS_NOATIME, MS_NODIRATIME, MS_BIND, MS_REC = 1024, 2048, 4096, 16384
 MS_PRIVATE, MS_RELATIME, MS_STRICTATIME = 1 << 18, 1 << 21, 1 << 24
 MNT_DETACH = 2
-PR_SET_PDEATHSIG, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS = 1, 24, 38
+PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS = 1, 4, 24, 38
+PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 22, 2
+KEYCTL_JOIN_SESSION_KEYRING = 1
+# (audit arch, add_key, request_key, keyctl) per machine: the keyring syscalls refused
+KEYRING_SYSCALLS = {
+    "x86_64": (0xC000003E, 248, 249, 250),
+    "aarch64": (0xC00000B7, 217, 218, 219),
+}
 PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 47, 4
 SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "ppc64le": 203, "s390x": 217}
 INNER_ID = 1000  # the program's uid and gid inside the namespace
@@ -214,6 +223,46 @@ def _restrict(lim):
     _call("prctl", PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
 
 
+def _own_keyring():
+    """A new anonymous session keyring: the one inherited from the trainer is no longer
+    reachable as @s (and the keys the program could add die with the sandbox)."""
+    numbers = KEYRING_SYSCALLS.get(platform.machine())
+    failed = numbers is not None and libc.syscall(numbers[3], KEYCTL_JOIN_SESSION_KEYRING, None) < 0
+    if failed and ctypes.get_errno() != 38:  # ENOSYS: a kernel without keyrings shares none
+        raise OSError(ctypes.get_errno(), "keyctl(JOIN_SESSION_KEYRING) failed")
+
+
+def _refuse_keyring_syscalls():
+    """A seccomp filter: add_key, request_key and keyctl fail with EPERM (the user keyring
+    @u is shared with every process of the same uid outside), x32 syscalls on x86_64 too,
+    everything else allowed; on a machine not listed here, no filter."""
+    numbers = KEYRING_SYSCALLS.get(platform.machine())
+    if numbers is None:
+        return
+    arch, *calls = numbers
+    ld_abs, jeq, jge, ret = 0x20, 0x15, 0x35, 0x06
+    allow, eperm = 0x7FFF0000, 0x00050000 | 1
+    prog = [(ld_abs, 0, 0, 4), (jeq, 1, 0, arch), (ret, 0, 0, allow), (ld_abs, 0, 0, 0)]
+    if arch == 0xC000003E:
+        prog.append((jge, len(calls) + 1, 0, 0x40000000))
+    for i, nr in enumerate(calls):
+        prog.append((jeq, len(calls) - i, 0, nr))
+    prog += [(ret, 0, 0, allow), (ret, 0, 0, eperm)]
+
+    class Filter(ctypes.Structure):
+        _fields_ = [("code", ctypes.c_uint16), ("jt", ctypes.c_uint8), ("jf", ctypes.c_uint8),
+                    ("k", ctypes.c_uint32)]  # fmt: skip
+
+    class Program(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(Filter))]
+
+    filters = (Filter * len(prog))(*[Filter(*f) for f in prog])
+    program = ctypes.byref(Program(len(prog), filters))
+    failed = libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, program, 0, 0) != 0
+    if failed and ctypes.get_errno() != 22:  # EINVAL: a kernel without seccomp filters
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_SECCOMP) failed")
+
+
 def _exec(argv):
     try:
         os.execve(argv[0], argv, {})
@@ -238,9 +287,14 @@ def _init(cfg, files, lifeline):
         os.setresuid(INNER_ID, INNER_ID, INNER_ID)
         _die_with_parent(parent_alive)
         _no_nested_user_namespaces()
+        _own_keyring()
         _jail(cfg, files, sources)
         _drop_capabilities()
         _restrict(cfg["limits"])
+        _refuse_keyring_syscalls()
+        # not dumpable: the program (same uid, no capabilities) cannot ptrace this init or
+        # write on its status descriptor; its exec makes the program itself dumpable again
+        _call("prctl", PR_SET_DUMPABLE, 0, 0, 0, 0)
     except BaseException as e:
         report(f"error {type(e).__name__}: {e}")
         os._exit(97)

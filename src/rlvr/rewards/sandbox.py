@@ -20,9 +20,10 @@ steps) guarantees:
     namespace's own processes on Linux >= 5.14), file size (which also caps stdout and
     stderr: they go to files, and a program that writes more gets SIGXFSZ);
   - an empty environment, `python -I -S -B` (no site-packages, no user site, no .pyc).
-Limits of the guarantee: it is not a VM or seccomp jail: it shares the kernel, it can read
-the system's Python standard library and /usr, and a kernel bug could break out. CPU and
-memory are per process, so N processes may use N times the limits until the wall clock ends.
+Limits of the guarantee: it is not a VM, and its seccomp filter refuses only the keyring
+syscalls: it shares the kernel, it can read the system's Python standard library and /usr, and
+a kernel bug could break out. CPU and memory are per process, so N processes may use N times
+the limits until the wall clock ends.
 
 Infrastructure failures (namespaces refused, a mount failing, the interpreter missing) raise
 `SandboxError`. The jail reports its state on a status pipe that only its own code holds,

@@ -33,6 +33,7 @@ from rlvr.rm.model import RewardModel
 from rlvr.rm.records import Record, read_records, write_records
 from rlvr.run.checkpoint import load_trainer_state, resume_checkpoint, save_checkpoint
 from rlvr.run.rundir import prepare_run_dir, truncate_jsonl, unlock_run_dir
+from rlvr.safe_yaml import load_yaml, read_text
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -67,10 +68,10 @@ def _configs(args, overrides: dict) -> tuple:
         cfg = load_config(
             run_dir / "config.yaml", {"train": {"output_dir": str(run_dir.resolve())}}
         )
-        return cfg, rm_config(yaml.safe_load((run_dir / "rm.yaml").read_text()), "rm.yaml"), run_dir
+        return cfg, rm_config(_yaml_file(run_dir / "rm.yaml"), "rm.yaml"), run_dir
     file_rm = {}
     if args.config:
-        raw = yaml.safe_load(Path(args.config).read_text()) or {}
+        raw = _yaml_file(args.config) or {}
         file_rm = raw.get("rm", {}) if isinstance(raw, dict) else {}
     from rlvr.run.stored_config import resolve_paths
 
@@ -80,10 +81,15 @@ def _configs(args, overrides: dict) -> tuple:
     return resolve_paths(cfg), rm_config({**file_rm, **rm_changes}), None
 
 
+def _yaml_file(path):
+    """A YAML file read within the config budget (rlvr.safe_yaml): ConfigError otherwise."""
+    return load_yaml(read_text(path), str(path))
+
+
 def _without_rm_section(path, overrides):
     if path is None:
         return load_config(None, overrides)
-    raw = yaml.safe_load(Path(path).read_text()) or {}
+    raw = _yaml_file(path) or {}
     raw.pop("rm", None)
     tmp = Path(path).with_name(f".{Path(path).name}.rlvr-rm.yaml")
     tmp.write_text(yaml.safe_dump(raw))
@@ -193,9 +199,9 @@ def train_reward_model(cfg, rcfg: RMConfig, run_dir: Path, resume: bool, progres
         truncate_jsonl(run_dir / "metrics.jsonl", 0)
     else:
         rm = RewardModel.load(ckpt, rcfg.max_length)
-        state = load_trainer_state(ckpt)
+        state = load_trainer_state(ckpt, required=("step", "optimizer"))
         start, opt_state = state["step"], state["optimizer"]
-        truncate_jsonl(run_dir / "metrics.jsonl", start)
+        truncate_jsonl(run_dir / "metrics.jsonl", start, one_per_step=True)
         console.print(f"resuming {run_dir} from {ckpt.name} (step {start})")
     optimizer = make_optimizer(rm, rcfg.lr)
     if opt_state is not None:

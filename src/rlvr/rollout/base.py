@@ -148,15 +148,21 @@ def dedupe(seqs: list[list[int]]) -> tuple[list[list[int]], list[int]]:
     return [list(s) for s in first_seen], index
 
 
-def decode_completions(tokenizer, rollout: Rollout) -> list[str]:
+def decode_completions(tokenizer, rollout: Rollout, *, model_only: bool = False) -> list[str]:
     """Response text without its EOS. Special tokens the task uses (<think>, <answer>) stay:
-    skip_special_tokens would drop them too, so only the trailing EOS is cut by length."""
+    skip_special_tokens would drop them too, so only the trailing EOS is cut by length.
+
+    model_only: the model's own tokens only, tool turns left out: what rewards read, so a
+    tool's output (model-controlled through the python tool) cannot put an answer into the
+    text that is scored. Without it, the whole conversation (what samples.jsonl logs)."""
     out = []
-    for ids, n, trunc in zip(
-        rollout.completion_ids, rollout.lengths.tolist(), rollout.truncated.tolist()
+    for i, (ids, n, trunc) in enumerate(
+        zip(rollout.completion_ids, rollout.lengths.tolist(), rollout.truncated.tolist())
     ):
-        keep = n if trunc else n - 1
-        out.append(tokenizer.decode(ids[:keep].tolist(), skip_special_tokens=False))
+        keep = ids[: n if trunc else n - 1]
+        if model_only and rollout.tool_mask is not None:
+            keep = keep[~rollout.tool_mask[i, : len(keep)].to(keep.device)]
+        out.append(tokenizer.decode(keep.tolist(), skip_special_tokens=False))
     return out
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib
 import json
 import math
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -56,6 +57,7 @@ class RunLogger:
                 from torch.utils.tensorboard import SummaryWriter
 
                 self._tb = SummaryWriter(str(run_dir / "tensorboard"))
+                _quiet_tensorboard_thread()
             except ImportError:
                 self.console.print("[yellow]tensorboard not installed: no TensorBoard logs")
         # wandb and trackio share one module-level API: init, log(step=), finish.
@@ -92,16 +94,18 @@ class RunLogger:
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
         row = {"step": step, **{k: _clean(v) for k, v in metrics.items()}}
-        self._metrics.write(json.dumps(row) + "\n")
-        self._metrics.flush()
+        try:
+            self._metrics.write(json.dumps(row) + "\n")
+            self._metrics.flush()
+        except OSError as e:  # a full disk, a quota: named, for the one-line error
+            raise OSError(e.errno, e.strerror, str(self.run_dir / "metrics.jsonl")) from None
         numbers = {
             k: v
             for k, v in metrics.items()
             if isinstance(v, (int, float)) and not isinstance(v, bool)
         }
-        if self._tb is not None:
-            for k, v in numbers.items():
-                self._tb.add_scalar(k, v, step)
+        for k, v in numbers.items():
+            self._tensorboard("add_scalar", k, v, step)
         for tracker in self._trackers:
             tracker.log(numbers, step=step)
         self._responses += metrics.get("responses", 0)
@@ -134,12 +138,25 @@ class RunLogger:
         if not rows:
             return
         if self._tb is not None:
-            self._tb.add_text("samples", samples_markdown(rows), step)
+            self._tensorboard("add_text", "samples", samples_markdown(rows), step)
         for tracker in self._trackers:
             table = getattr(tracker, "Table", None)
             if table is not None:
                 data = [[r.get(c) for c in SAMPLE_COLUMNS] for r in rows]
                 tracker.log({"samples": table(columns=list(SAMPLE_COLUMNS), data=data)}, step=step)
+
+    def _tensorboard(self, method: str, *args) -> None:
+        """A TensorBoard write; a failure (a full disk, a removed directory) stops TensorBoard
+        logging with one warning instead of the run: metrics.jsonl holds every step."""
+        if self._tb is None:
+            return
+        try:
+            getattr(self._tb, method)(*args)
+        except Exception as e:
+            self._tb = None
+            self.console.print(
+                f"warning: TensorBoard logging stopped ({e}); metrics.jsonl has every step"
+            )
 
     def message(self, text: str) -> None:
         self.progress.console.print(text)
@@ -158,9 +175,8 @@ class RunLogger:
         for f in (self._metrics, self._samples):
             if not f.closed:
                 f.close()
-        if self._tb is not None:
-            self._tb.close()
-            self._tb = None
+        self._tensorboard("close")
+        self._tb = None
         for tracker in self._trackers:
             tracker.finish()
         self._trackers = []
@@ -200,3 +216,19 @@ class NullLogger:
 
     def message(self, text: str) -> None:
         pass
+
+
+def _quiet_tensorboard_thread() -> None:
+    """TensorBoard's writer thread re-raises a failed write (a full disk) after storing it for
+    the next write in the trainer's thread, where `RunLogger` reports it in one line: the
+    thread's own traceback is not printed."""
+    previous = threading.excepthook
+    if getattr(previous, "_rlvr", False):
+        return
+
+    def hook(args) -> None:
+        if type(args.thread).__name__ != "_AsyncWriterThread":
+            previous(args)
+
+    hook._rlvr = True
+    threading.excepthook = hook

@@ -231,8 +231,10 @@ def unlock_run_dir(run_dir: Path) -> None:
         os.close(fd)  # closing the only descriptor of the open file releases the flock
 
 
-def truncate_jsonl(path: Path, last_step: int, warn=None) -> None:
+def truncate_jsonl(path: Path, last_step: int, warn=None, *, one_per_step: bool = False) -> None:
     """Drop lines written after the checkpoint being resumed (they will be written again).
+    With `one_per_step` (metrics.jsonl: one line a step) a step that does not follow the
+    line before (a duplicated or out-of-order step) raises ConfigError naming both lines.
 
     A last line that is not a complete JSON object (the process died writing it) is dropped
     with a note; a malformed line elsewhere is not a crash artefact and raises ConfigError
@@ -241,7 +243,7 @@ def truncate_jsonl(path: Path, last_step: int, warn=None) -> None:
     if not path.exists():
         return
     lines = path.read_bytes().split(b"\n")
-    keep = []
+    keep, previous = [], None  # (line number, step) of the last row
     for i, line in enumerate(lines):
         if not line.strip():
             continue
@@ -260,7 +262,14 @@ def truncate_jsonl(path: Path, last_step: int, warn=None) -> None:
                 "written when the run was killed)"
             )
             break
-        if row.get("step", 0) <= last_step:
+        step = row.get("step", 0)
+        if one_per_step and previous is not None and not (type(step) is int and step > previous[1]):
+            raise ConfigError(
+                f"{path}:{i + 1}: step {step!r} after step {previous[1]} on line {previous[0]}; "
+                "steps must increase one line each (the file was edited or damaged)"
+            )
+        previous = (i + 1, step)
+        if step <= last_step:
             keep.append(line + b"\n")
     tmp = path.with_name(f".{path.name}.tmp")
     try:

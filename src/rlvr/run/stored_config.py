@@ -1,12 +1,15 @@
 """A run's config as stored in its run directory: local paths made absolute so that
-`--resume RUN_DIR` works from any directory, and the keys a resumed run may change."""
+`--resume RUN_DIR` works from any directory, the keys a resumed run may change, the check of
+config.yaml against the record each checkpoint holds of the config it was trained with, and
+the code a run directory's config names (imported only when the user names it again or
+passes --trust-run-code)."""
 
 from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
 
-from rlvr.config import Config, ConfigError, load_config, to_dict
+from rlvr.config import Config, ConfigError, apply_changes, load_config, to_dict
 
 # Keys a resumed run may change: none of them changes the math of the steps still to come.
 RESUME_SAFE = {
@@ -80,3 +83,117 @@ def check_resume_changes(stored: Config, new: Config) -> None:
             f"resume: cannot change {', '.join(bad)} (it would change the run's math); "
             f"allowed: {', '.join(f'{s}.{k}' for s, k in sorted(RESUME_SAFE))}"
         )
+
+
+def config_differences(trained: dict, now: dict) -> list[str]:
+    """ "section.key (A -> B)" for each key outside RESUME_SAFE (and train.output_dir) where
+    config dict `now` differs from `trained` (both as `to_dict` writes them)."""
+    out = []
+    if trained.get("preset") != now.get("preset"):
+        out.append(f"preset ({trained.get('preset')!r} -> {now.get('preset')!r})")
+    for s, section in now.items():
+        if not isinstance(section, dict):
+            continue
+        old = trained.get(s) if isinstance(trained.get(s), dict) else {}
+        for k, v in section.items():
+            if (s, k) in RESUME_SAFE or (s, k) == ("train", "output_dir"):
+                continue
+            if k not in old or _plain(old[k]) != _plain(v):
+                was = repr(old[k]) if k in old else "absent"
+                out.append(f"{s}.{k} ({_short(was)} -> {_short(repr(v))})")
+    return out
+
+
+def _plain(v):
+    return list(map(_plain, v)) if isinstance(v, (list, tuple)) else v
+
+
+def _short(text: str, n: int = 60) -> str:
+    return text if len(text) <= n else text[: n - 3] + "..."
+
+
+def check_trained_with(state: dict, cfg: Config, checkpoint: Path) -> None:
+    """Refuse to resume from `checkpoint` unless the config it was trained with (the record
+    its trainer state holds) gives the same math as `cfg` (the run directory's config.yaml
+    with the command line's resume-safe keys): a hand-edited or emptied config.yaml is named,
+    key by key, instead of silently changing the steps still to come."""
+    trained = state.get("config")
+    where = f"resume: {checkpoint.parent.parent}"
+    if not isinstance(trained, dict):
+        raise ConfigError(
+            f"{where}: checkpoint {checkpoint.name} holds no record of the config it was "
+            "trained with, so config.yaml cannot be checked; start a new run from its weights "
+            f"(--model.name_or_path={checkpoint})"
+        )
+    changed = config_differences(trained, to_dict(cfg))
+    if changed:
+        more = f" and {len(changed) - 8} more" if len(changed) > 8 else ""
+        raise ConfigError(
+            f"{where}: config.yaml differs from what {checkpoint.name} was trained with in "
+            f"{'; '.join(changed[:8])}{more}; restore config.yaml (only "
+            f"{', '.join(f'{s}.{k}' for s, k in sorted(RESUME_SAFE))} may change on resume)"
+        )
+
+
+# Keys whose values name code to import ("module:function", "path/file.py:function").
+CODE_KEYS = (("reward", "accuracy"), ("reward", "extra"), ("rollout", "tools"))
+
+
+def run_code(cfg: Config) -> list[str]:
+    """The code `cfg` imports, in order: reward and tool specs holding ":" (built-in reward
+    and tool names hold none)."""
+    r = cfg.reward
+    specs = [r.accuracy, *(e.rsplit("=", 1)[0] for e in r.extra), *cfg.rollout.tools]
+    return list(dict.fromkeys(s for s in specs if ":" in s))
+
+
+def code_overrides(overrides: dict) -> dict:
+    """The CODE_KEYS of command-line `overrides`, as {section: {key: value}}."""
+    out: dict = {}
+    for s, k in CODE_KEYS:
+        if k in overrides.get(s, {}):
+            out.setdefault(s, {})[k] = overrides[s][k]
+    return out
+
+
+def pop_code_overrides(overrides: dict) -> dict:
+    """`code_overrides(overrides)`, then taken out of `overrides`: on resume they say which
+    of the run's code may be imported (`check_run_code`), they change nothing."""
+    code = code_overrides(overrides)
+    for s, k in CODE_KEYS:
+        overrides.get(s, {}).pop(k, None)
+    for s in [s for s, kv in overrides.items() if isinstance(kv, dict) and not kv]:
+        del overrides[s]
+    return code
+
+
+def check_run_code(cfg: Config, given: dict, trust: bool, where: str) -> str | None:
+    """The line that says which code the run directory's config (`cfg`) makes this process
+    import, or None when it names none. `given`: the CODE_KEYS named on the command line
+    (`code_overrides`); each must equal the config's value (paths made absolute). Raises
+    ConfigError when the config names code that is neither named again nor allowed by
+    `trust` (--trust-run-code), or when a named key differs from the config's."""
+    named_cfg = resolve_paths(apply_changes(Config(), given, "command line"))
+    for s, kv in given.items():
+        for k in kv:
+            was, now = getattr(getattr(cfg, s), k), getattr(getattr(named_cfg, s), k)
+            if _plain(was) != _plain(now):
+                raise ConfigError(
+                    f"{where}: {s}.{k} is {_short(repr(now), 200)} on the command line but "
+                    f"{_short(repr(was), 200)} in its config.yaml; a run's rewards and tools "
+                    "cannot change on resume (name them as the run was started)"
+                )
+    code, named = run_code(cfg), run_code(named_cfg)
+    if not code:
+        return None
+    if trust:
+        return f"{where}: importing the code its config.yaml names (--trust-run-code): {', '.join(code)}"
+    unnamed = [c for c in code if c not in named]
+    if unnamed:
+        raise ConfigError(
+            f"{where}: its config.yaml names code to import: {', '.join(unnamed)}; a run "
+            "directory's code runs only when you name it again (--reward.extra=..., "
+            "--reward.accuracy=..., --rollout.tools=... as the run was started) or pass "
+            "--trust-run-code"
+        )
+    return f"{where}: importing {', '.join(code)} (named on the command line)"

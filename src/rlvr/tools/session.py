@@ -83,11 +83,31 @@ class Toolbox:
         return ToolReply(self.reply_ids(result.text), result)
 
     def reply_ids(self, result: str) -> list[int]:
-        """The ids of the tool's turn holding `result`, up to the next assistant generation."""
+        """The ids of the tool's turn holding `result`, up to the next assistant generation.
+        The turn's frame (the template's role markers, or the response tags) is encoded as
+        written, the result's text with special-token parsing off: a result holding
+        `<|im_end|>` or `<|im_start|>assistant` stays text and can never end the tool's turn
+        or open a turn of its own (the python tool's output is the model's to choose)."""
+        head, body, tail = self._split(result)
+        return self._encode(head) + self._encode(body, literal=True) + self._encode(tail)
+
+    def _split(self, result: str) -> tuple[str, str, str]:
+        """(frame before, the result as rendered, frame after) of the tool's turn."""
         suffix = self._template_suffix(result) if self.uses_template else None
-        if suffix is None:
-            suffix = f"{self.fmt.response_open}{result}{self.fmt.response_close}"
-        return self.tokenizer.encode(suffix, add_special_tokens=False)
+        if suffix is not None:
+            head, tail = self._template_suffix(_PROBE).split(_PROBE, 1)
+            if (
+                suffix.startswith(head)
+                and suffix.endswith(tail)
+                and len(suffix) >= len(head + tail)
+            ):
+                return head, suffix[len(head) : len(suffix) - len(tail)], tail
+        return self.fmt.response_open, result, self.fmt.response_close
+
+    def _encode(self, piece: str, *, literal: bool = False) -> list[int]:
+        if not piece:
+            return []
+        return self.tokenizer.encode(piece, add_special_tokens=False, split_special_tokens=literal)
 
     def _template_suffix(self, result: str) -> str | None:
         """What the chat template renders after an assistant turn when a tool message holding

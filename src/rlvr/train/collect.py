@@ -251,8 +251,9 @@ def collect(
         rollout = engine.generate([p.ids for p in mine], params)
         t1 = time.perf_counter()
         rows = [p for p in mine for _ in range(G)]
-        completions = decode_completions(tokenizer, rollout)
-        scores = scorer(rows, completions, rollout, step=step)
+        completions = decode_completions(tokenizer, rollout)  # logged, tool turns included
+        scored = decode_completions(tokenizer, rollout, model_only=True)  # the model's text
+        scores = scorer(rows, scored, rollout, step=step)
         t_gen, t_score = t_gen + t1 - t0, t_score + time.perf_counter() - t1
         tally.add(rollout, scores, completions, G)
         want = max(cfg.train.log_samples - len(examples), 0)

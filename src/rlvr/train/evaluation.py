@@ -59,8 +59,9 @@ def evaluate(
         sub = replace(params, row_seeds=tuple(derive_seed(params.seed, "eval", i) for i in idx))
         rollout = engine.generate([p.ids for p in chunk], sub)
         rows = [p for p in chunk for _ in range(params.n)]
-        completions = decode_completions(tokenizer, rollout)
-        values, correct = scorer.accuracy(rows, completions, rollout)
+        completions = decode_completions(tokenizer, rollout)  # recorded, tool turns included
+        scored = decode_completions(tokenizer, rollout, model_only=True)  # the model's text
+        values, correct = scorer.accuracy(rows, scored, rollout)
         if records is not None:
             records += [
                 {

@@ -15,7 +15,7 @@ from rich.console import Console
 from rlvr import cpu
 from rlvr.algorithm import Algorithm
 from rlvr.algos import KLController
-from rlvr.config import Config, ConfigError
+from rlvr.config import Config, ConfigError, to_dict
 from rlvr.models import autocast, check_vocabulary, eos_ids, load_tokenizer
 from rlvr.prompts import PromptSource, load_prompts
 from rlvr.rewards.sandbox import SandboxUnavailable, resolve_isolation
@@ -37,6 +37,7 @@ from rlvr.run.distributed import (
     wrap,
 )
 from rlvr.run.rundir import check_run_dir, discard_unstarted, prepare_run_dir, truncate_jsonl
+from rlvr.run.stored_config import check_trained_with
 from rlvr.tools import Toolbox, ToolFormat, make_python_tool
 from rlvr.train.collect import PromptSampler
 from rlvr.train.critic import Critic, build_critic
@@ -124,6 +125,7 @@ class Run:
                 "critic": critic,
                 "kl_controller": self.kl_ctl.state_dict() if self.kl_ctl is not None else None,
                 "outer": self.outer.state() if self.outer is not None else None,
+                "config": to_dict(self.cfg),  # what resume checks config.yaml against
             }
             path = save_checkpoint(
                 self.run_dir,
@@ -178,6 +180,10 @@ def setup(
             console.print(f"{run_dir}: no intact checkpoint yet; starting the run over from step 0")
             for name in ("metrics.jsonl", "samples.jsonl"):
                 truncate_jsonl(run_dir / name, 0)
+    state = None
+    if checkpoint is not None:  # read and checked before anything is built from the config
+        state = load_trainer_state(checkpoint, required=_STATE_KEYS)
+        check_trained_with(state, cfg, checkpoint)
     tokenizer = given.tokenizer or load_tokenizer(cfg.model.name_or_path)
     policy = load_policy(cfg, checkpoint, device, model=given.model)
     model = policy.model
@@ -216,7 +222,7 @@ def setup(
         if checkpoint is None:
             run.critic = _build_critic(cfg, device, d, None)
             return run, None
-        return run, _resume(run, checkpoint, console)
+        return run, _resume(run, checkpoint, state, console)
     except BaseException:
         if resume_dir is None and d.is_main:
             discard_unstarted(run_dir)
@@ -325,11 +331,13 @@ def _vllm_context(cfg: Config, model, source) -> int | None:
     return longest + budget if context is None else min(context, longest + budget)
 
 
-def _resume(run: Run, checkpoint: Path, console: Console) -> dict:
+_STATE_KEYS = ("step", "optimizer", "scheduler", "sampler_position", "rng", "eval_before")
+
+
+def _resume(run: Run, checkpoint: Path, state: dict, console: Console) -> dict:
     """Restore the trainer state saved with `checkpoint` into `run` (critic, KL
     controller, optimiser, schedule, sampler position, RNG) and cut the logs back to it."""
     cfg, d, run_dir = run.cfg, run.d, run.run_dir
-    state = load_trainer_state(checkpoint)
     run.critic = _build_critic(cfg, run.device, d, state.get("critic"))
     if run.kl_ctl is not None and state.get("kl_controller") is not None:
         run.kl_ctl.load_state_dict(state["kl_controller"])
@@ -341,7 +349,7 @@ def _resume(run: Run, checkpoint: Path, console: Console) -> dict:
     set_rng_state(state["rng"])
     if d.is_main:
         for name in ("metrics.jsonl", "samples.jsonl"):
-            truncate_jsonl(run_dir / name, state["step"])
+            truncate_jsonl(run_dir / name, state["step"], one_per_step=name == "metrics.jsonl")
         console.print(f"resuming {run_dir} from {checkpoint.name} (step {state['step']})")
     return {"step": state["step"], "eval_before": state["eval_before"], "path": checkpoint}
 
