@@ -190,7 +190,8 @@ def test_user_objective_trains_from_the_cli_and_resumes_exactly(tmp_path):
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     _cli(*SMALL, "--max-steps", "3", "--output-dir", str(straight))
     _cli(*SMALL, "--max-steps", "2", "--output-dir", str(resumed))
-    _cli("--resume", str(resumed), "--max-steps", "3", "--no-progress")
+    # the objective is code the run imports: named again, as the run was started
+    _cli("--resume", str(resumed), "--max-steps", "3", "--no-progress", f"--algo.loss={USER}")
     assert _math(straight) == _math(resumed)
     assert "truncated_frac" in _math(straight)[0]
     w1, w2 = _weights(straight, 3), _weights(resumed, 3)

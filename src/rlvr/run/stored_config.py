@@ -136,14 +136,15 @@ def check_trained_with(state: dict, cfg: Config, checkpoint: Path) -> None:
 
 
 # Keys whose values name code to import ("module:function", "path/file.py:function").
-CODE_KEYS = (("reward", "accuracy"), ("reward", "extra"), ("rollout", "tools"))
+CODE_KEYS = (("reward", "accuracy"), ("reward", "extra"), ("rollout", "tools"), ("algo", "loss"))
 
 
 def run_code(cfg: Config) -> list[str]:
-    """The code `cfg` imports, in order: reward and tool specs holding ":" (built-in reward
-    and tool names hold none)."""
+    """The code `cfg` imports, in order: reward, tool and objective specs holding ":"
+    (built-in reward, tool and objective names hold none)."""
     r = cfg.reward
     specs = [r.accuracy, *(e.rsplit("=", 1)[0] for e in r.extra), *cfg.rollout.tools]
+    specs.append(cfg.algo.loss)
     return list(dict.fromkeys(s for s in specs if ":" in s))
 
 
@@ -180,8 +181,8 @@ def check_run_code(cfg: Config, given: dict, trust: bool, where: str) -> str | N
             if _plain(was) != _plain(now):
                 raise ConfigError(
                     f"{where}: {s}.{k} is {_short(repr(now), 200)} on the command line but "
-                    f"{_short(repr(was), 200)} in its config.yaml; a run's rewards and tools "
-                    "cannot change on resume (name them as the run was started)"
+                    f"{_short(repr(was), 200)} in its config.yaml; a run's rewards, tools and "
+                    "objective cannot change on resume (name them as the run was started)"
                 )
     code, named = run_code(cfg), run_code(named_cfg)
     if not code:
@@ -193,7 +194,8 @@ def check_run_code(cfg: Config, given: dict, trust: bool, where: str) -> str | N
         raise ConfigError(
             f"{where}: its config.yaml names code to import: {', '.join(unnamed)}; a run "
             "directory's code runs only when you name it again (--reward.extra=..., "
-            "--reward.accuracy=..., --rollout.tools=... as the run was started) or pass "
+            "--reward.accuracy=..., --rollout.tools=..., --algo.loss=... as the run was started) or "
+            "pass "
             "--trust-run-code"
         )
     return f"{where}: importing {', '.join(code)} (named on the command line)"
