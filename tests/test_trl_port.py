@@ -179,9 +179,9 @@ def test_a_run_started_from_python_resumes_and_evaluates_from_the_cli(tmp_path):
     for cmd, cwd in (
         ([sys.executable, "script.py", str(run)], project),
         ([sys.executable, "-m", "rlvr", "train", "--resume", str(run), "--max-steps", "2",
-          "--no-progress"], elsewhere),
+          "--no-progress", "--trust-run-code"], elsewhere),
         ([sys.executable, "-m", "rlvr", "eval", "--model", str(run), "--num-prompts", "2",
-          "--k", "1"], elsewhere),
+          "--k", "1", "--trust-run-code"], elsewhere),
     ):  # fmt: skip
         out = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
         assert out.returncode == 0, out.stderr[-2000:]
