@@ -9,7 +9,6 @@ throughout: the same products summed in a different blocking differ by rounding 
 (log-probs near log(50,000) = 10.8: atol 2e-5; a gradient, a sum over 50,000 vocabulary
 entries of every token, within 1e-5 of its tensor's largest entry)."""
 
-import copy
 from dataclasses import replace
 
 import pytest
@@ -29,6 +28,7 @@ from rlvr.train.token_scores import chunk_tokens, score_hidden
 from rlvr.train.update import _micro_loss
 
 VOCAB = 50_000
+SLOW = pytest.mark.slow
 TEMPERATURE = 0.7
 
 
@@ -157,8 +157,10 @@ def _weights(mask: torch.Tensor) -> torch.Tensor:
     return torch.randn(mask.shape, generator=g) * mask
 
 
-@pytest.mark.parametrize("share", [False, True])
-@pytest.mark.parametrize("chunk", [7, 1])
+@pytest.mark.parametrize(
+    "share, chunk",
+    [(False, 7), pytest.param(True, 7, marks=SLOW), pytest.param(False, 1, marks=SLOW)],
+)
 def test_log_probs_entropy_and_gradients_match_full_logits(model, share, chunk):
     samples = _samples()
     lp_ref, ent_ref, mask = _full_logits_scores(model, samples)
@@ -200,6 +202,7 @@ def _cfg(share: bool, chunk: int):
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("share", [False, True])
 def test_policy_loss_and_gradients_match_one_piece(model, share):
     """Through the update's micro-batch loss (clipped ratio against old log-probs, a KL to a
@@ -229,6 +232,7 @@ def test_policy_loss_and_gradients_match_one_piece(model, share):
         _close(g7[n], g0[n], n)
 
 
+@pytest.mark.slow
 def test_bf16_autocast_chunks_match_one_piece():
     """Under bf16 autocast the recomputed chunks run in bf16 as their forward did: the same
     values as one piece under autocast, within bf16's rounding of the logits."""
@@ -270,3 +274,40 @@ def test_score_hidden_against_a_plain_loop():
             p = torch.softmax(z, 0)
             assert float(lp[b, t]) == pytest.approx(float(torch.log(p[targets[b, t]])), abs=1e-6)
             assert float(ent[b, t]) == pytest.approx(float(-(p * p.log()).sum()), abs=1e-6)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["ddp", "fsdp2"])
+def test_two_ranks_chunked_match_full_logits(tmp_path, kind):
+    """2 ranks (gloo), each scoring half the rows in 7-token chunks under DDP or FSDP2 (tied
+    embeddings: the head's weight is the embedding's, in FSDP2's root group), give the whole
+    batch's full-logits gradients."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from test_weight_sync import _free_port
+
+    model = _qwen2(tied=True)
+    samples = _samples()
+    lp_ref, _, mask = _full_logits_scores(model, samples)
+    (lp_ref * _weights(mask)).sum().backward()
+    ref = _grads(model)
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node=2",
+        f"--master-port={_free_port()}",
+        str(Path(__file__).parent / "token_scores_worker.py"),
+        kind,
+        str(tmp_path),
+    ]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = torch.load(tmp_path / "grads.pt")
+    assert set(got) == set(ref)
+    for n in ref:
+        _close(got[n], ref[n], n)
