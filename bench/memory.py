@@ -149,10 +149,10 @@ def fit(plain: list[dict], checkpointed: list[dict], lora: list[dict]) -> dict[s
 
     unit = dict(RUNTIME=0.0, STATE=1.0, ACTIVATION=1.0, GC_LAYERS=1.0, LORA_ACTIVATION=1.0)
     rows, y = [], []
-    for r in plain:
-        p = _parts(r, **unit)
-        rows.append([1.0, p["activations"]])
-        y.append(r["peak_rss_mib"] * 2**20 - p["kv_cache"] - p["state"])
+    for r in plain:  # what ACTIVATION multiplies, and the rest (chunked logits are counted)
+        fixed = _parts(r, **{**unit, "ACTIVATION": 0.0})["total"]
+        rows.append([1.0, _parts(r, **unit)["total"] - fixed])
+        y.append(r["peak_rss_mib"] * 2**20 - fixed)
     X, Y = torch.tensor(rows, dtype=torch.float64), torch.tensor(y, dtype=torch.float64)
     runtime, act = torch.linalg.lstsq(X, Y.unsqueeze(1)).solution.squeeze(1).tolist()
     got = dict(RUNTIME=runtime, STATE=1.0, ACTIVATION=act, LORA_ACTIVATION=1.0)
