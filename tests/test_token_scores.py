@@ -311,3 +311,65 @@ def test_two_ranks_chunked_match_full_logits(tmp_path, kind):
     assert set(got) == set(ref)
     for n in ref:
         _close(got[n], ref[n], n)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("engine", ["hf", "fast"])
+def test_one_step_at_a_real_vocabulary_stays_under_4_gib(tmp_path, tokenizer, engine):
+    """`rlvr train`, one step: a 2-layer Qwen2 256 wide with Qwen's 151,936-token vocabulary,
+    8 responses forced to 1,024 tokens, one micro-batch of 8. Their full fp32 logits alone
+    would be 8,192 x 151,936 x 4 bytes = 5.0 GB; the whole process peaks under 4 GiB."""
+    import json
+    import subprocess
+    import sys
+
+    config = Qwen2Config(
+        vocab_size=151_936,
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=2048,
+        tie_word_embeddings=True,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=None,
+    )
+    torch.manual_seed(0)
+    Qwen2ForCausalLM(config).save_pretrained(tmp_path / "model")
+    tokenizer.save_pretrained(tmp_path / "model")
+    args = [
+        "train",
+        "--preset=grpo",
+        f"--model.name_or_path={tmp_path / 'model'}",
+        "--data.task=arithmetic",
+        "--data.train_size=8",
+        f"--rollout.engine={engine}",
+        "--rollout.prompts_per_step=1",
+        "--rollout.group_size=8",
+        "--rollout.max_new_tokens=1024",
+        "--rollout.min_new_tokens=1024",
+        "--algo.kl_coef=0",
+        "--algo.dynamic_sampling=false",
+        "--optim.micro_batch_sequences=8",
+        "--train.eval_size=0",
+        "--train.threads=2",
+        "--max-steps=1",
+        f"--output-dir={tmp_path / 'run'}",
+        "--no-progress",
+    ]
+    code = (
+        "import json, resource, sys; from rlvr.cli import main; rc = main(sys.argv[1:]); "
+        "print(json.dumps({'rc': rc, 'peak_kib': resource.getrusage(resource.RUSAGE_SELF)"
+        ".ru_maxrss}))"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=900
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got["rc"] == 0
+    metrics = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])
+    assert metrics["response/length_mean"] == 1024
+    assert got["peak_kib"] * 1024 <= 4 * 2**30, got
