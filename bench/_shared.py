@@ -30,12 +30,11 @@ def build_qwen2(path: Path, *, seed: int = 0, **shape) -> Path:
     from rlvr.models import build_tokenizer
 
     tok = build_tokenizer()
-    config = Qwen2Config(
-        vocab_size=len(tok),
+    config = Qwen2Config(  # `shape` may set vocab_size: ids past the tokenizer's decode to ""
         pad_token_id=tok.pad_token_id,
         eos_token_id=tok.eos_token_id,
         bos_token_id=None,
-        **{**QWEN2_SHAPE, **shape},
+        **{"vocab_size": len(tok), **QWEN2_SHAPE, **shape},
     )
     with torch.random.fork_rng(devices=[]):  # seeded init, the caller's RNG untouched
         torch.manual_seed(seed)

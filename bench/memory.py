@@ -3,6 +3,7 @@ the longest response a Qwen2-0.5B-shaped model can train on in a given RAM.
 
     python bench/memory.py --lengths        # peak RSS vs response length, gradient checkpointing off/on
     python bench/memory.py --probes         # the model's probes (896 wide, 2 and 4 layers)
+    python bench/memory.py --vocab-probes   # the same layer with Qwen's 151,936-token vocabulary
     python bench/memory.py --fit            # fit rlvr.run.memory's constants to the probes
     python bench/memory.py --limits 24      # longest response in 24 GiB, 0.5B shape
 
@@ -53,6 +54,12 @@ PROBES = [
     ("q05-L4-T512-gc", {**QWEN05, "num_hidden_layers": 4}, 512, True, False),
     ("q05-L4-T512-lora", {**QWEN05, "num_hidden_layers": 4}, 512, False, True),
 ]
+# Qwen2-0.5B's layer with its own 151,936-token vocabulary (tied), scored in chunks: the check
+# of the chunked logits' count (not fitted to)
+VOCAB_PROBES = [
+    ("q05v-L2-T256", {**QWEN05, "num_hidden_layers": 2, "vocab_size": QWEN05_VOCAB, "tie_word_embeddings": True}, 256, False, False),
+    ("q05v-L2-T256-gc", {**QWEN05, "num_hidden_layers": 2, "vocab_size": QWEN05_VOCAB, "tie_word_embeddings": True}, 256, True, False),
+]  # fmt: skip
 
 
 def child(args) -> None:
@@ -149,10 +156,10 @@ def fit(plain: list[dict], checkpointed: list[dict], lora: list[dict]) -> dict[s
 
     unit = dict(RUNTIME=0.0, STATE=1.0, ACTIVATION=1.0, GC_LAYERS=1.0, LORA_ACTIVATION=1.0)
     rows, y = [], []
-    for r in plain:
-        p = _parts(r, **unit)
-        rows.append([1.0, p["activations"]])
-        y.append(r["peak_rss_mib"] * 2**20 - p["kv_cache"] - p["state"])
+    for r in plain:  # what ACTIVATION multiplies, and the rest (chunked logits are counted)
+        fixed = _parts(r, **{**unit, "ACTIVATION": 0.0})["total"]
+        rows.append([1.0, _parts(r, **unit)["total"] - fixed])
+        y.append(r["peak_rss_mib"] * 2**20 - fixed)
     X, Y = torch.tensor(rows, dtype=torch.float64), torch.tensor(y, dtype=torch.float64)
     runtime, act = torch.linalg.lstsq(X, Y.unsqueeze(1)).solution.squeeze(1).tolist()
     got = dict(RUNTIME=runtime, STATE=1.0, ACTIVATION=act, LORA_ACTIVATION=1.0)
@@ -196,6 +203,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--lengths", action="store_true", help="30M model, 64/256/1024, gc off/on")
     p.add_argument("--probes", action="store_true", help="the memory model's probes")
+    p.add_argument("--vocab-probes", action="store_true", help="0.5B layer, 151,936 vocab")
     p.add_argument("--fit", action="store_true", help="fit the model's constants to the probes")
     p.add_argument("--limits", type=float, default=None, help="GiB: longest response, 0.5B")
     p.add_argument("--results", default=str(HERE / "results" / "memory.jsonl"))
@@ -209,6 +217,7 @@ def main() -> None:
     if path.exists():
         done = {r["probe"]: r for r in map(json.loads, path.read_text().splitlines())}
     todo = (LENGTHS if args.lengths else []) + (PROBES if args.probes else [])
+    todo += VOCAB_PROBES if args.vocab_probes else []
     with tempfile.TemporaryDirectory(prefix="memory_") as tmp:
         for name, shape, length, gc, lora in todo:
             if name in done:
@@ -238,7 +247,7 @@ def main() -> None:
         )
         for k, v in got.items():
             setattr(memory, k, v)  # for --limits below
-        for r in [done[n] for n, *_ in PROBES + LENGTHS if n in done]:
+        for r in [done[n] for n, *_ in PROBES + LENGTHS + VOCAB_PROBES if n in done]:
             pred = _parts(r, **got)["total"] / 2**20
             print(
                 f"  {r['probe']}: measured {r['peak_rss_mib']:.0f} MiB, model {pred:.0f} MiB "

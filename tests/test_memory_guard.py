@@ -27,8 +27,10 @@ def test_predict_by_hand(unit):
     got = predict(SHAPE, WORK)
     # state: 4 x 100 weights + 12 x 100 (gradients, two AdamW moments)
     assert got["state"] == 1600
-    # 2 rows x (3 + 5) tokens; per layer 10*4 + 4*8 + 3*2 = 78 values, 2 layers; logits 3 x 10
-    assert got["activations"] == 4 * 16 * (2 * 78 + 30)
+    # 2 rows x (3 + 5) tokens; per layer 10*4 + 4*8 + 3*2 = 78 values, 2 layers
+    assert got["activations"] == 4 * 16 * 2 * 78
+    # the 10 response tokens fit one scoring chunk: the logits in one piece, 3 x 10 a token
+    assert got["logits"] == 4 * 16 * 30
     # K and V, fp32, per layer and position: 8 x 2 layers x 2 kv x 4 rows x 8 positions
     assert got["kv_cache"] == 8 * 2 * 2 * 4 * 8
     assert got["total"] == 1600 + 11904 + 1024
@@ -43,16 +45,17 @@ def test_an_engine_that_stays_resident_counts(unit):
 
 def test_prompt_sharing_checkpointing_and_reference(unit, monkeypatch):
     shared = predict(SHAPE, Work(4, 2, 3, 5, groups_per_micro=1))
-    assert shared["activations"] == 4 * (3 + 2 * 5) * (2 * 78 + 30)  # the prompt once
+    assert shared["activations"] == 4 * (3 + 2 * 5) * 2 * 78  # the prompt once
     gc = predict(SHAPE, Work(4, 2, 3, 5, gradient_checkpointing=True))
-    assert gc["activations"] == 4 * 16 * (2 * 4 + 78 + 30)  # layer inputs + one live layer
+    assert gc["activations"] == 4 * 16 * (2 * 4 + 78)  # layer inputs + one live layer
     ref = predict(SHAPE, Work(4, 2, 3, 5, reference_copy=True))
     assert ref["state"] == 1600 + 400
     lora = predict(Shape(2, 4, 8, 2, 10, params=100, trainable=7), WORK)
     assert lora["state"] == 400 + 12 * 7
     monkeypatch.setattr(memory, "LORA_ACTIVATION", 1.5)  # under half trained: LoRA's factor
-    assert predict(Shape(2, 4, 8, 2, 10, 100, 49), WORK)["activations"] == 1.5 * 11904
-    assert predict(Shape(2, 4, 8, 2, 10, 100, 50), WORK)["activations"] == 11904
+    for trained, factor in ((49, 1.5), (50, 1.0)):
+        got = predict(Shape(2, 4, 8, 2, 10, 100, trained), WORK)
+        assert got["activations"] + got["logits"] == factor * 11904
 
 
 def test_gc_layers_and_multipliers(unit, monkeypatch):
@@ -60,8 +63,22 @@ def test_gc_layers_and_multipliers(unit, monkeypatch):
     monkeypatch.setattr(memory, "ACTIVATION", 0.5)
     monkeypatch.setattr(memory, "STATE", 2.0)
     got = predict(SHAPE, Work(4, 2, 3, 5, gradient_checkpointing=True))
-    assert got["activations"] == 0.5 * 4 * 16 * (2 * 4 + 2.5 * 78 + 30)
+    assert got["activations"] == 0.5 * 4 * 16 * (2 * 4 + 2.5 * 78)
+    assert got["logits"] == 0.5 * 4 * 16 * 30
     assert got["state"] == 2 * 1600
+
+
+def test_chunked_logits(unit):
+    """Scored in chunks of 4 of the 10 response tokens: one chunk's vocabulary-wide tensors
+    (24 bytes x 10 entries x 4 tokens) and the hidden states' 12 bytes x 4 wide a token,
+    whatever the multipliers."""
+    got = predict(SHAPE, Work(4, 2, 3, 5, logits_chunk=4))
+    assert got["logits"] == 24 * 10 * 4 + 12 * 10 * 4
+    assert got["activations"] == 4 * 16 * 2 * 78
+    # a real vocabulary: 256 MiB of chunk whatever the length, instead of 3 x 4 V a token
+    big = Shape(2, 4, 8, 2, 151_936, 100, 100)
+    short, long = (predict(big, Work(8, 8, 47, t))["logits"] for t in (1024, 16384))
+    assert short == long - 12 * 8 * (16384 - 1024) * 4 < 260 * 2**20
 
 
 def test_runtime_and_multipliers_apply():
@@ -129,7 +146,10 @@ def test_weights_off_the_cpu_are_not_guarded(tiny_model, monkeypatch):
     cfg = SimpleNamespace(
         rollout=SimpleNamespace(prompts_per_step=2, group_size=4, max_new_tokens=8),
         optim=SimpleNamespace(
-            micro_batch_sequences=4, share_prompt=True, gradient_checkpointing=False
+            micro_batch_sequences=4,
+            share_prompt=True,
+            gradient_checkpointing=False,
+            logits_chunk_tokens=0,
         ),
     )
     guard = MemoryGuard.for_run(cfg, tiny_model, 10, False)

@@ -275,6 +275,9 @@ class OptimConfig:
     share_prompt: forward each distinct prompt once per micro-batch and its G completions on its KV cache (same values).
     gradient_checkpointing: recompute each layer's activations in the backward instead of keeping
         them (less memory for long responses, about one more forward of time; same gradients).
+    logits_chunk_tokens: tokens whose vocabulary-wide logits exist at once when scoring (the
+        backward recomputes each chunk's); 0 = as many as a 256 MiB budget holds (all of them
+        when they fit: a small vocabulary scores in one piece).
     """
 
     lr: float = 1e-6
@@ -286,6 +289,7 @@ class OptimConfig:
     micro_batch_sequences: int = 64
     share_prompt: bool = True
     gradient_checkpointing: bool = False
+    logits_chunk_tokens: int = 0
 
 
 @dataclass(frozen=True)

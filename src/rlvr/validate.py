@@ -94,6 +94,7 @@ def validate(cfg: Config) -> None:
     _check(
         o.micro_batch_sequences >= 1, "optim.micro_batch_sequences", ">= 1", o.micro_batch_sequences
     )
+    _check(o.logits_chunk_tokens >= 0, "optim.logits_chunk_tokens", ">= 0", o.logits_chunk_tokens)
     _check(t.max_steps >= 0, "train.max_steps", ">= 0", t.max_steps)
     _check(t.eval_size >= 0, "train.eval_size", ">= 0", t.eval_size)
     _check(t.eval_samples >= 1, "train.eval_samples", ">= 1", t.eval_samples)

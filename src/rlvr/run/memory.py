@@ -7,20 +7,25 @@ process can still get: its resident set now plus the system's MemAvailable
 (`/proc/meminfo`), or `RLVR_MEMORY_LIMIT_GB` when set. `RLVR_MEMORY_GUARD=0` turns it off.
 
 The model (bytes; P parameters, P_t of them trained, L layers, width d, intermediate f,
-key/value width kv, vocabulary V, training tokens n per micro-batch):
+key/value width kv, vocabulary V, training tokens n per micro-batch, r of them response
+tokens, c tokens per scoring chunk):
 
     peak = RUNTIME + STATE * (4 P + 12 P_t + 4 P [reference copy])
-         + ACTIVATION * 4 n (L (10 d + 4 f + 3 kv) + 3 V)      no gradient checkpointing
-         + ACTIVATION * 4 n (L d + GC_LAYERS (10 d + 4 f + 3 kv) + 3 V)   with it
+         + ACTIVATION * 4 n L (10 d + 4 f + 3 kv)              no gradient checkpointing
+         + ACTIVATION * 4 n (L d + GC_LAYERS (10 d + 4 f + 3 kv))   with it
+         + ACTIVATION * 4 n 3 V                  scoring in one piece (r tokens fit a chunk)
+         + BYTES_PER_LOGIT V c + 12 r d          scoring in chunks (r > c)
          + the rollout's KV cache, 8 L kv per generated or prompt position of every row
          + what the rollout engine keeps through the update (vLLM on the CPU, which has no
            sleep mode: its copy of the weights and its KV-cache reservation)
 
 10 d + 4 f + 3 kv are the per-token values a Qwen2/Llama layer keeps for its backward (norm
-inputs and outputs, q/k/v, attention output, residuals; gate, up, SiLU and product), 3 V the
-logits, their log-softmax and its gradient; under gradient checkpointing only each layer's
-input is kept, plus what the recomputed layer and its gradients hold while it runs (GC_LAYERS
-layers' worth). RUNTIME, STATE and ACTIVATION are fitted by `bench/memory.py` to peak RSS probes
+inputs and outputs, q/k/v, attention output, residuals; gate, up, SiLU and product); under
+gradient checkpointing only each layer's input is kept, plus what the recomputed layer and
+its gradients hold while it runs (GC_LAYERS layers' worth). 3 V are the logits, their
+log-softmax and its gradient when every response token's logits exist at once; scored in
+chunks (`rlvr.train.token_scores`) only one chunk's vocabulary-wide tensors exist, plus the
+hidden states' copy, its gradient and the log-probs (12 r d at most). RUNTIME, STATE and ACTIVATION are fitted by `bench/memory.py` to peak RSS probes
 of real training steps without checkpointing, GC_LAYERS to one with it (its output is in
 bench/README.md). The guard covers runs whose weights are on the CPU (a GPU's memory is not
 RAM).
@@ -34,6 +39,7 @@ from dataclasses import dataclass
 import torch
 
 from rlvr.schema import ConfigError
+from rlvr.train.token_scores import chunk_tokens, scoring_bytes
 
 GIB = 1024**3
 
@@ -102,6 +108,7 @@ class Work:
     gradient_checkpointing: bool = False
     reference_copy: bool = False
     engine_bytes: float = 0.0  # held by the rollout engine through the update
+    logits_chunk: int = 0  # optim.logits_chunk_tokens (0: from the scoring's budget)
 
 
 def predict(shape: Shape, work: Work) -> dict[str, float]:
@@ -114,10 +121,16 @@ def predict(shape: Shape, work: Work) -> dict[str, float]:
     layer = 10 * s.hidden + 4 * s.intermediate + 3 * s.kv
     kept = s.hidden * s.layers + GC_LAYERS * layer if w.gradient_checkpointing else layer * s.layers
     lora = LORA_ACTIVATION if 2 * s.trainable < s.params else 1.0
+    scored = w.micro_rows * w.response
+    if chunk_tokens(scored, s.vocab, w.logits_chunk) >= scored:  # one piece
+        logits = ACTIVATION * lora * 4 * tokens * 3 * s.vocab
+    else:
+        logits = scoring_bytes(scored, s.vocab, w.logits_chunk) + 12.0 * scored * s.hidden
     parts = {
         "runtime": RUNTIME,
         "state": STATE * (4 * s.params + 12 * s.trainable + 4 * s.params * w.reference_copy),
-        "activations": ACTIVATION * lora * 4 * tokens * (kept + 3 * s.vocab),
+        "activations": ACTIVATION * lora * 4 * tokens * kept,
+        "logits": logits,
         "kv_cache": 8.0 * s.layers * s.kv * w.rows * (w.prompt + w.response),
         "engine": float(w.engine_bytes),
     }
@@ -169,6 +182,7 @@ class MemoryGuard:
             gradient_checkpointing=o.gradient_checkpointing,
             reference_copy=reference_copy,
             engine_bytes=engine_bytes,
+            logits_chunk=o.logits_chunk_tokens,
         )
         on_cpu = all(p.device.type == "cpu" for p in model.parameters())
         return MemoryGuard(Shape.of(model) if on_cpu else None, work)

@@ -12,11 +12,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 import torch
-import torch.nn.functional as F
 from transformers import DynamicCache
 
 from rlvr.models import cache_kwarg, unwrap_model
 from rlvr.rollout.base import Rollout, dedupe, left_pad
+from rlvr.run.distributed import is_sharded
+from rlvr.train.token_scores import final_logit_softcap, head_inputs, score_hidden
 
 
 @dataclass(frozen=True)
@@ -170,22 +171,35 @@ def collate(samples: list[Sample], pad_id: int, device: torch.device | str) -> M
 
 
 def token_log_probs(
-    model: torch.nn.Module, mb: MicroBatch, *, temperature: float, with_entropy: bool = False
+    model: torch.nn.Module,
+    mb: MicroBatch,
+    *,
+    temperature: float,
+    with_entropy: bool = False,
+    chunk: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log pi(o_t | q, o_<t) of each completion token, (B, T) in fp32, and optionally the
-    policy's token entropy (no grad). Logits at position t predict token t+1, so the T
-    completion tokens are scored by the logits at positions P-1 .. P+T-2. The sampling
-    temperature is applied before the log-softmax (docs/algorithms.md#notation-and-conventions)."""
+    policy's token entropy (no grad). The hidden states at position t predict token t+1, so
+    the T completion tokens are scored by positions P-1 .. P+T-2. The sampling temperature is
+    applied before the log-softmax (docs/algorithms.md#notation-and-conventions). The forward
+    stops at the LM head's input; `rlvr.train.token_scores` applies the head `chunk` tokens
+    at a time (0: as many as its memory budget holds)."""
     T = mb.response_mask.shape[1]
-    out = model(
-        input_ids=mb.input_ids,
-        attention_mask=mb.attention_mask,
-        position_ids=mb.position_ids,
-        logits_to_keep=T + 1,
-        use_cache=False,
-    )
-    return _score(
-        out.logits[:, :-1, :], mb.input_ids[:, mb.prompt_width :], temperature, with_entropy
+    with head_inputs(model) as seen:
+        model(
+            input_ids=mb.input_ids,
+            attention_mask=mb.attention_mask,
+            position_ids=mb.position_ids,
+            logits_to_keep=T + 1,
+            use_cache=False,
+        )
+    return _score_hidden(
+        model,
+        seen[-1][:, :-1],
+        mb.input_ids[:, mb.prompt_width :],
+        temperature,
+        with_entropy,
+        chunk,
     )
 
 
@@ -212,18 +226,24 @@ def rollout_log_probs(
     return lp.float().cpu()
 
 
-def _score(
-    logits: torch.Tensor, targets: torch.Tensor, temperature: float, with_entropy: bool
+def _score_hidden(
+    model, hidden: torch.Tensor, targets: torch.Tensor, temperature: float, with_entropy, chunk
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(B, T) fp32 log-probs of `targets` under softmax(logits / T), and the entropy (no grad)."""
-    logits = logits.float() / temperature  # (B, T, V)
-    log_z = torch.logsumexp(logits, dim=-1)
-    log_probs = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - log_z
-    entropy = None
-    if with_entropy:
-        with torch.no_grad():
-            entropy = log_z - (F.softmax(logits, dim=-1) * logits).sum(-1)
-    return log_probs, entropy
+    """`score_hidden` with `model`'s head and soft cap. Under FSDP2 the root's parameters (the
+    head's among them) are gathered first: the head runs after the root's forward, which may
+    have resharded them, and in the backward's recomputation (they stay gathered until the
+    root's post-backward)."""
+    if is_sharded(model):
+        model.unshard()
+    return score_hidden(
+        unwrap_model(model).get_output_embeddings(),
+        hidden,
+        targets,
+        temperature=temperature,
+        softcap=final_logit_softcap(model),
+        with_entropy=with_entropy,
+        chunk=chunk,
+    )
 
 
 @dataclass(frozen=True)
@@ -266,41 +286,43 @@ def shared_token_log_probs(
     *,
     temperature: float,
     with_entropy: bool = False,
+    chunk: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """`token_log_probs` with each distinct prompt forwarded once: the prompt pass fills a KV
     cache (with grad), whose rows are copied to the prompt's completions (`index_select`,
-    differentiable), and the completions (all but their last token, whose logits score
-    nothing) are forwarded on that cache. The last prompt position's logits score the first
-    completion token. Same positions and masks as `collate`, so the values are the same."""
+    differentiable), and the completions (all but their last token, whose hidden state scores
+    nothing) are forwarded on that cache. The last prompt position's hidden state scores the
+    first completion token. Same positions and masks as `collate`, so the values are the
+    same."""
     T = mb.completion_ids.shape[1]
     kw = cache_kwarg(model)
     cache = DynamicCache(config=unwrap_model(model).config)
     prompt_pos = (mb.prompt_mask.cumsum(-1) - 1).clamp(min=0)
-    out = model(
-        input_ids=mb.prompt_ids,
-        attention_mask=mb.prompt_mask,
-        position_ids=prompt_pos,
-        logits_to_keep=1,
-        use_cache=True,
-        **{kw: cache},
-    )
-    first = out.logits[:, -1:, :].index_select(0, mb.expand)  # (B, 1, V)
-    if T > 1:
-        cache.reorder_cache(mb.expand)
-        mask = torch.cat(
-            [mb.prompt_mask.index_select(0, mb.expand), torch.ones_like(mb.completion_ids)], -1
-        )[:, :-1]
-        positions = mb.prompt_lengths.index_select(0, mb.expand)[:, None] + torch.arange(
-            T - 1, device=mask.device
-        )
-        rest = model(
-            input_ids=mb.completion_ids[:, :-1],
-            attention_mask=mask,
-            position_ids=positions,
+    with head_inputs(model) as seen:
+        model(
+            input_ids=mb.prompt_ids,
+            attention_mask=mb.prompt_mask,
+            position_ids=prompt_pos,
+            logits_to_keep=1,
             use_cache=True,
             **{kw: cache},
-        ).logits
-        logits = torch.cat([first, rest], 1)
-    else:
-        logits = first
-    return _score(logits, mb.completion_ids, temperature, with_entropy)
+        )
+        hidden = seen[-1][:, -1:].index_select(0, mb.expand)  # (B, 1, d)
+        if T > 1:
+            cache.reorder_cache(mb.expand)
+            mask = torch.cat(
+                [mb.prompt_mask.index_select(0, mb.expand), torch.ones_like(mb.completion_ids)],
+                -1,
+            )[:, :-1]
+            positions = mb.prompt_lengths.index_select(0, mb.expand)[:, None] + torch.arange(
+                T - 1, device=mask.device
+            )
+            model(
+                input_ids=mb.completion_ids[:, :-1],
+                attention_mask=mask,
+                position_ids=positions,
+                use_cache=True,
+                **{kw: cache},
+            )
+            hidden = torch.cat([hidden, seen[-1]], 1)
+    return _score_hidden(model, hidden, mb.completion_ids, temperature, with_entropy, chunk)

@@ -113,7 +113,13 @@ def _log_probs(model, micro: list[Sample], cfg: Config, pad_id: int, device, bac
     # the modules' own forwards.
     backend = cpu.OFF if cfg.optim.gradient_checkpointing else backend
     with autocast(cfg.model.autocast, device), backend.training_ops(model):
-        return mb, score(model, mb, temperature=cfg.rollout.temperature, **kw)
+        return mb, score(
+            model,
+            mb,
+            temperature=cfg.rollout.temperature,
+            chunk=cfg.optim.logits_chunk_tokens,
+            **kw,
+        )
 
 
 @torch.no_grad()
