@@ -10,6 +10,7 @@ update and the config checks instead of each testing config strings
     advantage        the estimator (rlvr.algos.ADVANTAGES); token_level: it reads per-token
                      rewards (gae, reinforce_pp), uses_critic: a value model (gae)
     needs_old_log_probs, needs_reference: which no-grad passes a step runs
+    adaptive_refill  dynamic sampling's refill batch: sized from the keep rate, or whole
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ class Algorithm:
     several_updates: bool  # mu > 1 or several mini-batches: pi_old differs from the live policy
     needs_old_log_probs: bool  # for the ratio (several_updates) or the reward's KL
     norm_constant: float  # Dr. GRPO's: the generation budget, rollout.max_new_tokens
+    adaptive_refill: bool = True  # dynamic sampling's refills sized from the keep rate
 
     @classmethod
     def from_config(cls, cfg: Config) -> Algorithm:
@@ -71,6 +73,7 @@ class Algorithm:
             several_updates=several,
             needs_old_log_probs=several or (a.kl_in_reward and a.kl_coef > 0),
             norm_constant=float(cfg.rollout.max_new_tokens),
+            adaptive_refill=a.refill == "adaptive",
         )
 
     def group_advantages(self, rewards: torch.Tensor, group_size: int) -> torch.Tensor:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
+from rlvr.algorithm import Algorithm
 from rlvr.algos import DynamicSamplingBuffer, keep_groups, refill_size
 from rlvr.config import Config
 from rlvr.prompts import Prompt
@@ -229,10 +230,13 @@ def collect(
     prompts: list[Prompt],
     sampler: PromptSampler,
     d: Dist | None = None,
+    algo: Algorithm | None = None,
 ) -> Collected:
     """Generate and score until `prompts_per_step` groups are in hand
-    (docs/algorithms.md#dynamic-sampling)."""
+    (docs/algorithms.md#dynamic-sampling). `algo`: the run's Algorithm (by default built
+    from `cfg`)."""
     d = d or Dist()
+    algo = algo or Algorithm.from_config(cfg)
     G, target = cfg.rollout.group_size, cfg.rollout.prompts_per_step
     per_prompt_seeds = cfg.rollout.seed_per_prompt or d.enabled
     buffer = DynamicSamplingBuffer(
@@ -266,7 +270,7 @@ def collect(
         # one payload per group of the batch: this rank's samples of it (none: another rank's)
         others: list[list[Sample]] = [[] for _ in range(size - (hi - lo))]
         buffer.add(others[:lo] + _groups(rows, rollout, scores, G) + others[lo:], keep)
-        if cfg.algo.refill == "adaptive":
+        if algo.adaptive_refill:
             size = refill_size(target, len(buffer), buffer.num_groups_seen)
     result = buffer.pop()
     metrics = tally.metrics(d)

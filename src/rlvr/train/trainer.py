@@ -52,8 +52,9 @@ def run_step(step: int, run: Run) -> tuple[dict[str, float], list[dict]]:
     # FSDP2: whole weights for the no-grad work (else a no-op); bf16 sampling when asked
     with gathered(model), autocast(cfg.model.autocast, device):
         got = collect(
-            step, cfg, run.engine, run.tokenizer, run.scorer, run.source.train, run.sampler, run.d
-        )
+            step, cfg, run.engine, run.tokenizer, run.scorer, run.source.train, run.sampler,
+            run.d, algo,
+        )  # fmt: skip
         release_engine(run.engine)
         batch = got.batch  # this rank's share of the kept groups
         t0 = time.perf_counter()
