@@ -29,6 +29,8 @@ files=(
   tests/test_precision.py
   tests/test_critic.py
   tests/test_reference_sync.py
+  tests/test_golden.py
+  tests/test_token_scores.py
   tests/algos
 )
 
