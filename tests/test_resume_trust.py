@@ -105,7 +105,9 @@ def test_run_code_is_imported_only_when_named_or_trusted(small_run, tmp_path, _c
     assert not marker.exists()
     cfg.write_text(original)
     error = _one_error(_cli("train", "--resume", run, f"--reward.extra={REWARD}=2.0"))
-    assert "a run's rewards and tools cannot change on resume" in error  # not silently dropped
+    assert (
+        "a run's rewards, tools and objective cannot change on resume" in error
+    )  # not silently dropped
     res = _cli("train", "--resume", run, f"--reward.extra={REWARD}=1.0", "--max-steps", 3)
     assert res.returncode == 0, res.stderr
     assert f"importing {REWARD} (named on the command line)" in res.stderr

@@ -182,7 +182,7 @@ def test_config_keys_and_the_runs_toolbox():
     from rlvr.config import ConfigError, load_config
     from rlvr.prompts import PromptSource
     from rlvr.tasks import TASKS
-    from rlvr.train.setup import Given, _toolbox
+    from rlvr.train.setup import Given, build_toolbox
 
     tok = build_tokenizer()
     for bad, key in [
@@ -196,20 +196,20 @@ def test_config_keys_and_the_runs_toolbox():
             load_config(overrides={"rollout": bad})
     cfg = load_config(overrides={"rollout": {"max_new_tokens": 40, "max_total_tokens": 90}})
     none = PromptSource([], [], TASKS["arithmetic"], "arithmetic")
-    assert _toolbox(cfg, none, tok, Given()) is None  # no tools anywhere: no toolbox
+    assert build_toolbox(cfg, none, tok, Given()) is None  # no tools anywhere: no toolbox
     # the task's own tools when rollout.tools is empty; the config's limits
-    box = _toolbox(cfg, PromptSource([], [], TASKS["calc"], "calc"), tok, Given())
+    box = build_toolbox(cfg, PromptSource([], [], TASKS["calc"], "calc"), tok, Given())
     assert box.names == ["calc"] and box.total_tokens(40) == 90
     # rollout.tools wins; a name given by the Python API maps to its function
     cfg = load_config(overrides={"rollout": {"tools": ["mine", "python"], "max_tool_calls": 2}})
-    box = _toolbox(cfg, none, tok, Given(tools={"mine": _boom}))
+    box = build_toolbox(cfg, none, tok, Given(tools={"mine": _boom}))
     assert box.names == ["_boom", "python"] and box.max_calls == 2
     with pytest.raises(ConfigError, match=r"^rollout\.tools: tool 'nope'"):
-        _toolbox(load_config(overrides={"rollout": {"tools": ["nope"]}}), none, tok, Given())
+        build_toolbox(load_config(overrides={"rollout": {"tools": ["nope"]}}), none, tok, Given())
     tags = load_config(
         overrides={"rollout": {"tools": ["calc"], "tool_call_tags": ["[C]", "[/C]"]}}
     )
-    box = _toolbox(tags, none, tok, Given())
+    box = build_toolbox(tags, none, tok, Given())
     assert box.fmt.call_open == "[C]" and box.close_ids == tok.encode("[/C]")
 
 

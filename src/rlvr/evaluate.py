@@ -108,11 +108,11 @@ def _vllm_kw(cfg: Config, model, source) -> dict:
     sizes them (`rlvr.train.setup`); nothing for the other engines."""
     if cfg.rollout.engine != "vllm":
         return {}
-    from rlvr.train.setup import _vllm_context
+    from rlvr.train.setup import vllm_context
 
     r = cfg.rollout
     return {
-        "max_model_len": _vllm_context(cfg, model, source),
+        "max_model_len": vllm_context(cfg, model, source),
         "max_rows": r.prompts_per_step * r.group_size,
     }
 

@@ -301,7 +301,7 @@ def _engine(
             autocast=cfg.model.autocast,
             dtype=cfg.rollout.vllm_dtype,
             gpu_memory_utilization=cfg.rollout.vllm_memory,
-            max_model_len=_vllm_context(cfg, model, source),
+            max_model_len=vllm_context(cfg, model, source),
             max_rows=max(1, cfg.rollout.prompts_per_step * cfg.rollout.group_size // d.world_size),
             rank=d.rank,
             local_rank=d.local_rank,
@@ -318,7 +318,7 @@ def _engine(
     return engine
 
 
-def _vllm_context(cfg: Config, model, source) -> int | None:
+def vllm_context(cfg: Config, model, source) -> int | None:
     """The longest sequence a run asks of vLLM: its longest prompt (train or eval) plus the
     response budget (with tools, the whole response's), within the model's context."""
     if source is None:
