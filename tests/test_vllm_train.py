@@ -85,9 +85,13 @@ def test_resumed_run_samples_with_the_resumed_policy(tmp_path):
     _in_sync(rows)
 
 
-def test_two_gloo_ranks_are_refused_by_name(tmp_path, capfd):
+def test_two_gloo_ranks_are_refused_by_name(tmp_path, capfd, monkeypatch):
     """vLLM's external launcher over the trainer's gloo ranks on the CPU is refused at start,
     on every rank, in one line (tests/test_rollout_vllm.py has the rule itself)."""
+    # an engine started earlier in this process left torchrun's names (RANK, WORLD_SIZE, ...)
+    # for vLLM's external launcher; with them `rlvr train` takes itself for a torchrun rank
+    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
     rc = main(["train", "--nproc", "2", "--output-dir", str(tmp_path / "run"), "--max-steps", "1",
                *SMALL])  # fmt: skip
     out = capfd.readouterr()
