@@ -19,9 +19,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from .aggregate import aggregate
-from .kl import KL_ESTIMATORS, kl_k3
-from .losses import LossOutput, _check, _log_ratio, _metrics
+from .losses import LossOutput, _check, _log_ratio, _metrics, kl_and_aggregate
 
 if TYPE_CHECKING:
     from .objectives import LossInputs, LossSettings
@@ -58,16 +56,7 @@ def cispo_loss(inputs: LossInputs, settings: LossSettings) -> LossOutput:
     lo, hi = 1.0 - s.clip_low, 1.0 + s.clip_high
     weight = rho.clamp(lo, hi)
     per_token = -weight * adv * logp
-    kl3 = None
-    if inputs.ref_log_probs is not None:
-        ref = clean(inputs.ref_log_probs)
-        if s.kl_coef > 0:
-            per_token = per_token + s.kl_coef * KL_ESTIMATORS[s.kl_kind](logp, ref)
-        kl3 = kl_k3(logp.detach(), ref)
-    loss = aggregate(
-        per_token, mask, s.agg, num_tokens=inputs.num_tokens,
-        num_sequences=inputs.num_sequences, norm_constant=inputs.norm_constant,
-    )  # fmt: skip
+    loss, kl3 = kl_and_aggregate(per_token, logp, clean, mask, inputs, s)
     low_hit, high_hit = mask & (rho < lo), mask & (rho > hi)
     metrics = _metrics(rho, mask, low_hit, high_hit, torch.zeros_like(mask), kl3, clamped)
     return LossOutput(loss=loss, metrics=metrics)

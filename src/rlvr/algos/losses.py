@@ -201,19 +201,28 @@ def clipped_surrogate_loss(inputs: LossInputs, settings: LossSettings) -> LossOu
     per_token, low_hit, high_hit, dual_hit = _clipped_surrogate(
         rho, adv, mask, 1.0 - s.clip_low, 1.0 + s.clip_high, s.dual_clip
     )
+    loss, kl3 = kl_and_aggregate(per_token, logp, clean, mask, inputs, s)
+    metrics = _metrics(rho, mask, low_hit, high_hit, dual_hit, kl3, clamped)
+    return LossOutput(loss=loss, metrics=metrics)
+
+
+def kl_and_aggregate(
+    per_token: Tensor, logp: Tensor, clean, mask: Tensor, inputs: LossInputs, s: LossSettings
+) -> tuple[Tensor, Tensor | None]:
+    """An objective's common tail: the loss's KL to the reference added to `per_token` (where
+    `s.kl_coef` > 0), aggregated by `s.agg`; and the k3 estimate for the metrics (None without
+    reference log-probs). `clean`: the objective's masking of its inputs."""
     kl3 = None
     if inputs.ref_log_probs is not None:
         ref = clean(inputs.ref_log_probs)
         if s.kl_coef > 0:
             per_token = per_token + s.kl_coef * KL_ESTIMATORS[s.kl_kind](logp, ref)
         kl3 = kl_k3(logp.detach(), ref)
-
     loss = aggregate(
         per_token, mask, s.agg, num_tokens=inputs.num_tokens,
         num_sequences=inputs.num_sequences, norm_constant=inputs.norm_constant,
     )  # fmt: skip
-    metrics = _metrics(rho, mask, low_hit, high_hit, dual_hit, kl3, clamped)
-    return LossOutput(loss=loss, metrics=metrics)
+    return loss, kl3
 
 
 def _metrics(
