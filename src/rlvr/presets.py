@@ -9,6 +9,20 @@ from rlvr.schema import Config
 
 # Presets hold only changes to the defaults. The defaults are the tiny offline run's sizes;
 # the algorithm fields are what each paper specifies (docs/algorithms.md#presets).
+_DAPO: dict[str, dict[str, Any]] = {
+    "algo": {
+        "advantage": "grpo",
+        "clip_low": 0.2,
+        "clip_high": 0.28,
+        "kl_coef": 0.0,
+        "agg": "token_mean",
+        "dynamic_sampling": True,
+        "overlong_filter": True,
+        "soft_overlong": True,
+    },
+    "reward": {"wrong_score": -1.0},
+}
+
 PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     "grpo": {
         "algo": {
@@ -20,35 +34,13 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
             "agg": "sample_mean",
         },
     },
-    "dapo": {
-        "algo": {
-            "advantage": "grpo",
-            "clip_low": 0.2,
-            "clip_high": 0.28,
-            "kl_coef": 0.0,
-            "agg": "token_mean",
-            "dynamic_sampling": True,
-            "overlong_filter": True,
-            "soft_overlong": True,
-        },
-        "reward": {"wrong_score": -1.0},
-    },
+    "dapo": _DAPO,
     # CISPO (MiniMax-M1): DAPO's recipe with the clipped stop-gradient importance weight on
     # every token; no lower bound (clip_low 1: the bound 0), the upper at DAPO's 1.28 (verl's
     # and Trinity-RFT's CISPO default).
     "cispo": {
-        "algo": {
-            "advantage": "grpo",
-            "loss": "cispo",
-            "clip_low": 1.0,
-            "clip_high": 0.28,
-            "kl_coef": 0.0,
-            "agg": "token_mean",
-            "dynamic_sampling": True,
-            "overlong_filter": True,
-            "soft_overlong": True,
-        },
-        "reward": {"wrong_score": -1.0},
+        "algo": {**_DAPO["algo"], "loss": "cispo", "clip_low": 1.0},
+        "reward": dict(_DAPO["reward"]),
     },
     "dr_grpo": {
         "algo": {
