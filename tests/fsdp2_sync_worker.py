@@ -6,6 +6,7 @@ unsharded parameters); writes, per rank, whether every received tensor was a who
 tensor equal to the unsharded original."""
 
 import json
+import os
 import sys
 
 import torch
@@ -13,7 +14,7 @@ import torch.distributed as dist
 
 from rlvr.models import build_tiny_model, build_tokenizer
 from rlvr.rollout.weight_sync import push_weights
-from rlvr.run.distributed import Dist, gathered, wrap
+from rlvr.run.distributed import Dist, gathered, shutdown, wrap
 
 
 class KeepingReceiver:
@@ -51,8 +52,11 @@ def main(out: str) -> None:
             )
     with open(f"{out}/rank{rank}.json", "w") as f:
         json.dump(result, f)
-    dist.destroy_process_group()
+    shutdown(Dist(rank=rank, world_size=2), destroy=False)
 
 
 if __name__ == "__main__":
     main(sys.argv[1])
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # as `rlvr train` ends a rank: gloo's destructor at exit can hang it for good

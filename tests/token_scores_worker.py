@@ -4,6 +4,7 @@ Wraps the 50,000-token Qwen2 (tied embeddings) with DDP or FSDP2, scores this ra
 the rows in 7-token chunks after a gathered no-grad pass (which leaves FSDP2's root to reshard
 after each forward), backpropagates the weighted log-probs and saves the whole gradients."""
 
+import os
 import sys
 from pathlib import Path
 
@@ -11,7 +12,7 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).parent))
-from rlvr.run.distributed import Dist, gathered, wrap
+from rlvr.run.distributed import Dist, gathered, shutdown, wrap
 from rlvr.train.batch import collate, token_log_probs
 from test_token_scores import TEMPERATURE, _qwen2, _samples, _weights
 
@@ -36,8 +37,11 @@ def main(kind: str, out: str) -> None:
         grads[name.replace("_fsdp_wrapped_module.", "")] = g.detach().clone()
     if rank == 0:
         torch.save(grads, f"{out}/grads.pt")
-    dist.destroy_process_group()
+    shutdown(Dist(rank=rank, world_size=2), destroy=False)
 
 
 if __name__ == "__main__":
     main(sys.argv[1], sys.argv[2])
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # as `rlvr train` ends a rank: gloo's destructor at exit can hang it for good
