@@ -211,7 +211,10 @@ def kl_and_aggregate(
 ) -> tuple[Tensor, Tensor | None]:
     """An objective's common tail: the loss's KL to the reference added to `per_token` (where
     `s.kl_coef` > 0), aggregated by `s.agg`; and the k3 estimate for the metrics (None without
-    reference log-probs). `clean`: the objective's masking of its inputs."""
+    reference log-probs). `clean`: the objective's masking of its inputs. Rollout correction's
+    weights (`inputs.rollout_weights`, detached) scale the policy term, before the KL joins."""
+    if inputs.rollout_weights is not None:
+        per_token = per_token * clean(inputs.rollout_weights.detach())
     kl3 = None
     if inputs.ref_log_probs is not None:
         ref = clean(inputs.ref_log_probs)

@@ -50,6 +50,9 @@ class LossInputs:
         optimiser step (all micro-batches, all ranks): the normalisers.
     norm_constant: Dr. GRPO's constant (the generation budget, max_new_tokens).
     batch_stats: the objective's `stats`, summed over the mini-batch on every rank.
+    rollout_weights: rollout correction's detached per-token weights (B, T) (w = pi_old / mu,
+        truncated or masked), or None; they multiply the policy term of every objective's
+        per-token loss before aggregation (`losses.kl_and_aggregate`), never the KL term.
     """
 
     log_probs: Tensor
@@ -63,6 +66,7 @@ class LossInputs:
     num_sequences: Count | None = None
     norm_constant: float | None = None
     batch_stats: Mapping[str, Tensor] = field(default_factory=dict)
+    rollout_weights: Tensor | None = None
 
 
 @dataclass(frozen=True)
