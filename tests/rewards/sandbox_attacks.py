@@ -1,7 +1,7 @@
 """Escape attempts against the sandbox, run by tests/rewards/test_sandbox_unprivileged.py as
 an unprivileged user (and by the root test suite as root). Stdlib only: it loads
-sandbox.py from the directory in argv[1] (a world-readable copy of rlvr/rewards), so it
-needs neither the venv nor the rlvr package's dependencies.
+the sandbox package from the directory in argv[1] (a world-readable copy of
+rlvr/rewards/sandbox as its `sandbox/`), so it needs neither the venv nor the rlvr package's dependencies.
 
 argv: SANDBOX_DIR PORT DECOY_PID WRITABLE_DIR ISOLATION. Prints one JSON object: for each
 attack, the program's stdout (and, for "setsid", whether its child outlived the run).
@@ -119,7 +119,10 @@ def setsid_children():
 
 def main():
     where, port, decoy, writable, isolation = sys.argv[1:6]
-    spec = importlib.util.spec_from_file_location("sandbox", os.path.join(where, "sandbox.py"))
+    package = os.path.join(where, "sandbox")
+    spec = importlib.util.spec_from_file_location(
+        "sandbox", os.path.join(package, "__init__.py"), submodule_search_locations=[package]
+    )
     sandbox = importlib.util.module_from_spec(spec)
     sys.modules["sandbox"] = sandbox
     spec.loader.exec_module(sandbox)

@@ -182,7 +182,8 @@ def test_stdin_and_exit_status():
 
 REFUSE = """
 import importlib.util, sys
-spec = importlib.util.spec_from_file_location("sandbox", sys.argv[1])
+spec = importlib.util.spec_from_file_location(
+    "sandbox", sys.argv[1] + "/__init__.py", submodule_search_locations=[sys.argv[1]])
 sandbox = sys.modules["sandbox"] = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(sandbox)
 for isolation in ("auto", "namespaces"):
@@ -198,7 +199,7 @@ def test_without_namespaces_model_code_runs_only_after_an_explicit_opt_out():
     """Where user namespaces are forbidden (here: max_user_namespaces=0 in a user namespace
     of its own), "auto" and "namespaces" refuse to run anything; only "none" runs."""
     shell = 'echo 0 > /proc/sys/user/max_user_namespaces && exec "$0" -I -c "$1" "$2"'
-    sandbox_py = Path(__file__).resolve().parents[2] / "src/rlvr/rewards/sandbox.py"
+    sandbox_py = Path(__file__).resolve().parents[2] / "src/rlvr/rewards/sandbox"
     exe = os.path.realpath(sys.executable)
     r = subprocess.run(["unshare", "--user", "--map-root-user", "sh", "-c", shell, exe, REFUSE,
                         str(sandbox_py)], capture_output=True, text=True, timeout=120)  # fmt: skip
@@ -212,7 +213,8 @@ def test_without_namespaces_model_code_runs_only_after_an_explicit_opt_out():
 
 SMALL_NS = """
 import importlib.util, sys
-spec = importlib.util.spec_from_file_location("sandbox", sys.argv[1])
+spec = importlib.util.spec_from_file_location(
+    "sandbox", sys.argv[1] + "/__init__.py", submodule_search_locations=[sys.argv[1]])
 sandbox = sys.modules["sandbox"] = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(sandbox)
 print(sandbox._fresh_id())
@@ -223,7 +225,7 @@ print(sandbox.run_python("import os; print(os.getuid(), os.path.exists('/proc'))
 def test_root_of_a_namespace_that_maps_one_uid_is_still_isolated():
     """Root in a container that maps few ids has no fresh uid to give the program; it runs
     as that root's own uid, in the same namespaces, as a non-root user's program does."""
-    sandbox_py = Path(__file__).resolve().parents[2] / "src/rlvr/rewards/sandbox.py"
+    sandbox_py = Path(__file__).resolve().parents[2] / "src/rlvr/rewards/sandbox"
     r = subprocess.run(["unshare", "--user", "--map-root-user", os.path.realpath(sys.executable),
                         "-I", "-c", SMALL_NS, str(sandbox_py)],
                        capture_output=True, text=True, timeout=120)  # fmt: skip

@@ -1,7 +1,7 @@
 """The sandbox as an unprivileged user, and every reward process dying with the trainer.
 
 CI runs as root, so these tests drop to uid/gid 65534 (nobody) in a subprocess that runs
-`sandbox_attacks.py` from a world-readable copy of rlvr/rewards' sandbox modules (they need
+`sandbox_attacks.py` from a world-readable copy of rlvr/rewards' sandbox package (they need
 only the standard library). Run as another user, they run as that user. They never skip:
 unprivileged user namespaces are required, and an interpreter nobody can run fails loudly.
 """
@@ -44,9 +44,14 @@ def copy():
     the unprivileged user may write, and an interpreter that user can run."""
     d = Path(tempfile.mkdtemp(prefix="rlvr-unprivileged-", dir="/tmp"))
     os.chmod(d, 0o755)
-    for f in (REWARDS / "sandbox.py", REWARDS / "_sandbox_init.py", HERE / "sandbox_attacks.py"):
-        shutil.copy(f, d / f.name)
-        os.chmod(d / f.name, 0o644)
+    shutil.copytree(
+        REWARDS / "sandbox", d / "sandbox", ignore=shutil.ignore_patterns("__pycache__")
+    )
+    os.chmod(d / "sandbox", 0o755)
+    for f in (d / "sandbox").iterdir():
+        os.chmod(f, 0o644)
+    shutil.copy(HERE / "sandbox_attacks.py", d / "sandbox_attacks.py")
+    os.chmod(d / "sandbox_attacks.py", 0o644)
     (d / "writable").mkdir(mode=0o777)
     os.chmod(d / "writable", 0o777)
     tried = []
@@ -122,7 +127,9 @@ def test_the_same_attacks_succeed_without_isolation(copy, server):
 
 TRAINER = """
 import importlib.util, os, sys, threading, time
-spec = importlib.util.spec_from_file_location("sandbox", sys.argv[1] + "/sandbox.py")
+package = sys.argv[1] + "/sandbox"
+spec = importlib.util.spec_from_file_location(
+    "sandbox", package + "/__init__.py", submodule_search_locations=[package])
 sandbox = importlib.util.module_from_spec(spec)
 sys.modules["sandbox"] = sandbox
 spec.loader.exec_module(sandbox)
@@ -198,7 +205,7 @@ def _launchers(where: Path) -> list[int]:
     for d in os.listdir("/proc"):
         try:
             with open(f"/proc/{d}/cmdline", "rb") as f:
-                if str(where / "_sandbox_init.py").encode() in f.read():
+                if str(where / "sandbox" / "jail_init.py").encode() in f.read():
                     pids.append(int(d))
         except (OSError, ValueError):
             pass

@@ -1,6 +1,6 @@
 """Sandbox launcher: runs before the untrusted program, builds its jail, then execs it.
 
-Started by `rlvr.rewards.sandbox` as `python -I -S _sandbox_init.py CONFIG_JSON` with the
+Started by `rlvr.rewards.sandbox` as `python -I -S jail_init.py CONFIG_JSON` with the
 write end of a status pipe (fd `status_fd`). It imports only the standard library. The same
 steps work as root and as any other user, because the user namespace comes first:
 

@@ -1,0 +1,176 @@
+"""`SandboxProcess`: one program in the jail, launched, awaited and cleaned up."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from .jail_config import _config
+from .reap import _kill_group, _kill_until_dead, _pids_of
+from .spec import _GRACE_S, SETUP_S, Limits, SandboxError, SandboxResult
+
+_INIT = Path(__file__).with_name("jail_init.py")
+
+
+class SandboxProcess:
+    """A program running in the sandbox. `stdin` is a pipe the caller writes (a pipe, not a
+    file: nothing to seek back in); with `pipe_stdout` its stdout is a pipe too (`stdout`),
+    else a file of at most `max_output_bytes`. Start with `start()` (waits for the jail),
+    end with `finish()` (waits for the program, at most its wall clock) and `close()`."""
+
+    def __init__(self, files: dict[str, str], argv_tail: list[str], limits: Limits,
+                 mode: str, *, pipe_stdout: bool = False):  # fmt: skip
+        self.limits, self.mode = limits, mode
+        self.tmp = tempfile.mkdtemp(prefix="rlvr-sandbox-")
+        # the jail's init, under its own uid as root, must reach tmp/root to mount on it;
+        # the files in tmp stay private (0600)
+        os.chmod(self.tmp, 0o711)
+        self.proc: subprocess.Popen | None = None
+        self.uid: int | None = None
+        self.status, self.deadline = b"", 0.0
+        self.pipe_stdout = pipe_stdout
+        self._cfg = (files, argv_tail)
+
+    def start(self) -> None:
+        """Launch the jail and wait until it is ready to run the program."""
+        self.launch()
+        self.wait_ready()
+
+    def launch(self) -> None:
+        """Start building the jail (`wait_ready` waits for it: launch several, then wait)."""
+        files, argv_tail = self._cfg
+        status_r, status_w = os.pipe()
+        self._status_fd = status_r
+        cfg = _config(self.mode, self.tmp, files, argv_tail, self.limits, status_w)
+        os.mkdir(cfg["root"])
+        os.mkdir(cfg["workdir"])
+        self.uid = cfg["outer_uid"] if self.mode != "none" and cfg["fresh_id"] else None
+        self.out_path = os.path.join(self.tmp, "stdout")
+        self.err_path = os.path.join(self.tmp, "stderr")
+        private = os.O_WRONLY | os.O_CREAT | os.O_EXCL
+        with open(os.open(self.err_path, private, 0o600), "wb") as e, \
+                open(os.open(self.out_path, private, 0o600), "wb") as o, \
+                _closing(status_w):  # fmt: skip
+            self.proc = subprocess.Popen(
+                [sys.executable, "-I", "-S", str(_INIT), json.dumps(cfg)],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE if self.pipe_stdout else o,
+                stderr=e,
+                env={"PATH": "/usr/bin:/bin"},
+                start_new_session=True,
+                pass_fds=(status_w,),
+                cwd=cfg["workdir"] if self.mode == "none" else "/",
+            )
+        self.stdin, self.stdout = self.proc.stdin, self.proc.stdout
+
+    def wait_ready(self) -> None:
+        """Wait for the jail's "ready"; SandboxError when it failed or took over SETUP_S."""
+        self._read_status(time.monotonic() + SETUP_S, until=b"ready\n")
+        if self._line(b"ready") is None:
+            self.kill()
+            why = self._line(b"error") or f"the jail was not ready within {SETUP_S:.0f} s"
+            raise SandboxError(f"sandbox setup failed ({self.mode}): {why.removeprefix('error ')}")
+        self.deadline = time.monotonic() + self.limits.timeout_s + _GRACE_S
+
+    def _read_status(self, deadline: float, until: bytes | None = None) -> None:
+        """Read status lines until `until` has arrived, EOF, or the deadline."""
+        while until is None or until not in self.status:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([self._status_fd], [], [], left)[0]:
+                return
+            chunk = os.read(self._status_fd, 4096)
+            if not chunk:
+                return
+            self.status += chunk
+            if self._line(b"error"):
+                return
+
+    def _line(self, head: bytes) -> str | None:
+        """The first complete status line that starts with `head`."""
+        for line in self.status.split(b"\n")[:-1]:
+            if line.startswith(head):
+                return line.decode(errors="replace")
+        return None
+
+    def finish(self) -> SandboxResult:
+        """Wait for the program (at most until its deadline), kill what is left, and return
+        its result as the jail reported it."""
+        timed_out = False
+        try:
+            self.proc.wait(timeout=max(0.0, self.deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            timed_out = True
+        self.kill()
+        self._read_status(time.monotonic() + 1.0)
+        lines = self.status.decode(errors="replace").split("\n")
+        rc = -signal.SIGKILL
+        for line in lines[lines.index("ready") + 1 :]:
+            if line == "timeout":
+                timed_out = True
+            elif line.startswith("exit "):
+                rc = int(line[5:])
+            elif line.startswith("error"):  # only the exec can fail after "ready"
+                raise SandboxError(f"sandbox: {line}")
+        if self.mode == "none":
+            rc = self.proc.returncode
+        cap = self.limits.max_output_bytes
+        out = b"" if self.pipe_stdout else _read(self.out_path, cap)
+        return SandboxResult(rc, out.decode("utf-8", "replace"),
+                             _read(self.err_path, cap).decode("utf-8", "replace"),
+                             timed_out, "none" if self.mode == "none" else "namespaces")  # fmt: skip
+
+    def kill(self) -> None:
+        """SIGKILL the launcher's process group; in a namespace, wait for its init (whose
+        death takes every process of the program with it)."""
+        if self.proc is None:
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+        if self.mode == "none":
+            _kill_group(self.proc.pid)
+            return
+        init = re.search(rb"^pid (\d+)$", self.status, re.MULTILINE)
+        if init:
+            _kill_until_dead([int(init[1])])
+        if self.uid is not None:
+            _kill_until_dead(_pids_of(self.uid), uid=self.uid)
+
+    def close(self) -> None:
+        self.kill()
+        for f in (getattr(self, "stdin", None), getattr(self, "stdout", None)):
+            with contextlib.suppress(OSError):
+                if f is not None:
+                    f.close()
+        with contextlib.suppress(OSError, AttributeError):
+            os.close(self._status_fd)
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def __enter__(self) -> SandboxProcess:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+@contextlib.contextmanager
+def _closing(fd: int):
+    try:
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def _read(path: str, cap: int) -> bytes:
+    with open(path, "rb") as f:
+        return f.read(cap)
