@@ -43,6 +43,18 @@ def test_an_engine_that_stays_resident_counts(unit):
     assert got["engine"] == 5000 and got["total"] == 1600 + 11904 + 1024 + 5000
 
 
+def test_the_code_rewards_sandboxes_count(unit, monkeypatch):
+    """What the code reward's sandboxes may hold at once is on top, and a stop names its
+    knobs."""
+    got = predict(SHAPE, Work(4, 2, 3, 5, sandbox_bytes=7000))
+    assert got["sandboxes"] == 7000 and got["total"] == 1600 + 11904 + 1024 + 7000
+    monkeypatch.setenv("RLVR_MEMORY_LIMIT_GB", "0.001")
+    with pytest.raises(MemoryBudgetError) as e:
+        MemoryGuard(SHAPE, Work(4, 2, 3, 5, sandbox_bytes=2**30)).check(1)
+    assert "sandboxes may hold 1.0 GiB" in str(e.value)
+    assert "reward.params.code.workers" in str(e.value)
+
+
 def test_prompt_sharing_checkpointing_and_reference(unit, monkeypatch):
     shared = predict(SHAPE, Work(4, 2, 3, 5, groups_per_micro=1))
     assert shared["activations"] == 4 * (3 + 2 * 5) * 2 * 78  # the prompt once

@@ -240,3 +240,50 @@ def _alive(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+BUDGET = """
+import importlib.util, sys
+package = sys.argv[1] + "/sandbox"
+spec = importlib.util.spec_from_file_location(
+    "sandbox", package + "/__init__.py", submodule_search_locations=[package])
+sandbox = sys.modules["sandbox"] = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(sandbox)
+from sandbox.budget import per_process_bound
+program = '''
+import os, time
+kids, refused = [], 0
+for i in range(6):
+    try:
+        pid = os.fork()
+    except OSError:
+        refused += 1
+        continue
+    if pid == 0:
+        try:
+            b = b"\\\\1" * (300 << 20)
+        except MemoryError:
+            os._exit(3)
+        time.sleep(1.0)
+        os._exit(0)
+    kids.append(pid)
+print(refused, *[os.waitstatus_to_exitcode(os.waitpid(p, 0)[1]) for p in kids])
+'''
+lim = sandbox.Limits(timeout_s=30, memory_mb=256, max_procs=3)
+r = sandbox.run_python(program, limits=lim)
+print(r.budget, per_process_bound(lim), r.stdout.strip(), r.stderr.strip()[-300:])
+"""
+
+
+def test_without_cgroup_delegation_the_per_process_bound_holds(copy):
+    """A user who may not make a cgroup gets the per-process budget, and its bound holds: of
+    six forks under max_procs=3 at most two start (RLIMIT_NPROC also counts the program and
+    the namespace's init), and none gets 300 MB past memory_mb=256."""
+    d, exe = copy
+    p = _spawn([exe, "-I", "-c", BUDGET, str(d)], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 0, err.decode(errors="replace")
+    budget, bound, refused, *codes = out.decode().split()
+    assert budget == "per-process", out
+    assert int(refused) + len(codes) == 6 and 1 + len(codes) <= 3 and set(codes) <= {"3"}, out
+    assert int(bound) == 4 * ((256 << 20) + 64 * (1 << 20)) + (16 << 20)

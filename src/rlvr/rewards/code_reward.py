@@ -27,6 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from rlvr.rewards.code_harness import run_assertions
 from rlvr.rewards.combine import completion_text
 from rlvr.rewards.sandbox import Limits, run_python
+from rlvr.rewards.sandbox.budget import sandbox_bytes
 
 _FENCE = re.compile(r"```([A-Za-z0-9_+-]*)[ \t]*\n(.*?)```", re.DOTALL)
 
@@ -120,4 +121,6 @@ def make_code_reward(
         with ThreadPoolExecutor(n_workers) as pool:
             return list(pool.map(one, range(len(completions))))
 
+    # what its sandboxes may hold at once, for the memory guard (rlvr.run.memory)
+    code.sandbox_bytes = n_workers * sandbox_bytes(limits)
     return code

@@ -150,6 +150,12 @@ class Scorer:
         state = TrainerState(max_steps=cfg.train.max_steps)
         return cls(cfg, task, accuracy_fn, shaping, state)
 
+    def sandbox_bytes(self) -> float:
+        """What the rewards' sandboxes may hold at once (`code`: its workers x one sandbox's
+        budget), for the memory guard."""
+        fns = [self.accuracy_fn] + [f for _, _, f in self.shaping]
+        return float(sum(getattr(f, "sandbox_bytes", 0) for f in fns if f is not None))
+
     def _prompt(self, p: Prompt) -> str | list[dict]:
         """The prompt as rewards see it: the dataset's chat messages, or its string through
         `data.prompt_template`; a built-in task's question; else the rendered text."""

@@ -18,6 +18,9 @@ tokens, c tokens per scoring chunk):
          + the rollout's KV cache, 8 L kv per generated or prompt position of every row
          + what the rollout engine keeps through the update (vLLM on the CPU, which has no
            sleep mode: its copy of the weights and its KV-cache reservation)
+         + what the code reward's sandboxes may hold at once: workers x one sandbox's budget
+           (its cgroup's memory_mb + tmp_mb, or without a cgroup the per-process bound,
+           `rlvr.rewards.sandbox.budget`)
 
 10 d + 4 f + 3 kv are the per-token values a Qwen2/Llama layer keeps for its backward (norm
 inputs and outputs, q/k/v, attention output, residuals; gate, up, SiLU and product); under
@@ -109,6 +112,7 @@ class Work:
     reference_copy: bool = False
     engine_bytes: float = 0.0  # held by the rollout engine through the update
     logits_chunk: int = 0  # optim.logits_chunk_tokens (0: from the scoring's budget)
+    sandbox_bytes: float = 0.0  # what the code reward's sandboxes may hold at once
 
 
 def predict(shape: Shape, work: Work) -> dict[str, float]:
@@ -133,6 +137,7 @@ def predict(shape: Shape, work: Work) -> dict[str, float]:
         "logits": logits,
         "kv_cache": 8.0 * s.layers * s.kv * w.rows * (w.prompt + w.response),
         "engine": float(w.engine_bytes),
+        "sandboxes": float(w.sandbox_bytes),
     }
     parts["total"] = sum(parts.values())
     return parts
@@ -167,7 +172,12 @@ class MemoryGuard:
 
     @staticmethod
     def for_run(
-        cfg, model, prompt_len: int, reference_copy: bool, engine_bytes: float = 0.0
+        cfg,
+        model,
+        prompt_len: int,
+        reference_copy: bool,
+        engine_bytes: float = 0.0,
+        sandbox_bytes: float = 0.0,
     ) -> MemoryGuard:
         r, o = cfg.rollout, cfg.optim
         rows = r.prompts_per_step * r.group_size
@@ -183,6 +193,7 @@ class MemoryGuard:
             reference_copy=reference_copy,
             engine_bytes=engine_bytes,
             logits_chunk=o.logits_chunk_tokens,
+            sandbox_bytes=sandbox_bytes,
         )
         on_cpu = all(p.device.type == "cpu" for p in model.parameters())
         return MemoryGuard(Shape.of(model) if on_cpu else None, work)
@@ -204,6 +215,12 @@ class MemoryGuard:
         )
         if not w.gradient_checkpointing:
             knobs += ", or set optim.gradient_checkpointing=true"
+        if w.sandbox_bytes:
+            knobs += (
+                f"; the code reward's sandboxes may hold {w.sandbox_bytes / GIB:.1f} GiB of it "
+                "(reward.params.code.workers, memory_mb, max_procs; without a cgroup each "
+                "sandbox is bounded per process)"
+            )
         raise MemoryBudgetError(
             f"step {step} would need about {need / GIB:.1f} GiB at its peak but {have / GIB:.1f} "
             f"GiB is available ({source}): {knobs} (RLVR_MEMORY_GUARD=0 skips this check)"

@@ -199,6 +199,7 @@ def _train(
         longest_prompt,
         reference_copy,
         engine_bytes=getattr(run.engine, "resident_bytes", 0.0),  # vLLM on the CPU: it stays
+        sandbox_bytes=run.scorer.sandbox_bytes(),
     )
     logger = (
         RunLogger(

@@ -22,8 +22,9 @@ steps) guarantees:
   - an empty environment, `python -I -S -B` (no site-packages, no user site, no .pyc).
 Limits of the guarantee: it is not a VM, and its seccomp filter refuses only the keyring
 syscalls: it shares the kernel, it can read the system's Python standard library and /usr, and
-a kernel bug could break out. CPU and memory are per process, so N processes may use N times
-the limits until the wall clock ends.
+a kernel bug could break out. Memory is one budget for the whole sandbox where a cgroup can be
+made (`budget.py`), else per process (N processes may hold N times `memory_mb`, within the
+bound `budget.per_process_bound` states); CPU time is per process.
 
 Infrastructure failures (namespaces refused, a mount failing, the interpreter missing) raise
 `SandboxError`. The jail reports its state on a status pipe that only its own code holds,
@@ -38,8 +39,9 @@ can read its files and /proc and reach the network, and its setsid children can 
 The package imports only the standard library, so a copy of its directory runs on its own: the
 unprivileged tests load one as a user who cannot read the installed package. Its modules:
 `spec` (limits, result, errors), `jail_config` (what the jail binds, maps and limits),
-`jail_init.py` (the launcher that builds the jail), `process` (`SandboxProcess`), `reap`
-(killing what is left), `run` (`run_python`, which isolation works here).
+`jail_init.py` (the launcher that builds the jail), `budget` (the whole sandbox's cgroup),
+`process` (`SandboxProcess`), `reap` (killing what is left), `run` (`run_python`, which
+isolation works here).
 """
 
 from __future__ import annotations

@@ -4,7 +4,8 @@ Started by `rlvr.rewards.sandbox` as `python -I -S jail_init.py CONFIG_JSON` wit
 write end of a status pipe (fd `status_fd`). It imports only the standard library. The same
 steps work as root and as any other user, because the user namespace comes first:
 
-  A (this process, in the trainer's namespaces) arms a parent-death signal, reads the
+  A (this process, in the trainer's namespaces) joins the sandbox's cgroups where it has
+     them (one memory and process budget for all it starts), arms a parent-death signal, reads the
   program's files into memory and forks a helper H that stays behind;
   A: unshare(user, mount, pid, network, IPC, UTS, cgroup); H writes A's uid/gid maps from
      the parent namespace (uid 1000 inside maps to a fresh uid as root, to the caller's own
@@ -351,12 +352,21 @@ def _watch(child, parent):
             os._exit(0)
 
 
+def _join_cgroups(dirs):
+    """Join the sandbox's cgroups (its whole memory and process budget, `budget.py`) before
+    anything forks, so every process of the program is counted in them."""
+    for d in dirs:
+        with open(os.path.join(d, "cgroup.procs"), "w") as f:
+            f.write(str(os.getpid()))
+
+
 def main():
     global STATUS
     cfg = json.loads(sys.argv[1])
     STATUS = cfg["status_fd"]
     os.set_inheritable(STATUS, False)
     parent = cfg["parent"]
+    _join_cgroups(cfg.get("cgroups", []))
     _die_with_parent(lambda: os.getppid() == parent)
     files = {}
     for name, src in cfg["files"].items():

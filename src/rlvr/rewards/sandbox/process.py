@@ -15,6 +15,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from . import budget as budgets
 from .jail_config import _config
 from .reap import _kill_group, _kill_until_dead, _pids_of
 from .spec import _GRACE_S, SETUP_S, Limits, SandboxError, SandboxResult
@@ -40,6 +41,7 @@ class SandboxProcess:
         self.status, self.deadline = b"", 0.0
         self.pipe_stdout = pipe_stdout
         self._cfg = (files, argv_tail)
+        self.budget = budgets.Budget()
 
     def start(self) -> None:
         """Launch the jail and wait until it is ready to run the program."""
@@ -51,7 +53,9 @@ class SandboxProcess:
         files, argv_tail = self._cfg
         status_r, status_w = os.pipe()
         self._status_fd = status_r
+        self.budget = budgets.create(self.limits)
         cfg = _config(self.mode, self.tmp, files, argv_tail, self.limits, status_w)
+        cfg["cgroups"] = self.budget.dirs
         os.mkdir(cfg["root"])
         os.mkdir(cfg["workdir"])
         self.uid = cfg["outer_uid"] if self.mode != "none" and cfg["fresh_id"] else None
@@ -125,9 +129,11 @@ class SandboxProcess:
             rc = self.proc.returncode
         cap = self.limits.max_output_bytes
         out = b"" if self.pipe_stdout else _read(self.out_path, cap)
+        b = self.budget
         return SandboxResult(rc, out.decode("utf-8", "replace"),
                              _read(self.err_path, cap).decode("utf-8", "replace"),
-                             timed_out, "none" if self.mode == "none" else "namespaces")  # fmt: skip
+                             timed_out, "none" if self.mode == "none" else "namespaces",
+                             b.kind, b.peak_bytes(), b.oom_kills())  # fmt: skip
 
     def kill(self) -> None:
         """SIGKILL the launcher's process group; in a namespace, wait for its init (whose
@@ -136,6 +142,7 @@ class SandboxProcess:
             return
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.proc.pid, signal.SIGKILL)
+        self.budget.kill_members()
         self.proc.wait()
         if self.mode == "none":
             _kill_group(self.proc.pid)
@@ -155,6 +162,7 @@ class SandboxProcess:
         with contextlib.suppress(OSError, AttributeError):
             os.close(self._status_fd)
         shutil.rmtree(self.tmp, ignore_errors=True)
+        self.budget.remove()
 
     def __enter__(self) -> SandboxProcess:
         return self

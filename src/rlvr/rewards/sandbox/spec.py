@@ -21,20 +21,28 @@ class SandboxUnavailable(SandboxError):
 class SandboxResult:
     """returncode: the program's exit status (negative: killed by that signal); stdout/stderr:
     decoded, at most `max_output_bytes` each; timed_out: killed by the wall-clock limit;
-    isolation: "namespaces" or "none"."""
+    isolation: "namespaces" or "none"; budget: how the whole sandbox's memory was bounded
+    ("cgroup v2", "cgroup v1" or "per-process", `budget.py`); memory_peak_bytes: the most its
+    processes held together (cgroups only, else None); oom_kills: how many of them the kernel
+    killed for the budget."""
 
     returncode: int
     stdout: str
     stderr: str
     timed_out: bool
     isolation: str
+    budget: str = "per-process"
+    memory_peak_bytes: int | None = None
+    oom_kills: int = 0
 
 
 @dataclass(frozen=True)
 class Limits:
     """timeout_s: wall clock; cpu_s: RLIMIT_CPU; memory_mb: RLIMIT_AS; max_procs: RLIMIT_NPROC;
     max_open_files: RLIMIT_NOFILE; max_output_bytes: RLIMIT_FSIZE (files and stdout/stderr);
-    tmp_mb: size of the writable /tmp."""
+    tmp_mb: size of the writable /tmp. cgroup: bound the whole sandbox (every process and
+    /tmp together) to memory_mb + tmp_mb and max_procs tasks with a cgroup where the kernel
+    allows one (`budget.py`); False keeps the per-process limits only."""
 
     timeout_s: float = 5.0
     cpu_s: int | None = None  # default: ceil(timeout_s)
@@ -43,3 +51,4 @@ class Limits:
     max_open_files: int = 64
     max_output_bytes: int = 1 << 20
     tmp_mb: int = 16
+    cgroup: bool = True
