@@ -24,6 +24,7 @@ import contextlib
 import os
 import secrets
 import signal
+import subprocess
 import time
 from dataclasses import dataclass, field
 
@@ -104,12 +105,26 @@ def create(lim: Limits) -> Budget:
     for make in (_make_v2, _make_v1):
         budget = Budget()
         try:
-            if make(budget, mounts, own, name, lim):
+            if make(budget, mounts, own, name, lim) and _joinable(budget.dirs):
                 return budget
         except OSError:
             pass
         budget.remove(wait_s=0.5)
     return Budget()
+
+
+def _joinable(dirs: list[str]) -> bool:
+    """Whether a process of ours may join the cgroups (cgroup v2 refuses a member in a cgroup
+    whose parent has members and controllers; delegation rules differ): a shell joins each and
+    exits, as the jail's launcher will."""
+    for d in dirs:
+        probe = subprocess.run(
+            ["/bin/sh", "-c", 'echo $$ > "$0/cgroup.procs"', d],
+            stdin=subprocess.DEVNULL, capture_output=True, timeout=10,
+        )  # fmt: skip
+        if probe.returncode != 0:
+            return False
+    return True
 
 
 def kind_here(lim: Limits) -> str:
