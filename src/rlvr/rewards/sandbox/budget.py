@@ -105,7 +105,7 @@ def create(lim: Limits) -> Budget:
     for make in (_make_v2, _make_v1):
         budget = Budget()
         try:
-            if make(budget, mounts, own, name, lim) and _joinable(budget.dirs):
+            if make(budget, mounts, own, name, lim) and _joinable(budget):
                 return budget
         except OSError:
             pass
@@ -113,10 +113,20 @@ def create(lim: Limits) -> Budget:
     return Budget()
 
 
-def _joinable(dirs: list[str]) -> bool:
-    """Whether a process of ours may join the cgroups (cgroup v2 refuses a member in a cgroup
-    whose parent has members and controllers; delegation rules differ): a shell joins each and
-    exits, as the jail's launcher will."""
+_JOINABLE: dict[str, bool] = {}  # by parent directories and kind: probed once a process
+
+
+def _joinable(budget: Budget) -> bool:
+    """Whether a process of ours may join the budget's cgroups (cgroup v2 refuses a member in a
+    cgroup whose parent has members and controllers; delegation rules differ): a shell joins
+    each and exits, as the jail's launcher will. Probed once per parent directory."""
+    key = budget.kind + ":" + ",".join(os.path.dirname(d) for d in budget.dirs)
+    if key not in _JOINABLE:
+        _JOINABLE[key] = _probe_join(budget.dirs)
+    return _JOINABLE[key]
+
+
+def _probe_join(dirs: list[str]) -> bool:
     for d in dirs:
         probe = subprocess.run(
             ["/bin/sh", "-c", 'echo $$ > "$0/cgroup.procs"', d],
