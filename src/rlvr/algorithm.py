@@ -174,7 +174,9 @@ def _correction(cfg: Config) -> CorrectionSettings | None:
     if a.rollout_correction == "none":
         for key in ("rollout_mask_low", "rollout_mask_high"):
             value = getattr(a, key)
-            _check(value is None, f"algo.{key}", "none unless algo.rollout_correction is set", value)
+            _check(
+                value is None, f"algo.{key}", "none unless algo.rollout_correction is set", value
+            )
         return None
     try:
         return CorrectionSettings(

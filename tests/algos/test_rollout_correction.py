@@ -141,9 +141,9 @@ def test_metrics_combine_exactly_over_micro_batches(s):
 
 
 def test_settings_out_of_range_name_the_field():
-    with pytest.raises(ValueError, match="^cap: got 0.0, expected none or > 0$"):
+    with pytest.raises(ValueError, match=r"^cap: got 0.0, expected none or > 0$"):
         CorrectionSettings(cap=0.0)
-    with pytest.raises(ValueError, match="^mask_high: got 0.5"):
+    with pytest.raises(ValueError, match=r"^mask_high: got 0.5"):
         CorrectionSettings(mask_low=1.0, mask_high=0.5)
 
 

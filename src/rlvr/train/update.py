@@ -11,8 +11,8 @@ import torch
 from rlvr import cpu
 from rlvr.algorithm import Algorithm
 from rlvr.algos import LossOutput, kl_k3, overlong_filter_mask
-from rlvr.algos.objectives import LossInputs
 from rlvr.algos import rollout_correction as rc
+from rlvr.algos.objectives import LossInputs
 from rlvr.config import Config
 from rlvr.models import autocast
 from rlvr.rollout.base import dedupe
