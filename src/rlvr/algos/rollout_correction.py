@@ -27,10 +27,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import torch
 from torch import Tensor
+
+if TYPE_CHECKING:
+    from .objectives import LossInputs
 
 SAFETY_BOUND = 20.0  # |log w| bound before exp (verl's), so a weight is finite
 Level = Literal["token", "sequence"]
@@ -159,7 +162,9 @@ def bypass_old_log_probs(behaviour: Tensor | None, mask: Tensor, device) -> Tens
     return None if behaviour is None else behaviour.to(device)
 
 
-def with_rollout_weights(inputs, settings: CorrectionSettings | None):
+def with_rollout_weights(
+    inputs: LossInputs, settings: CorrectionSettings | None
+) -> tuple[LossInputs, dict[str, float] | None]:
     """`inputs` (LossInputs) with its `rollout_weights` set from its old and behaviour
     log-probs, and the sums for the metrics; unchanged and None when correction is off."""
     if settings is None:
