@@ -119,14 +119,15 @@ def rollout_weights(
     old = old.detach()
     raw = importance_weights(old, behaviour.to(old.device), mask, s.level)
     w, truncated, masked = correct(raw, mask, s)
+    wd = w.double()  # the sums in fp64: the ESS of near-equal fp32 weights stays exact
     values = torch.stack(
         [
-            w.sum(),
-            (w * w).sum(),
-            mask.sum().to(w.dtype),
-            truncated.sum().to(w.dtype),
-            masked.sum().to(w.dtype),
-            raw[mask].max(),
+            wd.sum(),
+            (wd * wd).sum(),
+            mask.sum().double(),
+            truncated.sum().double(),
+            masked.sum().double(),
+            raw[mask].max().double(),
         ]
     ).tolist()  # one device-to-host transfer
     return w.detach(), dict(zip((*SUM_KEYS, MAX_KEY), values))
