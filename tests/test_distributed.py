@@ -24,7 +24,7 @@ HERE = Path(__file__).parent
 ACCURACY = f"{HERE / 'e2e_rewards.py'}:has_digit"
 
 
-def _train(model_dir, run, nproc, agg, parallel="ddp", steps=3, resume=False):
+def _train(model_dir, run, nproc, agg, parallel="ddp", steps=3, resume=False, extra=()):
     args = [
         sys.executable,
         "-m",
@@ -56,6 +56,7 @@ def _train(model_dir, run, nproc, agg, parallel="ddp", steps=3, resume=False):
         "--nproc",
         str(nproc),
         f"--train.parallel={parallel}",
+        *extra,
     ]
     rc, err = _run_group(args)
     assert rc == 0, err[-3000:]
@@ -142,6 +143,34 @@ def test_two_ranks_match_one(tiny_model_dir, tmp_path, agg, parallel):
     assert any(not torch.equal(start[k], w2[k]) for k in start), "no update happened"
     s2 = json.loads((two / "summary.json").read_text())
     assert s2["world_size"] == 2 and s2["parallel"] == parallel
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "extra",
+    [
+        ("--algo.rollout_correction=sequence",),
+        ("--algo.rollout_bypass=true",),
+    ],
+    ids=["correction", "bypass"],
+)
+def test_two_ranks_match_one_under_rollout_correction(tiny_model_dir, tmp_path, extra):
+    """The weights are per row and their metrics sums and a max: 2 ranks give 1's update and
+    metrics, with mu = 2 (old log-probs from the trainer, or under bypass the engine's)."""
+    extra = (*extra, "--algo.mu=2")
+    one = _train(tiny_model_dir, tmp_path / "one", 1, "token_mean", steps=2, extra=extra)
+    two = _train(tiny_model_dir, tmp_path / "two", 2, "token_mean", steps=2, extra=extra)
+    m1 = [json.loads(x) for x in (one / "metrics.jsonl").read_text().splitlines()]
+    m2 = [json.loads(x) for x in (two / "metrics.jsonl").read_text().splitlines()]
+    keys = [k for k in m1[0] if k.startswith("rollout/is_")] + ["loss", "ratio_mean"]
+    assert len(keys) == (7 if "--algo.rollout_bypass=true" not in extra else 2)
+    for a, b in zip(m1, m2):
+        for key in keys:
+            assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-6), key
+    w1 = load_file(str(one / "checkpoints" / "step-000002" / "model.safetensors"))
+    w2 = load_file(str(two / "checkpoints" / "step-000002" / "model.safetensors"))
+    for k in w1:
+        torch.testing.assert_close(w1[k], w2[k], atol=1e-5, rtol=0, msg=k)
 
 
 @pytest.mark.slow

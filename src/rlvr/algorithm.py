@@ -10,6 +10,8 @@ update and the config checks instead of each testing config strings
     advantage        the estimator (rlvr.algos.ADVANTAGES); token_level: it reads per-token
                      rewards (gae, reinforce_pp), uses_critic: a value model (gae)
     needs_old_log_probs, needs_reference: which no-grad passes a step runs
+    correction, bypass  rollout correction's weights (None = off) and whether the engine's
+                     log-probs are pi_old (docs/algorithms.md#rollout-correction)
     adaptive_refill  dynamic sampling's refill batch: sized from the keep rate, or whole
 """
 
@@ -21,6 +23,7 @@ import torch
 
 from rlvr.algos import ADVANTAGES, TOKEN_LEVEL, AdvantageInputs, LossOutput
 from rlvr.algos.objectives import OBJECTIVES, LossInputs, LossSettings, Objective
+from rlvr.algos.rollout_correction import CorrectionSettings
 from rlvr.schema import Config, ConfigError
 
 
@@ -38,6 +41,8 @@ class Algorithm:
     needs_old_log_probs: bool  # for the ratio (several_updates) or the reward's KL
     norm_constant: float  # Dr. GRPO's: the generation budget, rollout.max_new_tokens
     adaptive_refill: bool = True  # dynamic sampling's refills sized from the keep rate
+    correction: CorrectionSettings | None = None  # rollout correction's weights, or off
+    bypass: bool = False  # the engine's log-probs serve as pi_old (no old-log-prob forward)
 
     @classmethod
     def from_config(cls, cfg: Config) -> Algorithm:
@@ -71,9 +76,12 @@ class Algorithm:
             kl_in_reward=a.kl_in_reward,
             needs_reference=a.kl_coef > 0,
             several_updates=several,
-            needs_old_log_probs=several or (a.kl_in_reward and a.kl_coef > 0),
+            needs_old_log_probs=(several and not a.rollout_bypass)
+            or (a.kl_in_reward and a.kl_coef > 0),
             norm_constant=float(cfg.rollout.max_new_tokens),
             adaptive_refill=a.refill == "adaptive",
+            correction=_correction(cfg),
+            bypass=a.rollout_bypass,
         )
 
     def group_advantages(self, rewards: torch.Tensor, group_size: int) -> torch.Tensor:
@@ -134,3 +142,48 @@ def _check_consistency(cfg: Config) -> None:
         "population when group_size is 1",
         a.std,
     )
+
+
+def _correction(cfg: Config) -> CorrectionSettings | None:
+    """Rollout correction's settings (None when off), and what it and bypass need: an engine
+    that reports its sampling log-probs."""
+    a, engine = cfg.algo, cfg.rollout.engine
+    for key, on in (("rollout_correction", a.rollout_correction != "none"),
+                    ("rollout_bypass", a.rollout_bypass)):  # fmt: skip
+        _check(
+            not on or engine != "hf",
+            f"algo.{key}",
+            f"{'none' if key == 'rollout_correction' else 'false'} with rollout.engine=hf "
+            "(it reports no sampling log-probs; use fast or vllm)",
+            getattr(a, key),
+        )
+    _check(
+        not (a.rollout_bypass and a.rollout_correction != "none"),
+        "algo.rollout_correction",
+        "none under algo.rollout_bypass (pi_old is then mu: every weight would be 1)",
+        a.rollout_correction,
+    )
+    _check(
+        not (a.rollout_bypass and a.kl_in_reward),
+        "algo.rollout_bypass",
+        "false with algo.kl_in_reward (the reward's KL needs the trainer's old log-probs)",
+        a.rollout_bypass,
+    )
+    cap = a.rollout_is_cap
+    _check(cap is None or cap > 0, "algo.rollout_is_cap", "none or > 0", cap)
+    if a.rollout_correction == "none":
+        for key in ("rollout_mask_low", "rollout_mask_high"):
+            value = getattr(a, key)
+            _check(
+                value is None, f"algo.{key}", "none unless algo.rollout_correction is set", value
+            )
+        return None
+    try:
+        return CorrectionSettings(
+            level=a.rollout_correction, cap=a.rollout_is_cap,
+            mask_low=a.rollout_mask_low, mask_high=a.rollout_mask_high,
+        )  # fmt: skip
+    except ValueError as e:
+        name = str(e).split(":", 1)[0]
+        key = {"level": "rollout_correction", "cap": "rollout_is_cap"}.get(name, f"rollout_{name}")
+        raise ConfigError(f"algo.{key}:{str(e).split(':', 1)[1]}") from None

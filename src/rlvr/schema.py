@@ -177,6 +177,13 @@ class AlgoConfig:
         resets it on its own clock): ref <- alpha * policy + (1 - alpha) * ref (TRL's sync_ref_model).
     ref_mixup_alpha: alpha of the reference reset: 1 = hard (ref <- policy), < 1 = soft (TRL's
         ref_model_mixup_alpha).
+    rollout_correction: importance weights w = pi_old / mu from the engine's sampling policy
+        mu (docs/algorithms.md#rollout-correction): none, token or sequence (verl's rollout_is).
+    rollout_is_cap: truncation C of the weights, w <- min(w, C) (TIS; none = no truncation).
+    rollout_mask_low: weights below it are zeroed (IcePop / rejection; none = no lower bound).
+    rollout_mask_high: weights above it are zeroed (IcePop / rejection; none = no upper bound).
+    rollout_bypass: the engine's log-probs are pi_old of the ratio (verl's bypass_mode): no
+        old-log-prob forward where mu > 1 or several mini-batches would need one.
     """
 
     advantage: Literal["grpo", "dr_grpo", "rloo", "gae", "reinforce_pp"] = "grpo"
@@ -205,6 +212,11 @@ class AlgoConfig:
     log_ratio_clamp: float | None = None
     ref_sync_every: int = 0
     ref_mixup_alpha: float = 1.0
+    rollout_correction: Literal["none", "token", "sequence"] = "none"
+    rollout_is_cap: float | None = 2.0
+    rollout_mask_low: float | None = None
+    rollout_mask_high: float | None = None
+    rollout_bypass: bool = False
 
 
 @dataclass(frozen=True)

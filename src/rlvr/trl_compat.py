@@ -99,7 +99,7 @@ WHY_NOT: dict[str, tuple[Any, str]] = {
     "cast_lm_head_to_fp32": (lambda v, a: bool(v), "rlvr computes the head in the model's dtype"),
     "vllm_importance_sampling_correction": (
         lambda v, a: bool(v) and bool(a.get("use_vllm")),
-        "rlvr takes old log-probs from the trainer's forward (no sampler mismatch to correct)"),
+        "not translated: set algo.rollout_correction (docs/algorithms.md#rollout-correction)"),
     "fp16": (lambda v, a: bool(v), "rlvr trains in fp32 or under bf16 autocast (bf16=True)"),
     "use_liger_kernel": (lambda v, a: bool(v), "rlvr has its own kernels (rlvr.cpu) only"),
     "torch_compile": (lambda v, a: bool(v), "rlvr does not compile the model"),

@@ -11,6 +11,7 @@ import torch
 from rlvr import cpu
 from rlvr.algorithm import Algorithm
 from rlvr.algos import LossOutput, kl_k3, overlong_filter_mask
+from rlvr.algos import rollout_correction as rc
 from rlvr.algos.objectives import LossInputs
 from rlvr.config import Config
 from rlvr.models import autocast
@@ -156,6 +157,7 @@ class MicroResult:
     generated_tokens: float
     # |engine - trainer|: sum, max, tokens; and the sum of k3 of KL(engine || trainer)
     logprob_diff: tuple[float, float, float, float] | None
+    correction: dict[str, float] | None = None  # rollout correction's sums (rollout_correction)
 
 
 def _micro_inputs(
@@ -171,8 +173,9 @@ def _micro_inputs(
     # With mu = 1 and one mini-batch pi_old is the live policy: rho = 1 exactly
     # (docs/algorithms.md), and the detached log-probs save a forward pass.
     old = to_width(micro.old_log_probs, T, device)
-    old = old if old is not None else log_probs.detach()
     behaviour = micro.sampling_log_probs(T)
+    old = rc.bypass_old_log_probs(behaviour, mask, device) if algo.bypass else old
+    old = old if old is not None else log_probs.detach()
     inputs = LossInputs(
         log_probs=log_probs,
         old_log_probs=old,
@@ -208,13 +211,17 @@ def _micro_loss(
     inputs, entropy, generated = _micro_inputs(
         module, micro, cfg, pad_id, device, backend, num_tokens, num_sequences, algo, batch_stats
     )
+    inputs, correction = rc.with_rollout_weights(inputs, algo.correction)
     out = algo.loss(inputs)
+    # under bypass pi_old is the engine's: the mismatch is measured against the live policy
+    trainer = inputs.log_probs.detach() if algo.bypass else inputs.old_log_probs
     return MicroResult(
         out=out,
         loss_tokens=float(inputs.response_mask.sum()),
         entropy_sum=float((entropy * generated).sum()),
         generated_tokens=float(generated.sum()),
-        logprob_diff=_logprob_diff(inputs.behaviour_log_probs, inputs.old_log_probs, generated),
+        logprob_diff=_logprob_diff(inputs.behaviour_log_probs, trainer, generated),
+        correction=correction,
     )
 
 
@@ -324,7 +331,7 @@ class _Sums:
 
     def __init__(self) -> None:
         self.sums: dict[str, float] = {}
-        self.ratio_max, self.diff_max = -math.inf, -math.inf
+        self.ratio_max, self.diff_max, self.is_max = -math.inf, -math.inf, -math.inf
         self.grad_norms: list[float] = []
         self.nonfinite = self.steps = 0
 
@@ -350,6 +357,11 @@ class _Sums:
             self.add("logprob_diff_tokens", diff_n)
             if diff_n:
                 self.diff_max = max(self.diff_max, diff_max)
+            for key, v in (r.correction or {}).items():  # rollout correction's sums and max
+                if key == rc.MAX_KEY:
+                    self.is_max = max(self.is_max, v)
+                else:
+                    self.add(key, v)
 
     def metrics(self, d: Dist, scheduler) -> dict[str, float]:
         keys = sorted(self.sums)
@@ -358,6 +370,7 @@ class _Sums:
         entropy = total.pop("entropy", 0.0) / max(total.pop("entropy_tokens", 0.0), 1.0)
         diff_sum, diff_n = total.pop("logprob_diff", 0.0), total.pop("logprob_diff_tokens", 0.0)
         k3_sum = total.pop("mismatch_kl_k3", 0.0)
+        correction = {k: total.pop(k) for k in list(total) if k.startswith("is/")}
         counts = {"loss", "log_ratio_clamped", "num_tokens"}
         out = {k: v / tokens for k, v in total.items() if k not in counts}
         out["entropy"] = entropy
@@ -371,6 +384,8 @@ class _Sums:
             out["rollout/logprob_diff_mean"] = diff_sum / diff_n
             out["rollout/logprob_diff_max"] = diff_max
             out["rollout/mismatch_kl_k3"] = k3_sum / diff_n
+        if correction:  # every rank has these keys when the run corrects
+            out.update(rc.correction_metrics(correction, d.max(self.is_max)))
         norms = self.grad_norms
         out["grad_norm"] = sum(norms) / len(norms) if norms else float("nan")
         out["optimizer_steps"] = self.steps - self.nonfinite
