@@ -52,7 +52,8 @@ def _loss_mask(response_mask: torch.Tensor, samples: list[Sample], cfg: Config) 
     mask = _generated(response_mask, samples)
     if cfg.algo.overlong_filter:
         truncated = [s.truncated for s in samples]
-        mask = overlong_filter_mask(mask, torch.tensor(truncated, device=mask.device))
+        truncated = torch.tensor(truncated, dtype=torch.bool, device=mask.device)  # [] too
+        mask = overlong_filter_mask(mask, truncated)
     return mask
 
 
