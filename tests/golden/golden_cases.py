@@ -271,11 +271,28 @@ def run_cases(model_dir: Path) -> dict:
 
 def environment() -> dict:
     """What decides the kernels, hence the bits: torch, its CPU capability (ATen's dispatch:
-    AVX512, AVX2, DEFAULT) and whether rlvr's own C kernels are on."""
+    AVX512, AVX2, DEFAULT), the processor (oneDNN and MKL pick kernels per model: an Intel and
+    an AMD machine, both AVX512, differ at 1e-7), whether rlvr's own C kernels are on, and
+    transformers (the model code of the run level)."""
+    import transformers
+
     from rlvr.cpu import native
 
     return {
         "torch": torch.__version__,
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "cpu": _cpu_model(),
         "native_kernels": native.available(),
+        "transformers": transformers.__version__,
     }
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown"
