@@ -48,7 +48,8 @@ class Algorithm:
             settings = LossSettings(
                 clip_low=a.clip_low, clip_high=a.clip_high, dual_clip=a.dual_clip, agg=a.agg,
                 kl_coef=0.0 if a.kl_in_reward else a.kl_coef, kl_kind=a.kl_kind,
-                ratio=a.ratio, log_ratio_clamp=a.log_ratio_clamp,
+                ratio=a.ratio, log_ratio_clamp=a.log_ratio_clamp, tau_pos=a.tau_pos,
+                tau_neg=a.tau_neg,
             )  # fmt: skip
         except ValueError as e:
             raise ConfigError(f"algo.{e}") from None
@@ -127,6 +128,12 @@ def _check_consistency(cfg: Config) -> None:
         "algo.kl_in_reward",
         "false unless algo.advantage is gae or reinforce_pp (group advantages read only the score)",
         a.kl_in_reward,
+    )
+    _check(
+        not token_level or a.loss != "gmpo",
+        "algo.loss",
+        "not gmpo with per-token advantages (gae, reinforce_pp): its advantage is the response's",
+        a.loss,
     )
     _check(
         a.advantage != "grpo" or a.std != "unbiased" or r.group_size >= 2,
