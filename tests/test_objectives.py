@@ -140,28 +140,39 @@ def test_batch_statistic_is_over_the_whole_mini_batch(tiny_model):
         torch.testing.assert_close(g, p.grad, atol=2e-6, rtol=1e-5)
 
 
-@pytest.mark.parametrize("preset", ["cispo", "sapo", "gmpo"])
-def test_each_objective_gives_the_whole_batch_update_in_micro_batches(tiny_model, preset):
+@pytest.mark.parametrize(
+    ("preset", "top"), [("cispo", 1.0), ("sapo", 1.0), ("gmpo", 1.0), ("dapo", 0.2), ("sapo", 0.3)]
+)
+def test_each_objective_gives_the_whole_batch_update_in_micro_batches(tiny_model, preset, top):
     """Two passes (mu = 2, so rho != 1 in the second) of one sequence per micro-batch move the
-    weights as the whole batch does, for every registered objective's preset."""
+    weights as the whole batch does, for every registered objective's preset, and with the
+    top-entropy selection (a mini-batch statistic) on."""
     samples = _samples(groups=2)
     cfg = load_config(
         None, {"preset": preset, "rollout": {"group_size": 4, "prompts_per_step": 2},
-               "algo": {"mu": 2}},
+               "algo": {"mu": 2, "top_entropy_quantile": top}},
     )  # fmt: skip
     algo = Algorithm.from_config(cfg)
     batch = _batch(samples, cfg)
     old = batch_log_probs(tiny_model, batch, cfg, 0, "cpu")
-    moved = []
+    moved, metrics = [], []
     for micro in (64, 1):
         c = replace(cfg, optim=replace(cfg.optim, micro_batch_sequences=micro, max_grad_norm=0))
         model = copy.deepcopy(tiny_model)
         opt = torch.optim.SGD(model.parameters(), lr=1.0)
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
         before = [p.detach().clone() for p in model.parameters()]
-        policy_update(model, replace(batch, old_log_probs=old), c, opt, sched, 0, "cpu", algo=algo)
+        m = policy_update(
+            model, replace(batch, old_log_probs=old), c, opt, sched, 0, "cpu", algo=algo
+        )
         moved.append([b - p.detach() for b, p in zip(before, model.parameters())])
+        metrics.append(m)
     assert any(d.abs().max() > 0 for d in moved[0])
+    a, b = metrics
+    assert a["loss_tokens"] == b["loss_tokens"] and a["loss"] == pytest.approx(b["loss"], abs=1e-6)
+    if top < 1:  # the kept share: at least q of the loss tokens, the same in both
+        assert top <= a["top_entropy_kept_frac"] == pytest.approx(b["top_entropy_kept_frac"])
+        assert a["top_entropy_kept_frac"] < 1
     for a, b in zip(*moved):
         torch.testing.assert_close(a, b, atol=2e-6, rtol=1e-5)
 

@@ -4,7 +4,8 @@ update and the config checks instead of each testing config strings
 
     objective        the registered loss (`algo.loss`: a name of rlvr.algos.OBJECTIVES or a
                      user's "module:function"); `algo.ratio=sequence` with the default `clip`
-                     is GSPO
+                     is GSPO; under `algo.top_entropy_quantile` < 1 it trains on the top
+                     entropy share of tokens only (rlvr.algos.top_entropy)
     settings         its parameters (clip bounds, dual clip, aggregation, the loss's KL),
                      range-checked once, by LossSettings
     advantage        the estimator (rlvr.algos.ADVANTAGES); token_level: it reads per-token
@@ -21,6 +22,7 @@ import torch
 
 from rlvr.algos import ADVANTAGES, TOKEN_LEVEL, AdvantageInputs, LossOutput
 from rlvr.algos.objectives import OBJECTIVES, LossInputs, LossSettings, Objective
+from rlvr.algos.top_entropy import with_top_entropy
 from rlvr.schema import Config, ConfigError
 
 
@@ -57,11 +59,14 @@ class Algorithm:
             raise ConfigError(f"algo.kl_coef: got {a.kl_coef!r}, expected >= 0")
         several = a.mu > 1 or a.mini_batches > 1
         objective = resolve_objective(a.loss, a.ratio)
-        if objective.check is not None:
-            try:
+        q = a.top_entropy_quantile
+        _check(0 < q <= 1, "algo.top_entropy_quantile", "in (0, 1] (the paper: 0.2)", q)
+        try:
+            if objective.check is not None:
                 objective.check(settings)
-            except ValueError as e:
-                raise ConfigError(f"algo.{e}") from None
+            objective = with_top_entropy(objective, q) if q < 1 else objective
+        except ValueError as e:
+            raise ConfigError(f"algo.{e}") from None
         return cls(
             objective=objective,
             settings=settings,

@@ -175,6 +175,8 @@ class AlgoConfig:
     log_ratio_clamp: clamp |log rho| to this value (none = no clamp); clamped values are counted.
     tau_pos: SAPO's gate temperature for tokens with A > 0 (loss sapo only).
     tau_neg: SAPO's gate temperature for tokens with A <= 0 (loss sapo only).
+    top_entropy_quantile: train on the top share of the mini-batch's loss tokens by the policy's
+        entropy, the rest out of loss and normaliser ("Beyond the 80/20 rule": 0.2; 1 = all).
     ref_sync_every: reset the KL reference every N steps (0 = never; reward.model_refresh_every
         resets it on its own clock): ref <- alpha * policy + (1 - alpha) * ref (TRL's sync_ref_model).
     ref_mixup_alpha: alpha of the reference reset: 1 = hard (ref <- policy), < 1 = soft (TRL's
@@ -207,6 +209,7 @@ class AlgoConfig:
     log_ratio_clamp: float | None = None
     tau_pos: float = 1.0
     tau_neg: float = 1.05
+    top_entropy_quantile: float = 1.0
     ref_sync_every: int = 0
     ref_mixup_alpha: float = 1.0
 
