@@ -24,7 +24,7 @@ HERE = Path(__file__).parent
 ACCURACY = f"{HERE / 'e2e_rewards.py'}:has_digit"
 
 
-def _train(model_dir, run, nproc, agg, parallel="ddp", steps=3, resume=False):
+def _train(model_dir, run, nproc, agg, parallel="ddp", steps=3, resume=False, extra=()):
     args = [
         sys.executable,
         "-m",
@@ -56,6 +56,7 @@ def _train(model_dir, run, nproc, agg, parallel="ddp", steps=3, resume=False):
         "--nproc",
         str(nproc),
         f"--train.parallel={parallel}",
+        *extra,
     ]
     rc, err = _run_group(args)
     assert rc == 0, err[-3000:]
@@ -142,6 +143,31 @@ def test_two_ranks_match_one(tiny_model_dir, tmp_path, agg, parallel):
     assert any(not torch.equal(start[k], w2[k]) for k in start), "no update happened"
     s2 = json.loads((two / "summary.json").read_text())
     assert s2["world_size"] == 2 and s2["parallel"] == parallel
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("agg", "extra"),
+    [
+        ("token_mean", ("--algo.top_entropy_quantile=0.2",)),
+        ("sample_mean", ("--algo.loss=gmpo", "--algo.top_entropy_quantile=0.5")),
+    ],
+)
+def test_two_ranks_match_one_with_a_selection_over_both(tiny_model_dir, tmp_path, agg, extra):
+    """The top-entropy threshold comes from histograms summed over both ranks: the same tokens
+    are trained on, and the weights agree, as with one process."""
+    one = _train(tiny_model_dir, tmp_path / "one", 1, agg, extra=extra)
+    two = _train(tiny_model_dir, tmp_path / "two", 2, agg, extra=extra)
+    m1 = [json.loads(x) for x in (one / "metrics.jsonl").read_text().splitlines()]
+    m2 = [json.loads(x) for x in (two / "metrics.jsonl").read_text().splitlines()]
+    for a, b in zip(m1, m2, strict=True):
+        assert a["loss_tokens"] == b["loss_tokens"]
+        for key in ("loss", "top_entropy_kept_frac", "top_entropy_threshold"):
+            assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-6), key
+    w1 = load_file(str(one / "checkpoints" / "step-000003" / "model.safetensors"))
+    w2 = load_file(str(two / "checkpoints" / "step-000003" / "model.safetensors"))
+    for k in w1:
+        torch.testing.assert_close(w1[k], w2[k], atol=1e-5, rtol=0, msg=k)
 
 
 @pytest.mark.slow
