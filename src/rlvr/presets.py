@@ -52,7 +52,10 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     },
     "gmpo": {
         "algo": {
-            **_DAPO["algo"], "loss": "gmpo", "clip_low": 0.4, "clip_high": 0.4,
+            **_DAPO["algo"],
+            "loss": "gmpo",
+            "clip_low": 0.4,
+            "clip_high": 0.4,
             "agg": "sample_mean",
         },
         "reward": dict(_DAPO["reward"]),

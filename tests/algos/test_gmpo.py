@@ -46,7 +46,9 @@ def test_hand_computed():
     torch.testing.assert_close(logp.grad, torch.tensor(want, dtype=F64))
     assert (-r0 / 4, r1 / 6) == pytest.approx((-0.290459, 0.155918), abs=1e-6)
     m = out.metrics
-    assert m["clip_frac_high"] == pytest.approx(1 / 5) and m["clip_frac_low"] == pytest.approx(1 / 5)
+    assert m["clip_frac_high"] == pytest.approx(1 / 5) and m["clip_frac_low"] == pytest.approx(
+        1 / 5
+    )
     assert m["ratio_mean"] == pytest.approx((2 * r0 + 3 * r1) / 5)
     assert m["ratio_max"] == pytest.approx(r0) and m["num_tokens"] == 5
 

@@ -155,7 +155,10 @@ def test_histograms_are_the_same_however_the_batch_is_split():
 @pytest.mark.parametrize(
     ("algo", "match"),
     [
-        ({"top_entropy_quantile": 0.0}, r"^algo\.top_entropy_quantile: got 0\.0, expected in \(0, 1\]"),
+        (
+            {"top_entropy_quantile": 0.0},
+            r"^algo\.top_entropy_quantile: got 0\.0, expected in \(0, 1\]",
+        ),
         ({"top_entropy_quantile": 1.5}, r"^algo\.top_entropy_quantile: got 1\.5, expected in"),
         (
             {"top_entropy_quantile": 0.2, "loss": "tests/e2e_objectives.py:centred_pg"},

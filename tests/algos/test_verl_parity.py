@@ -81,7 +81,7 @@ def test_metrics_match_verl_where_defined_alike(case):
         adv = t["advantages"]
         n = float(mask.sum())
         side_low = (mask & (adv < 0) & (x < -c["clip_ratio_low"])).sum().item() / n
-        any_low = (mask & (adv < 0) & ((x < -c["clip_ratio_low"]) | (x > c["clip_ratio_high"])))
+        any_low = mask & (adv < 0) & ((x < -c["clip_ratio_low"]) | (x > c["clip_ratio_high"]))
         assert m["clip_frac_low"] == pytest.approx(side_low)
         assert any_low.sum().item() / n == pytest.approx(low, rel=1e-7)
 
