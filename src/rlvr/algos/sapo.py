@@ -38,7 +38,7 @@ def check_sapo(settings: LossSettings) -> None:
 
 
 def sapo_gate(rho, tau):
-    """f(rho, tau) = sigmoid(tau (rho - 1)) * 4 / tau: value 1 and slope 1 at rho = 1."""
+    """f(rho, tau) = sigmoid(tau (rho - 1)) * 4 / tau: value 2 / tau and slope 1 at rho = 1."""
     return torch.sigmoid(tau * (rho - 1.0)) * (4.0 / tau)
 
 
