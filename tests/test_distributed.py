@@ -174,6 +174,31 @@ def test_two_ranks_match_one_under_rollout_correction(tiny_model_dir, tmp_path, 
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize(
+    ("agg", "extra"),
+    [
+        ("token_mean", ("--algo.top_entropy_quantile=0.2",)),
+        ("sample_mean", ("--algo.loss=gmpo", "--algo.top_entropy_quantile=0.5")),
+    ],
+)
+def test_two_ranks_match_one_with_a_selection_over_both(tiny_model_dir, tmp_path, agg, extra):
+    """The top-entropy threshold comes from histograms summed over both ranks: the same tokens
+    are trained on, and the weights agree, as with one process."""
+    one = _train(tiny_model_dir, tmp_path / "one", 1, agg, extra=extra)
+    two = _train(tiny_model_dir, tmp_path / "two", 2, agg, extra=extra)
+    m1 = [json.loads(x) for x in (one / "metrics.jsonl").read_text().splitlines()]
+    m2 = [json.loads(x) for x in (two / "metrics.jsonl").read_text().splitlines()]
+    for a, b in zip(m1, m2, strict=True):
+        assert a["loss_tokens"] == b["loss_tokens"]
+        for key in ("loss", "top_entropy_kept_frac", "top_entropy_threshold"):
+            assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-6), key
+    w1 = load_file(str(one / "checkpoints" / "step-000003" / "model.safetensors"))
+    w2 = load_file(str(two / "checkpoints" / "step-000003" / "model.safetensors"))
+    for k in w1:
+        torch.testing.assert_close(w1[k], w2[k], atol=1e-5, rtol=0, msg=k)
+
+
+@pytest.mark.slow
 def test_fsdp2_checkpoint_resumes_on_one_process(tiny_model_dir, tmp_path):
     """2 sharded ranks for 2 steps, then 1 process resumes for the 3rd: the weights equal a
     run that was 1 process throughout (checkpoints hold whole weights and named state)."""

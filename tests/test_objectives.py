@@ -70,7 +70,7 @@ def test_gspo_objective_is_the_sequence_ratio_loss():
         ({"clip_low": -0.1}, r"^algo\.clip_low: got -0\.1, expected 0 <= clip_low <= 1$"),
         ({"dual_clip": 0.5}, r"^algo\.dual_clip: got 0\.5, expected none or > 1"),
         ({"log_ratio_clamp": 0.0}, r"^algo\.log_ratio_clamp: got 0\.0, expected none or > 0$"),
-        ({"loss": "nope"}, r"^algo\.loss: got 'nope', expected one of \[.*'clip', 'gspo'"),
+        ({"loss": "nope"}, r"^algo\.loss: got 'nope', expected one of \[.*'clip', 'gmpo', 'gspo'"),
         ({"loss": "/no/such.py:f"}, r"^algo\.loss '/no/such\.py:f': no file"),
         ({"loss": f"{USER}x"}, r"has no 'truncated_is_pgx'; callables: .*truncated_is_pg"),
     ],
@@ -138,6 +138,43 @@ def test_batch_statistic_is_over_the_whole_mini_batch(tiny_model):
     loss.backward()
     for g, p in zip(whole, model.parameters()):
         torch.testing.assert_close(g, p.grad, atol=2e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("preset", "top"), [("cispo", 1.0), ("sapo", 1.0), ("gmpo", 1.0), ("dapo", 0.2), ("sapo", 0.3)]
+)
+def test_each_objective_gives_the_whole_batch_update_in_micro_batches(tiny_model, preset, top):
+    """Two passes (mu = 2, so rho != 1 in the second) of one sequence per micro-batch move the
+    weights as the whole batch does, for every registered objective's preset, and with the
+    top-entropy selection (a mini-batch statistic) on."""
+    samples = _samples(groups=2)
+    cfg = load_config(
+        None, {"preset": preset, "rollout": {"group_size": 4, "prompts_per_step": 2},
+               "algo": {"mu": 2, "top_entropy_quantile": top}},
+    )  # fmt: skip
+    algo = Algorithm.from_config(cfg)
+    batch = _batch(samples, cfg)
+    old = batch_log_probs(tiny_model, batch, cfg, 0, "cpu")
+    moved, metrics = [], []
+    for micro in (64, 1):
+        c = replace(cfg, optim=replace(cfg.optim, micro_batch_sequences=micro, max_grad_norm=0))
+        model = copy.deepcopy(tiny_model)
+        opt = torch.optim.SGD(model.parameters(), lr=1.0)
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+        before = [p.detach().clone() for p in model.parameters()]
+        m = policy_update(
+            model, replace(batch, old_log_probs=old), c, opt, sched, 0, "cpu", algo=algo
+        )
+        moved.append([b - p.detach() for b, p in zip(before, model.parameters())])
+        metrics.append(m)
+    assert any(d.abs().max() > 0 for d in moved[0])
+    a, b = metrics
+    assert a["loss_tokens"] == b["loss_tokens"] and a["loss"] == pytest.approx(b["loss"], abs=1e-6)
+    if top < 1:  # the kept share: at least q of the loss tokens, the same in both
+        assert top <= a["top_entropy_kept_frac"] == pytest.approx(b["top_entropy_kept_frac"])
+        assert a["top_entropy_kept_frac"] < 1
+    for a, b in zip(*moved):
+        torch.testing.assert_close(a, b, atol=2e-6, rtol=1e-5)
 
 
 # ------------------------------------------------------------ the user objective, end to end

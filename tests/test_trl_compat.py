@@ -61,7 +61,7 @@ def test_batch_units_completions_to_prompts_exactly():
          r"prompts per step\) is not a whole number \(8 / 3\)"),
         ({"per_device_train_batch_size": 8}, "give num_generations with them"),
         ({"num_iterations": 2, "max_steps": 5}, r"max_steps / .* \(5 / 2\)"),
-        ({"top_entropy_quantile": 0.2}, "top_entropy_quantile=0.2: rlvr has no top-entropy"),
+        ({"top_entropy_quantile": 0.2}, "top_entropy_quantile=0.2: rlvr's algo.top_entropy_q"),
         ({"lr_scheduler_type": "cosine"}, "lr_scheduler_type='cosine': rlvr's learning rate"),
         ({"loss_type": "bnpo"}, "bnpo normalises per micro-batch"),
         ({"loss_type": "cispo"}, "loss_type='cispo': rlvr has grpo, dapo, dr_grpo"),
@@ -165,7 +165,7 @@ def test_a_grpo_config_object_carries_trl_defaults():
     assert c["train"]["max_steps"] == 3 and c["train"]["seed"] == 42
     assert any(n.startswith("lr_scheduler_type='linear' (TRL's default) not applied")
                for n in got.notes)  # fmt: skip
-    with pytest.raises(ConfigError, match=r"top_entropy_quantile=0\.2: rlvr has no top-entropy"):
+    with pytest.raises(ConfigError, match=r"top_entropy_quantile=0\.2: rlvr's algo\.top_entropy_q"):
         trl_changes(trl.GRPOConfig(output_dir="out", use_cpu=True, top_entropy_quantile=0.2))
     with pytest.raises(ConfigError, match="lr_scheduler_type='cosine'"):
         trl_changes(trl.GRPOConfig(output_dir="out", use_cpu=True, lr_scheduler_type="cosine"))

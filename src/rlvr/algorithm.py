@@ -4,7 +4,8 @@ update and the config checks instead of each testing config strings
 
     objective        the registered loss (`algo.loss`: a name of rlvr.algos.OBJECTIVES or a
                      user's "module:function"); `algo.ratio=sequence` with the default `clip`
-                     is GSPO
+                     is GSPO; under `algo.top_entropy_quantile` < 1 it trains on the top
+                     entropy share of tokens only (rlvr.algos.top_entropy)
     settings         its parameters (clip bounds, dual clip, aggregation, the loss's KL),
                      range-checked once, by LossSettings
     advantage        the estimator (rlvr.algos.ADVANTAGES); token_level: it reads per-token
@@ -24,6 +25,7 @@ import torch
 from rlvr.algos import ADVANTAGES, TOKEN_LEVEL, AdvantageInputs, LossOutput
 from rlvr.algos.objectives import OBJECTIVES, LossInputs, LossSettings, Objective
 from rlvr.algos.rollout_correction import CorrectionSettings
+from rlvr.algos.top_entropy import with_top_entropy
 from rlvr.schema import Config, ConfigError
 
 
@@ -53,7 +55,8 @@ class Algorithm:
             settings = LossSettings(
                 clip_low=a.clip_low, clip_high=a.clip_high, dual_clip=a.dual_clip, agg=a.agg,
                 kl_coef=0.0 if a.kl_in_reward else a.kl_coef, kl_kind=a.kl_kind,
-                ratio=a.ratio, log_ratio_clamp=a.log_ratio_clamp,
+                ratio=a.ratio, log_ratio_clamp=a.log_ratio_clamp, tau_pos=a.tau_pos,
+                tau_neg=a.tau_neg,
             )  # fmt: skip
         except ValueError as e:
             raise ConfigError(f"algo.{e}") from None
@@ -61,11 +64,14 @@ class Algorithm:
             raise ConfigError(f"algo.kl_coef: got {a.kl_coef!r}, expected >= 0")
         several = a.mu > 1 or a.mini_batches > 1
         objective = resolve_objective(a.loss, a.ratio)
-        if objective.check is not None:
-            try:
+        q = a.top_entropy_quantile
+        _check(0 < q <= 1, "algo.top_entropy_quantile", "in (0, 1] (the paper: 0.2)", q)
+        try:
+            if objective.check is not None:
                 objective.check(settings)
-            except ValueError as e:
-                raise ConfigError(f"algo.{e}") from None
+            objective = with_top_entropy(objective, q) if q < 1 else objective
+        except ValueError as e:
+            raise ConfigError(f"algo.{e}") from None
         return cls(
             objective=objective,
             settings=settings,
@@ -135,6 +141,12 @@ def _check_consistency(cfg: Config) -> None:
         "algo.kl_in_reward",
         "false unless algo.advantage is gae or reinforce_pp (group advantages read only the score)",
         a.kl_in_reward,
+    )
+    _check(
+        not token_level or a.loss != "gmpo",
+        "algo.loss",
+        "not gmpo with per-token advantages (gae, reinforce_pp): its advantage is the response's",
+        a.loss,
     )
     _check(
         a.advantage != "grpo" or a.std != "unbiased" or r.group_size >= 2,

@@ -42,6 +42,24 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
         "algo": {**_DAPO["algo"], "loss": "cispo", "clip_low": 1.0},
         "reward": dict(_DAPO["reward"]),
     },
+    # SAPO (arXiv 2511.20347) and GMPO (arXiv 2507.20673): DAPO's recipe with the objective
+    # swapped in and each paper's aggregation (the sample mean). SAPO has no clip: its gate's
+    # temperatures (1 / 1.05) are the schema defaults and DAPO's clip_high goes back to the
+    # default, unused. GMPO clips log-ratios at +-0.4 (the paper's range e^-0.4 .. e^0.4).
+    "sapo": {
+        "algo": {**_DAPO["algo"], "loss": "sapo", "clip_high": 0.2, "agg": "sample_mean"},
+        "reward": dict(_DAPO["reward"]),
+    },
+    "gmpo": {
+        "algo": {
+            **_DAPO["algo"],
+            "loss": "gmpo",
+            "clip_low": 0.4,
+            "clip_high": 0.4,
+            "agg": "sample_mean",
+        },
+        "reward": dict(_DAPO["reward"]),
+    },
     "dr_grpo": {
         "algo": {
             "advantage": "dr_grpo",

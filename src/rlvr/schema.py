@@ -151,7 +151,7 @@ class AlgoConfig:
     clip_high: eps_high; the ratio's upper bound is 1 + clip_high (DAPO clip-higher: 0.28).
     dual_clip: dual-clip constant c > 1 capping the loss of negative advantages (none = off).
     loss: the policy objective: a name of rlvr.algos.OBJECTIVES (clip: PPO/GRPO/DAPO's clipped
-        surrogate; gspo; cispo) or a user's "module:function" / "path/to/file.py:function" with the
+        surrogate; gspo; cispo; sapo; gmpo) or a user's "module:function" / "path/to/file.py:function" with the
         signature fn(LossInputs, LossSettings) -> LossOutput (docs/algorithms.md#adding-an-objective).
     ratio: token (PPO/GRPO/DAPO importance ratio per token) or sequence (GSPO).
     agg: loss aggregation: sample_mean (GRPO), token_mean (DAPO), token_sum_norm (Dr. GRPO).
@@ -173,6 +173,10 @@ class AlgoConfig:
     mu: optimisation passes over each rollout batch.
     mini_batches: optimiser steps per pass (the rollout batch is split into this many).
     log_ratio_clamp: clamp |log rho| to this value (none = no clamp); clamped values are counted.
+    tau_pos: SAPO's gate temperature for tokens with A > 0 (loss sapo only).
+    tau_neg: SAPO's gate temperature for tokens with A <= 0 (loss sapo only).
+    top_entropy_quantile: train on the top share of the mini-batch's loss tokens by the policy's
+        entropy, the rest out of loss and normaliser ("Beyond the 80/20 rule": 0.2; 1 = all).
     ref_sync_every: reset the KL reference every N steps (0 = never; reward.model_refresh_every
         resets it on its own clock): ref <- alpha * policy + (1 - alpha) * ref (TRL's sync_ref_model).
     ref_mixup_alpha: alpha of the reference reset: 1 = hard (ref <- policy), < 1 = soft (TRL's
@@ -210,6 +214,9 @@ class AlgoConfig:
     mu: int = 1
     mini_batches: int = 1
     log_ratio_clamp: float | None = None
+    tau_pos: float = 1.0
+    tau_neg: float = 1.05
+    top_entropy_quantile: float = 1.0
     ref_sync_every: int = 0
     ref_mixup_alpha: float = 1.0
     rollout_correction: Literal["none", "token", "sequence"] = "none"

@@ -84,8 +84,9 @@ NO_EFFECT = {
 # explicit value that asks for it is refused; TRL's own default that does is listed as not
 # applied (lr_scheduler_type 'linear', the KL's importance weighting).
 WHY_NOT: dict[str, tuple[Any, str]] = {
-    "top_entropy_quantile": (lambda v, a: v != 1.0, "rlvr has no top-entropy token objective "
-                             "(Wang et al. 2025): its loss keeps every response token"),
+    "top_entropy_quantile": (lambda v, a: v != 1.0, "rlvr's algo.top_entropy_quantile also "
+                             "takes the dropped tokens out of the normaliser and the KL term "
+                             "(the paper's code; TRL's only out of the policy term): set that"),
     "entropy_coef": (lambda v, a: v != 0, "rlvr's loss has no entropy bonus"),
     "use_adaptive_entropy": (lambda v, a: bool(v), "rlvr's loss has no entropy bonus"),
     "multi_objective_aggregation": (lambda v, a: v != "sum_then_normalize",

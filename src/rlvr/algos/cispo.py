@@ -17,9 +17,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import torch
-from torch import Tensor
 
-from .losses import LossOutput, _check, _log_ratio, _metrics, kl_and_aggregate
+from .losses import LossOutput, _check, _log_ratio, _metrics, kl_and_aggregate, masked_inputs
 
 if TYPE_CHECKING:
     from .objectives import LossInputs, LossSettings
@@ -40,17 +39,7 @@ def cispo_loss(inputs: LossInputs, settings: LossSettings) -> LossOutput:
     s = settings
     check_cispo(s)
     _check(inputs, s.kl_coef)
-    m = inputs.response_mask
-    mask = m if m.dtype == torch.bool else m != 0
-    lp = inputs.log_probs
-    dtype = torch.float32 if lp.dtype in (torch.float16, torch.bfloat16) else lp.dtype
-
-    def clean(t: Tensor) -> Tensor:  # masked entries replaced before any arithmetic
-        return torch.where(mask, t.to(dtype), torch.zeros((), dtype=dtype, device=t.device))
-
-    logp, old = clean(lp), clean(inputs.old_log_probs)
-    adv = inputs.advantages.to(dtype)
-    adv = clean(adv.unsqueeze(1).expand_as(logp) if adv.dim() == 1 else adv)  # (B, T)
+    logp, old, adv, mask, clean = masked_inputs(inputs)
     log_ratio, clamped = _log_ratio(logp.detach(), old, mask, "token", s.log_ratio_clamp)
     rho = torch.exp(log_ratio)  # (B, T), no graph
     lo, hi = 1.0 - s.clip_low, 1.0 + s.clip_high

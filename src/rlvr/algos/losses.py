@@ -76,6 +76,23 @@ def _check(inputs: LossInputs, kl_coef: float) -> None:
         raise ValueError("kl_coef > 0 needs ref_log_probs")
 
 
+def masked_inputs(inputs: LossInputs):
+    """(logp, old, adv, mask, clean) of a token objective: fp32 for half-precision log-probs,
+    masked entries replaced by 0 before any arithmetic (`clean`), advantages as (B, T)."""
+    m = inputs.response_mask
+    mask = m if m.dtype == torch.bool else m != 0
+    lp = inputs.log_probs
+    dtype = torch.float32 if lp.dtype in (torch.float16, torch.bfloat16) else lp.dtype
+
+    def clean(t: Tensor) -> Tensor:
+        return torch.where(mask, t.to(dtype), torch.zeros((), dtype=dtype, device=t.device))
+
+    logp, old = clean(lp), clean(inputs.old_log_probs)
+    adv = inputs.advantages.to(dtype)
+    adv = clean(adv.unsqueeze(1).expand_as(logp) if adv.dim() == 1 else adv)
+    return logp, old, adv, mask, clean
+
+
 def _log_ratio(
     logp: Tensor, old: Tensor, mask: Tensor, ratio: Ratio, clamp: float | None
 ) -> tuple[Tensor, Tensor]:

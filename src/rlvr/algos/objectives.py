@@ -19,6 +19,12 @@ Registered here:
           log-ratio clamp (`rlvr.algos.losses`)
     gspo  the same with GSPO's sequence ratio (`settings.ratio` is "sequence" for it)
     cispo CISPO's clipped stop-gradient importance weight on every token (`rlvr.algos.cispo`)
+    sapo  SAPO's soft gate sigmoid(tau (rho - 1)) 4 / tau instead of a clip (`rlvr.algos.sapo`)
+    gmpo  GMPO's clipped geometric mean of the token ratios per response (`rlvr.algos.gmpo`)
+
+Each objective refuses the settings it has no use for (its `check`): an off-by-default one
+(dual_clip, ratio=sequence) when it is on, a valued one (the clip bounds, SAPO's taus) when it
+differs from its default (`unused_at_default`).
 """
 
 from __future__ import annotations
@@ -30,8 +36,10 @@ from torch import Tensor
 
 from .aggregate import AGGREGATIONS, AggMode, Count
 from .cispo import check_cispo, cispo_loss
+from .gmpo import check_gmpo, gmpo_loss
 from .kl import KL_ESTIMATORS, KLKind
 from .losses import LossOutput, Ratio, clipped_surrogate_loss
+from .sapo import check_sapo, sapo_loss
 
 
 @dataclass(frozen=True)
@@ -80,6 +88,7 @@ class LossSettings:
     kl_kind: its estimator (k1, k2, k3).
     ratio: "token" or "sequence" (GSPO).
     log_ratio_clamp: |log rho| bound, or None.
+    tau_pos, tau_neg: SAPO's gate temperatures for A > 0 and A <= 0 (the paper: 1, 1.05).
     """
 
     clip_low: float = 0.2
@@ -90,6 +99,8 @@ class LossSettings:
     kl_kind: KLKind = "k3"
     ratio: Ratio = "token"
     log_ratio_clamp: float | None = None
+    tau_pos: float = 1.0
+    tau_neg: float = 1.05
 
     def __post_init__(self) -> None:
         for name, ok, expected in _RANGES:
@@ -112,7 +123,23 @@ _RANGES: tuple[tuple[str, Callable[[LossSettings], bool], str], ...] = (
         lambda s: s.log_ratio_clamp is None or s.log_ratio_clamp > 0,
         "none or > 0",
     ),
+    ("tau_pos", lambda s: s.tau_pos > 0, "> 0 (the paper: 1)"),
+    ("tau_neg", lambda s: s.tau_neg > 0, "> 0 (the paper: 1.05)"),
 )
+
+
+def unused_at_default(settings: LossSettings, fields: tuple[str, ...], objective: str) -> None:
+    """ValueError "field: got ..., expected <default> (unused by <objective>)" for the first of
+    `fields` that differs from LossSettings' default: a setting the objective ignores."""
+    default = LossSettings()
+    for name in fields:
+        value = getattr(settings, name)
+        if value != getattr(default, name):
+            want = getattr(default, name)
+            raise ValueError(f"{name}: got {value!r}, expected {want!r} (unused by {objective})")
+
+
+_TAUS = ("tau_pos", "tau_neg")
 
 
 ObjectiveFn = Callable[[LossInputs, LossSettings], LossOutput]
@@ -150,19 +177,42 @@ def register_objective(name: str, *, stats: StatsFn | None = None, check: CheckF
     return add
 
 
-@register_objective("clip")
+def _only(objective: str, fields: tuple[str, ...], own: CheckFn | None = None) -> CheckFn:
+    """The check of `objective`: its own refusals, then `fields` at their defaults."""
+
+    def check(settings: LossSettings) -> None:
+        if own is not None:
+            own(settings)
+        unused_at_default(settings, fields, objective)
+
+    return check
+
+
+@register_objective("clip", check=_only("clip", _TAUS))
 def clip(inputs: LossInputs, settings: LossSettings) -> LossOutput:
     """PPO's clipped surrogate with DAPO's decoupled bounds, per settings.ratio."""
     return clipped_surrogate_loss(inputs, settings)
 
 
-@register_objective("gspo")
+@register_objective("gspo", check=_only("gspo", _TAUS))
 def gspo(inputs: LossInputs, settings: LossSettings) -> LossOutput:
     """GSPO (arXiv 2507.18071): the clipped surrogate over the sequence ratio s_i."""
     return clipped_surrogate_loss(inputs, replace(settings, ratio="sequence"))
 
 
-@register_objective("cispo", check=check_cispo)
+@register_objective("cispo", check=_only("cispo", _TAUS, check_cispo))
 def cispo(inputs: LossInputs, settings: LossSettings) -> LossOutput:
     """CISPO (MiniMax-M1, arXiv 2506.13585): -sg(clip(rho)) A log pi on every token."""
     return cispo_loss(inputs, settings)
+
+
+@register_objective("sapo", check=_only("sapo", ("clip_low", "clip_high"), check_sapo))
+def sapo(inputs: LossInputs, settings: LossSettings) -> LossOutput:
+    """SAPO (arXiv 2511.20347): -sigmoid(tau (rho - 1)) 4 / tau A per token, no clip."""
+    return sapo_loss(inputs, settings)
+
+
+@register_objective("gmpo", check=_only("gmpo", _TAUS, check_gmpo))
+def gmpo(inputs: LossInputs, settings: LossSettings) -> LossOutput:
+    """GMPO (arXiv 2507.20673): -A_i exp(mean_t clipped log rho_t) per response."""
+    return gmpo_loss(inputs, settings)

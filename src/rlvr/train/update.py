@@ -340,15 +340,16 @@ class _Sums:
         self.sums[key] = self.sums.get(key, 0.0) + value
 
     def micro(self, r: MicroResult, first: bool) -> None:
+        n = r.out.metrics.get("num_tokens", r.loss_tokens)  # the tokens its means are over
         for key, v in r.out.metrics.items():
             if key == "ratio_max":  # an objective's metrics combine as LossOutput documents
-                self.ratio_max = max(self.ratio_max, v) if r.loss_tokens else self.ratio_max
+                self.ratio_max = max(self.ratio_max, v) if n else self.ratio_max
             elif key in ("log_ratio_clamped", "num_tokens"):
                 self.add(key, v)  # counts add up
             else:
-                self.add(key, v * r.loss_tokens)  # token-weighted mean
+                self.add(key, v * n)  # token-weighted mean
         self.add("loss", r.out.loss.item())
-        self.add("tokens", r.loss_tokens)
+        self.add("tokens", n)
         self.add("entropy", r.entropy_sum)
         self.add("entropy_tokens", r.generated_tokens)
         if first:  # every response once, against the policy that sampled it

@@ -1,0 +1,60 @@
+"""SAPO (soft adaptive policy optimisation, arXiv 2511.20347; docs/algorithms.md#sapo): a
+smooth gate on the token ratio instead of PPO's hard clip.
+
+Per valid token, with rho = exp(logp - logp_old):
+
+    tau_t = tau_pos if A_t > 0 else tau_neg
+    f(rho, tau) = sigmoid(tau (rho - 1)) * 4 / tau
+    L_t = -f(rho_t, tau_t) * A_t                     plus kl_coef * KL_t as in `clip`
+    loss = aggregate(L, response_mask, agg)          the paper's: sample_mean
+
+The gate's slope is 4 sigmoid' = sech^2(tau (rho - 1) / 2): 1 at rho = 1, so near on-policy
+the gradient is the plain policy gradient A grad logp; it decays smoothly as rho leaves 1,
+faster for the larger tau. The paper (and verl's defaults) take tau_pos = 1, tau_neg = 1.05:
+negative-advantage tokens, whose updates spread probability over the whole vocabulary, are
+damped sooner. A_t = 0 takes tau_neg (as verl's `A > 0` test); its loss is 0 either way.
+Token ratio only; no clip bounds, no dual clip.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from .losses import LossOutput, _check, _log_ratio, _metrics, kl_and_aggregate, masked_inputs
+
+if TYPE_CHECKING:
+    from .objectives import LossInputs, LossSettings
+
+
+def check_sapo(settings: LossSettings) -> None:
+    """The settings SAPO has no use for are refused, not ignored (the clip bounds: by
+    `objectives.check_unused`, which knows their defaults)."""
+    if settings.ratio != "token":
+        raise ValueError(f"ratio: got {settings.ratio!r}, expected token (sapo gates tokens)")
+    if settings.dual_clip is not None:
+        raise ValueError(f"dual_clip: got {settings.dual_clip!r}, expected none under sapo")
+
+
+def sapo_gate(rho, tau):
+    """f(rho, tau) = sigmoid(tau (rho - 1)) * 4 / tau: value 2 / tau and slope 1 at rho = 1."""
+    return torch.sigmoid(tau * (rho - 1.0)) * (4.0 / tau)
+
+
+def sapo_loss(inputs: LossInputs, settings: LossSettings) -> LossOutput:
+    """SAPO's loss (module docstring). Metrics as `clip`'s (LossOutput); nothing is clipped,
+    so the clip fractions are 0."""
+    s = settings
+    check_sapo(s)
+    _check(inputs, s.kl_coef)
+    logp, old, adv, mask, clean = masked_inputs(inputs)
+    log_ratio, clamped = _log_ratio(logp, old, mask, "token", s.log_ratio_clamp)
+    rho = torch.exp(log_ratio)  # (B, T), with the graph
+    taus = torch.tensor([s.tau_neg, s.tau_pos], dtype=rho.dtype, device=rho.device)
+    tau = taus[(adv > 0).long()]  # in rho's dtype: 1.05 is not a float32 number
+    per_token = -sapo_gate(rho, tau) * adv
+    loss, kl3 = kl_and_aggregate(per_token, logp, clean, mask, inputs, s)
+    none = torch.zeros_like(mask)
+    metrics = _metrics(rho, mask, none, none, none, kl3, clamped)
+    return LossOutput(loss=loss, metrics=metrics)
