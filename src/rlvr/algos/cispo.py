@@ -14,15 +14,11 @@ learns, with its weight capped (PPO's clip zeroes it). The paper sets no lower b
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 from torch import Tensor
 
+from .loss_inputs import LossInputs, LossSettings
 from .losses import LossOutput, _check, _log_ratio, _metrics, kl_and_aggregate
-
-if TYPE_CHECKING:
-    from .objectives import LossInputs, LossSettings
 
 
 def check_cispo(settings: LossSettings) -> None:
