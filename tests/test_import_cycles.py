@@ -120,7 +120,7 @@ def _loop(graph: dict[str, set[str]], component: set[str]) -> list[str]:
         nxt = sorted(w for w in graph[path[-1]] if w in component)
         back = [w for w in nxt if w in seen]
         if back:
-            return path[path.index(back[0]) :] + [back[0]]
+            return [*path[path.index(back[0]) :], back[0]]
         path.append(nxt[0])
         seen.add(nxt[0])
 
