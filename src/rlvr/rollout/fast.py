@@ -164,8 +164,18 @@ class FastEngine:
         self.tools = tools  # a rlvr.tools.Toolbox: responses with tool turns (fast_tools.py)
         self._cache_kw = cache_kwarg(model)
 
+    resident_bytes = 0  # samples on the policy module: nothing held through the update
+
+    @classmethod
+    def from_config(cls, model, *, pad_id: int, eos_ids: list[int], cfg, site) -> FastEngine:
+        """The run's CPU backend gate and tools from `site`; no settings of its own."""
+        return cls(model, pad_id=pad_id, eos_ids=eos_ids, backend=site.backend, tools=site.tools)
+
     def sync_weights(self) -> None:
         """The engine samples from the live policy module: nothing to copy."""
+
+    def release(self) -> None:
+        """Nothing to give back: the cache of a `generate` call is freed when it returns."""
 
     def _new_cache(self, max_len: int):
         config = self.model.config
