@@ -10,12 +10,17 @@ and its entry here (README, "Adding an engine").
 
 from __future__ import annotations
 
-from rlvr.config import Config, ConfigError
+from typing import TYPE_CHECKING
+
 from rlvr.models import eos_ids
 from rlvr.rollout.base import EngineError, EngineSite, RolloutEngine
 from rlvr.rollout.fast import FastEngine
 from rlvr.rollout.hf import HFEngine
 from rlvr.rollout.vllm import VLLMEngine  # imports vllm only when constructed
+from rlvr.schema import ConfigError
+
+if TYPE_CHECKING:
+    from rlvr.config import Config
 
 ENGINES: dict[str, type[RolloutEngine]] = {"fast": FastEngine, "hf": HFEngine, "vllm": VLLMEngine}
 
