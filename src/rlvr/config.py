@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
+import os
 import sys
 import types
 import typing
@@ -165,13 +166,15 @@ _noted: set[tuple[str, str]] = set()
 
 
 def _renamed(section: str, key: str) -> str:
-    """The key's name now (`RENAMED`); an old name is noted once a process, on stderr."""
+    """The key's name now (`RENAMED`); an old name is noted once a process, on stderr (by
+    rank 0 alone under torchrun)."""
     new = RENAMED.get((section, key))
     if new is None:
         return key
     if (section, key) not in _noted:
         _noted.add((section, key))
-        print(f"note: {section}.{key} is now {section}.{new}", file=sys.stderr)
+        if os.environ.get("RANK", "0") == "0":
+            print(f"note: {section}.{key} is now {section}.{new}", file=sys.stderr)
     return new
 
 
