@@ -13,7 +13,7 @@ import yaml
 
 import rlvr
 from rlvr.cli import main
-from rlvr.config import Config, load_config, to_dict
+from rlvr.config import Config, flat_keys, load_config, to_dict
 from rlvr.presets import PRESETS
 
 SRC = Path(rlvr.__file__).parent
@@ -31,7 +31,7 @@ def help_values(capsys, *argv: str) -> dict[str, str]:
         main(["train", *argv, "--help"])
     assert info.value.code == 0
     text = capsys.readouterr().out
-    return dict(re.findall(r"^  --(\w+\.\w+)=(.*?)  \(", text, re.M))
+    return dict(re.findall(r"^  --(\w+\.[\w.]+)=(.*?)  \(", text, re.M))
 
 
 def test_config_show_prints_the_default_runs_values_not_the_schemas(capsys):
@@ -52,10 +52,12 @@ def test_config_show_prints_the_default_runs_values_not_the_schemas(capsys):
 @pytest.mark.parametrize("argv", [(), ("--preset", "ppo", "--optim.lr=3e-4")])
 def test_train_help_agrees_with_config_show_on_every_key(capsys, argv):
     shown = show(capsys, *argv)
+    shown = {s: flat_keys(s, v) for s, v in shown.items() if isinstance(v, dict)}
     listed = help_values(capsys, *argv)
-    assert len(listed) == sum(len(v) for v in shown.values() if isinstance(v, dict))
+    assert len(listed) == sum(len(v) for v in shown.values())
+    assert "rollout.vllm.memory" in listed  # an engine's section, key by key
     for dotted, text in listed.items():
-        section, key = dotted.split(".")
+        section, key = dotted.split(".", 1)
         value = shown[section][key]
         value = tuple(value) if isinstance(value, list) else value
         assert text == repr(value), dotted

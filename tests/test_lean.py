@@ -18,7 +18,7 @@ from rlvr.cpu.lean import LeanDecoder
 from rlvr.cpu.packed import packing_available
 from rlvr.cpu.prefix_attention import PrefixLayer, PrefixLayout, prefix_decoding
 from rlvr.rollout import FastEngine, HFEngine, SamplingParams, left_pad
-from rlvr.rollout.fast import _LiveLayer
+from rlvr.rollout.live_cache import LiveLayer
 
 pytestmark = pytest.mark.skipif(not packing_available(), reason="torch built without oneDNN")
 
@@ -72,7 +72,7 @@ def _prefilled(model, prompts, G):
     engine = FastEngine(model, pad_id=0, eos_ids=[999])
     ids, mask = left_pad(prompts, 0, "cpu")
     cache = engine._new_cache(ids.shape[1] + 8)
-    assert all(type(layer) is _LiveLayer for layer in cache.layers)
+    assert all(type(layer) is LiveLayer for layer in cache.layers)
     cache.layers = [PrefixLayer(8) for _ in cache.layers]
     pos = (mask.cumsum(-1) - 1).clamp(min=0)
     with torch.no_grad():

@@ -17,7 +17,7 @@ from rlvr.cpu.prefix_attention import (
     supports_prefix_attention,
 )
 from rlvr.rollout import FastEngine, HFEngine, SamplingParams
-from rlvr.rollout.fast import _LiveLayer
+from rlvr.rollout.live_cache import LiveLayer
 
 
 @pytest.fixture(params=["torch", "native"])
@@ -170,7 +170,7 @@ def test_greedy_same_tokens_as_hf_and_attention_restored(model, tokenizer):
     # the path under test: the gate is on and the engine's cache takes prefix layers
     plan = fast.backend.decoding(model, pack_weights=True, prefix_attention=True, lean=False)
     cache = fast._new_cache(8)
-    plan.prepare(cache, 12, 12, plain_layers=all(type(x) is _LiveLayer for x in cache.layers))
+    plan.prepare(cache, 12, 12, plain_layers=all(type(x) is LiveLayer for x in cache.layers))
     assert all(isinstance(x, PrefixLayer) for x in cache.layers)
     out = fast.generate(prompts, params)
     assert torch.equal(out.completion_ids, hf.completion_ids)

@@ -27,7 +27,7 @@ from rlvr.rollout.vllm import (
     sample_seeds,
     vllm_dtype,
 )
-from rlvr.schema import ModelConfig, RolloutConfig
+from rlvr.schema import ModelConfig, RolloutConfig, VLLMSettings
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -66,11 +66,13 @@ def test_config_takes_vllm_on_the_cpu_and_refuses_bad_vllm_keys_by_name():
     validate(Config(model=ModelConfig(device="cpu"), rollout=RolloutConfig(engine="vllm")))
     validate(Config(model=ModelConfig(device="cuda"), rollout=RolloutConfig(engine="vllm")))
     with pytest.raises(
-        ConfigError, match=r"^rollout\.vllm_dtype: got 'bfloat16', expected auto unless"
+        ConfigError, match=r"^rollout\.vllm\.dtype: got 'bfloat16', expected auto unless"
     ):
-        validate(Config(rollout=RolloutConfig(engine="fast", vllm_dtype="bfloat16")))
-    with pytest.raises(ConfigError, match=r"^rollout\.vllm_memory: got 1\.5, expected in \(0, 1\)"):
-        validate(Config(rollout=RolloutConfig(engine="vllm", vllm_memory=1.5)))
+        validate(Config(rollout=RolloutConfig(engine="fast", vllm=VLLMSettings(dtype="bfloat16"))))
+    with pytest.raises(
+        ConfigError, match=r"^rollout\.vllm\.memory: got 1\.5, expected in \(0, 1\)"
+    ):
+        validate(Config(rollout=RolloutConfig(engine="vllm", vllm=VLLMSettings(memory=1.5))))
 
 
 @pytest.mark.skipif(not NO_VLLM, reason="checks the message where vllm is not installed")

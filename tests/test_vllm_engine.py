@@ -198,3 +198,41 @@ def test_the_cpu_kv_cache_is_sized_from_the_run(tok):
     if DEVICE == "cpu":
         weights = 4 * sum(p.numel() for p in model.parameters())
         assert engine.resident_bytes == 16 * 128 * 2 * 4 * 2 * 32 * 4 + weights
+
+
+def test_build_engine_with_each_callers_site_and_the_vllm_section(tok):
+    """The one constructor (`rlvr.rollout.build_engine`) with the sites of training, `rlvr
+    eval` and `rlvr rm`: each builds and samples; on the CPU the KV cache is the site's rows
+    at the site's context (rm: the defaults, 64 rows at the model's context)."""
+    from rlvr.config import load_config
+    from rlvr.evaluate import eval_site
+    from rlvr.prompts import load_prompts
+    from rlvr.rollout import EngineSite, VLLMEngine, build_engine
+    from rlvr.run.distributed import Dist
+    from rlvr.train.setup import engine_site
+
+    model = load_model("rlvr-tiny", device=DEVICE).eval()
+    rollout = {"engine": "vllm", "prompts_per_step": 2, "group_size": 4, "max_new_tokens": 8}
+    cfg = load_config(
+        None,
+        {"rollout": {**rollout, "vllm": {"dtype": "float32"}}, "model": {"device": DEVICE},
+         "data": {"train_size": 16}, "train": {"eval_size": 4}},
+    )  # fmt: skip
+    source = load_prompts(cfg, tok, model.config.max_position_embeddings)
+    sites = {
+        "train": engine_site(cfg, model, torch.device(DEVICE), Dist(), None, None, source),
+        "eval": eval_site(cfg, model, source),
+        "rm": EngineSite(),
+    }
+    weights = 4 * sum(p.numel() for p in model.parameters())
+    for caller, site in sites.items():
+        engine = build_engine(cfg, model, tok, site)
+        assert type(engine) is VLLMEngine, caller
+        out = engine.generate(_prompts(tok)[:2], SamplingParams(n=2, max_new_tokens=8, seed=1))
+        assert out.completion_ids.shape[0] == 4 and (out.lengths <= 8).all(), caller
+        if DEVICE == "cpu":
+            context = site.max_model_len or model.config.max_position_embeddings
+            kv = kv_cache_bytes(model.config, site.max_rows, context, "float32")
+            assert engine.resident_bytes == kv + weights, caller
+        engine.release()
+        del engine

@@ -39,7 +39,7 @@ from rlvr.api_inputs import (
     reward_changes,
     tool_names,
 )
-from rlvr.config import Config, ConfigError, load_config, to_dict
+from rlvr.config import Config, ConfigError, flat_keys, load_config, to_dict
 from rlvr.presets import preset_names
 from rlvr.run.callbacks import check_callbacks
 from rlvr.run.stored_config import (
@@ -202,7 +202,10 @@ class Trainer:
         trl = self.trl.changes
         without = {s: {k: v for k, v in kv.items() if k not in trl.get(s, {})}
                    for s, kv in changes.items() if isinstance(kv, dict)}  # fmt: skip
-        base, applied = to_dict(load_config(None, without, preset=preset)), to_dict(cfg)
+        base, applied = (
+            {s: flat_keys(s, v) for s, v in to_dict(c).items() if isinstance(v, dict)}
+            for c in (load_config(None, without, preset=preset), cfg)
+        )
         keys = {s: {k: applied[s][k] for k in kv if k != "output_dir"} for s, kv in trl.items()}
         lines = differences(base, keys) + [f"  {note}" for note in self.trl.notes]
         if lines and os.environ.get("RANK", "0") == "0":  # once under torchrun

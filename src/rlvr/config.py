@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
+import os
 import sys
 import types
 import typing
@@ -29,6 +30,7 @@ from rlvr.presets import (
 )
 from rlvr.safe_yaml import load_yaml, read_text, show
 from rlvr.schema import (  # noqa: F401 (re-exported: rlvr.config is the public module)
+    RENAMED,
     SECTIONS,
     AlgoConfig,
     Config,
@@ -40,6 +42,7 @@ from rlvr.schema import (  # noqa: F401 (re-exported: rlvr.config is the public 
     RewardConfig,
     RolloutConfig,
     TrainConfig,
+    VLLMSettings,
     field_docs,
 )
 from rlvr.trl_compat import SAME, alias, did_you_mean
@@ -140,7 +143,9 @@ def _near(section: str, key: str, hints: dict[str, Any]) -> str:
 
 
 def apply_changes(cfg: Config, changes: dict[str, Any], source: str) -> Config:
-    """Apply a nested dict {section: {key: value}} (or {"preset": name}) to `cfg`."""
+    """Apply a nested dict {section: {key: value}} (or {"preset": name}) to `cfg`. A key of
+    an engine's own section is `rollout.vllm.dtype`: {"rollout": {"vllm": {"dtype": v}}} or
+    the dotted {"rollout": {"vllm.dtype": v}}."""
     if not isinstance(changes, dict):
         raise ConfigError(f"{source}: expected a mapping of sections, got {type(changes).__name__}")
     for section, values in changes.items():
@@ -153,18 +158,68 @@ def apply_changes(cfg: Config, changes: dict[str, Any], source: str) -> Config:
             )
         if not isinstance(values, dict):
             raise ConfigError(f"{source}: section {section!r} must be a mapping of keys to values")
-        sub = getattr(cfg, section)
-        hints = _resolved_types(type(sub))
-        updates = {}
-        for key, value in values.items():
-            if key not in hints:
-                raise ConfigError(
-                    f"{source}: unknown key {section}.{key}{_near(section, key, hints)}; "
-                    f"valid keys of {section}: {', '.join(hints)}"
-                )
-            updates[key] = _coerce(f"{section}.{key}", hints[key], value)
-        cfg = replace(cfg, **{section: replace(sub, **updates)})
+        cfg = replace(cfg, **{section: _apply(getattr(cfg, section), values, section, source)})
     return cfg
+
+
+_noted: set[tuple[str, str]] = set()
+
+
+def _renamed(section: str, key: str) -> str:
+    """The key's name now (`RENAMED`); an old name is noted once a process, on stderr (by
+    rank 0 alone under torchrun)."""
+    new = RENAMED.get((section, key))
+    if new is None:
+        return key
+    if (section, key) not in _noted:
+        _noted.add((section, key))
+        if os.environ.get("RANK", "0") == "0":
+            print(f"note: {section}.{key} is now {section}.{new}", file=sys.stderr)
+    return new
+
+
+def _apply(sub: Any, values: dict[str, Any], where: str, source: str) -> Any:
+    """`sub` (a section, or an engine's section `where` names) with `values` applied."""
+    hints = _resolved_types(type(sub))
+    updates: dict[str, Any] = {}
+    nested: dict[str, dict[str, Any]] = {}
+    for key, value in values.items():
+        key = _renamed(where, key)
+        head, dot, rest = key.partition(".")
+        if head not in hints or (dot and not is_dataclass(hints[head])):
+            raise ConfigError(
+                f"{source}: unknown key {where}.{key}{_near(where, key, hints)}; "
+                f"valid keys of {where}: {', '.join(hints)}"
+            )
+        if not is_dataclass(hints[head]):
+            updates[key] = _coerce(f"{where}.{key}", hints[key], value)
+        elif dot:
+            nested.setdefault(head, {})[rest] = value
+        elif isinstance(value, dict):
+            nested.setdefault(head, {}).update(value)
+        else:
+            raise ConfigError(
+                f"{source}: {where}.{head}: got {show(value)}, expected a mapping of its keys "
+                f"({', '.join(_resolved_types(hints[head]))})"
+            )
+    for head, inner in nested.items():
+        updates[head] = _apply(getattr(sub, head), inner, f"{where}.{head}", source)
+    return replace(sub, **updates)
+
+
+def flat_keys(section: str, values: dict[str, Any]) -> dict[str, Any]:
+    """A `to_dict` section with its engine sections spelled out as dotted keys ({"vllm":
+    {"dtype": "auto"}} -> {"vllm.dtype": "auto"}) and old key names (`RENAMED`) as the new,
+    for key-by-key comparisons of configs and of stored records."""
+    hints = _resolved_types(type(getattr(Config(), section))) if section in SECTIONS else {}
+    out: dict[str, Any] = {}
+    for key, value in values.items():
+        key = RENAMED.get((section, key), key)
+        if isinstance(value, dict) and key in hints and is_dataclass(hints[key]):
+            out.update({f"{key}.{k}": v for k, v in value.items()})
+        else:
+            out[key] = value
+    return out
 
 
 def parse_overrides(args: list[str]) -> dict[str, dict[str, str]]:
@@ -272,20 +327,28 @@ def dump_yaml(cfg: Config) -> str:
 def help_text(cfg: Config | None = None) -> str:
     """Every key with its value in `cfg` (the dataclass defaults when None), its type and
     documentation, for `rlvr train --help`; a value that differs from the dataclass default
-    names that default too."""
+    names that default too. An engine's section lists its keys (`--rollout.vllm.dtype`)."""
     cfg = cfg or Config()
     lines = []
     for name in SECTIONS:
         cls = typing.get_type_hints(Config)[name]
         assert is_dataclass(cls)
-        docs, hints, default = field_docs(cls), typing.get_type_hints(cls), cls()
-        values = getattr(cfg, name)
         lines.append(f"{name}:")
-        for f in fields(cls):
-            value, base = getattr(values, f.name), getattr(default, f.name)
-            note = "" if value == base else f" [schema default {base!r}]"
-            lines.append(
-                f"  --{name}.{f.name}={value!r}  ({_type_name(hints[f.name])}) "
-                f"{docs.get(f.name, '')}{note}"
-            )
+        lines += _key_lines(name, cls, getattr(cfg, name))
     return "\n".join(lines)
+
+
+def _key_lines(where: str, cls: type, values: Any) -> list[str]:
+    docs, hints, default = field_docs(cls), typing.get_type_hints(cls), cls()
+    lines = []
+    for f in fields(cls):
+        value, base = getattr(values, f.name), getattr(default, f.name)
+        if is_dataclass(hints[f.name]):
+            lines += _key_lines(f"{where}.{f.name}", hints[f.name], value)
+            continue
+        note = "" if value == base else f" [schema default {base!r}]"
+        lines.append(
+            f"  --{where}.{f.name}={value!r}  ({_type_name(hints[f.name])}) "
+            f"{docs.get(f.name, '')}{note}"
+        )
+    return lines

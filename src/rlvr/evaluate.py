@@ -103,27 +103,24 @@ def load_for_eval(target: str, dtype: str = "float32"):
     return load_model(target, dtype=dtype).eval(), load_tokenizer(target)
 
 
-def _vllm_kw(cfg: Config, model, source) -> dict:
-    """The vllm engine's context and rows (its KV cache on the CPU) from the run, as training
-    sizes them (`rlvr.train.setup`); nothing for the other engines."""
-    if cfg.rollout.engine != "vllm":
-        return {}
-    from rlvr.train.setup import vllm_context
+def eval_site(cfg: Config, model, source, toolbox=None):
+    """Where `rlvr eval`'s engine runs: the model's device, the tools, the run's longest
+    sequence and a step's rows (prompts x G), as training sizes them."""
+    from rlvr.rollout import EngineSite, longest_sequence
 
     r = cfg.rollout
-    return {
-        "max_model_len": vllm_context(cfg, model, source),
-        "max_rows": r.prompts_per_step * r.group_size,
-    }
+    return EngineSite(
+        tools=toolbox,
+        max_model_len=longest_sequence(cfg, model, source),
+        max_rows=r.prompts_per_step * r.group_size,
+    )
 
 
 def cmd_eval(argv: list[str]) -> int:
     from rlvr.arguments import split_overrides
-    from rlvr.models import eos_ids
     from rlvr.prompts import load_prompts
     from rlvr.rewards.scoring import Scorer
-    from rlvr.rollout import ENGINES
-    from rlvr.rollout.vllm import VLLMEngineError
+    from rlvr.rollout import build_engine
     from rlvr.train.evaluation import eval_params, evaluate
     from rlvr.train.setup import Given, build_toolbox
 
@@ -137,16 +134,7 @@ def cmd_eval(argv: list[str]) -> int:
         raise ConfigError("no held-out prompts: set --num-prompts > 0 or --data.eval_path")
     scorer = Scorer.build(cfg, source.task, has_answer=source.has_answer)
     toolbox = build_toolbox(cfg, source, tokenizer, Given())  # rollout.tools, or the task's
-    try:
-        engine = ENGINES[cfg.rollout.engine](
-            model,
-            pad_id=tokenizer.pad_token_id,
-            eos_ids=eos_ids(tokenizer, model),
-            **({"tools": toolbox} if toolbox is not None else {}),
-            **_vllm_kw(cfg, model, source),
-        )
-    except VLLMEngineError as e:  # no or unsupported vllm, vLLM failed to start
-        raise ConfigError(str(e)) from None
+    engine = build_engine(cfg, model, tokenizer, eval_site(cfg, model, source, toolbox))
     sampled_rows: list[dict] = []
     greedy_rows: list[dict] = []
     sampled = evaluate(

@@ -92,6 +92,21 @@ class DataConfig:
 
 
 @dataclass(frozen=True)
+class VLLMSettings:
+    """The vllm engine's own settings (`rollout.vllm.dtype`, `rollout.vllm.memory`); the
+    other engines ignore them.
+
+    dtype: the vllm engine's dtype: auto (bfloat16 under model.autocast=bfloat16, else
+        model.dtype), float32, bfloat16 or float16.
+    memory: fraction of the GPU's memory the vllm engine takes while awake (weights and KV
+        cache; vLLM's gpu_memory_utilization).
+    """
+
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    memory: float = 0.35
+
+
+@dataclass(frozen=True)
 class RolloutConfig:
     """Sampling: how many responses, how long, at what temperature.
 
@@ -106,10 +121,7 @@ class RolloutConfig:
     min_new_tokens: suppress EOS before this many tokens (benchmarks force lengths with it; 0 = off).
     seed_per_prompt: draw each prompt's samples from its own seed, whatever else shares the batch
         (always on under torchrun, so N ranks sample what one process would).
-    vllm_dtype: the vllm engine's dtype: auto (bfloat16 under model.autocast=bfloat16, else
-        model.dtype), float32, bfloat16 or float16.
-    vllm_memory: fraction of the GPU's memory the vllm engine takes while awake (weights and
-        KV cache; vLLM's gpu_memory_utilization).
+    vllm: the vllm engine's settings, `rollout.vllm.KEY` (`VLLMSettings`).
     tools: tools the model may call inside a response (docs/tools.md): built-in names (calc,
         python), "module:function" or "path/file.py:function"; empty = the task's own tools.
     max_tool_calls: tool calls run per response; a call past it is left as plain text.
@@ -130,8 +142,7 @@ class RolloutConfig:
     top_k: int = 0
     min_new_tokens: int = 0
     seed_per_prompt: bool = False
-    vllm_dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
-    vllm_memory: float = 0.35
+    vllm: VLLMSettings = field(default_factory=VLLMSettings)
     tools: tuple[str, ...] = ()
     max_tool_calls: int = 4
     max_total_tokens: int | None = None
@@ -389,6 +400,13 @@ class Config:
 
 
 SECTIONS = {f.name: f.type for f in fields(Config) if f.name != "preset"}
+
+# Keys that moved into an engine's own section: (section, old key) -> the key's new name in
+# that section. A config that still writes the old name is applied, with a note naming the new.
+RENAMED = {
+    ("rollout", "vllm_dtype"): "vllm.dtype",
+    ("rollout", "vllm_memory"): "vllm.memory",
+}
 
 
 def field_docs(cls: type) -> dict[str, str]:

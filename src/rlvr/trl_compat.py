@@ -184,7 +184,7 @@ class _Changes:
         self.changes: dict[str, dict[str, Any]] = {}
 
     def set(self, key: str, value: Any) -> None:
-        section, name = key.split(".")
+        section, name = key.split(".", 1)  # name may be an engine section's: vllm.memory
         self.changes.setdefault(section, {})[name] = value
 
 
@@ -341,7 +341,7 @@ def _run(values, given, is_object, out: _Changes) -> None:
         if values.get("vllm_mode", "colocate") != "colocate":
             raise ConfigError("args: vllm_mode='server': rlvr runs vLLM colocated only")
         out.set("rollout.engine", "vllm")
-        out.set("rollout.vllm_memory", values.get("vllm_gpu_memory_utilization", 0.3))
+        out.set("rollout.vllm.memory", values.get("vllm_gpu_memory_utilization", 0.3))
     if values.get("activation_checkpointing") and is_object:
         out.set("optim.gradient_checkpointing", True)
     optim = _plain(values.get("optim", "adamw_torch_fused"))
@@ -385,7 +385,8 @@ def peft_changes(config: Any) -> dict[str, dict[str, Any]]:
 
 
 def differences(base: dict[str, dict[str, Any]], applied: dict[str, dict[str, Any]]) -> list[str]:
-    """`section.key: preset value -> value` for each key the TRL args changed (`to_dict`s)."""
+    """`section.key: preset value -> value` for each key the TRL args changed (`to_dict`s,
+    their sections as `rlvr.config.flat_keys` spells them: `rollout.vllm.memory`)."""
     lines = []
     for section, keys in applied.items():
         if not isinstance(keys, dict):

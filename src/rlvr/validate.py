@@ -119,12 +119,12 @@ def validate(cfg: Config) -> None:
         )
     _check_machine(cfg)
     _check(
-        r.vllm_dtype == "auto" or r.engine == "vllm",
-        "rollout.vllm_dtype",
+        r.vllm.dtype == "auto" or r.engine == "vllm",
+        "rollout.vllm.dtype",
         f"auto unless rollout.engine is vllm (it is {r.engine!r})",
-        r.vllm_dtype,
+        r.vllm.dtype,
     )
-    _check(0 < r.vllm_memory < 1, "rollout.vllm_memory", "in (0, 1)", r.vllm_memory)
+    _check(0 < r.vllm.memory < 1, "rollout.vllm.memory", "in (0, 1)", r.vllm.memory)
     _validate_tools(r)
     template = cfg.data.prompt_template
     _check(

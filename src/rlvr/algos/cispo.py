@@ -14,14 +14,10 @@ learns, with its weight capped (PPO's clip zeroes it). The paper sets no lower b
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 
+from .loss_inputs import LossInputs, LossSettings
 from .losses import LossOutput, _check, _log_ratio, _metrics, kl_and_aggregate, masked_inputs
-
-if TYPE_CHECKING:
-    from .objectives import LossInputs, LossSettings
 
 
 def check_cispo(settings: LossSettings) -> None:

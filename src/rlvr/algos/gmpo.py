@@ -20,14 +20,10 @@ geometric mean). Token ratio only; no dual clip, no log-ratio clamp, `agg=sample
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 
+from .loss_inputs import LossInputs, LossSettings
 from .losses import LossOutput, _check, _metrics, kl_and_aggregate, masked_inputs
-
-if TYPE_CHECKING:
-    from .objectives import LossInputs, LossSettings
 
 
 def check_gmpo(settings: LossSettings) -> None:

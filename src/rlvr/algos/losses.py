@@ -15,18 +15,13 @@ the lower only when A < 0 and rho < 1 - clip_low; dual clip only when A < 0 and 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
 
 import torch
 from torch import Tensor
 
 from .aggregate import AggMode, Count, aggregate
 from .kl import KL_ESTIMATORS, KLKind, kl_k3
-
-if TYPE_CHECKING:
-    from .objectives import LossInputs, LossSettings
-
-Ratio = Literal["token", "sequence"]
+from .loss_inputs import LossInputs, LossSettings, Ratio
 
 
 @dataclass(frozen=True)
@@ -181,8 +176,6 @@ def policy_loss(
     num_tokens / num_sequences / norm_constant go to `aggregate` (global counts for exact
     micro-batching). Returns LossOutput; its metrics are documented there.
     """
-    from .objectives import LossInputs, LossSettings
-
     settings = LossSettings(
         clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip, agg=agg, kl_coef=kl_coef,
         kl_kind=kl_kind, ratio=ratio, log_ratio_clamp=log_ratio_clamp,

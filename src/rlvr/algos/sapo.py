@@ -18,14 +18,10 @@ Token ratio only; no clip bounds, no dual clip.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 
+from .loss_inputs import LossInputs, LossSettings
 from .losses import LossOutput, _check, _log_ratio, _metrics, kl_and_aggregate, masked_inputs
-
-if TYPE_CHECKING:
-    from .objectives import LossInputs, LossSettings
 
 
 def check_sapo(settings: LossSettings) -> None:

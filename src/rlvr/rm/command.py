@@ -140,12 +140,11 @@ def collect_data(cfg, rcfg: RMConfig, run_dir: Path, console: Console) -> tuple[
         return read_records(paths[0]), read_records(paths[1])
     import dataclasses
 
-    from rlvr import cpu
-    from rlvr.models import eos_ids, load_model, load_tokenizer
+    from rlvr.models import load_model, load_tokenizer
     from rlvr.prompts import load_prompts
     from rlvr.rewards.scoring import Scorer
     from rlvr.rm.collect import sample_records
-    from rlvr.rollout import ENGINES
+    from rlvr.rollout import build_engine
 
     data = dataclasses.replace(cfg.data, train_size=max(cfg.data.train_size, rcfg.train_prompts))
     train = dataclasses.replace(cfg.train, eval_size=rcfg.eval_prompts)
@@ -154,10 +153,7 @@ def collect_data(cfg, rcfg: RMConfig, run_dir: Path, console: Console) -> tuple[
     tok = load_tokenizer(cfg.model.name_or_path)
     model = load_model(cfg.model.name_or_path, dtype=cfg.model.dtype).eval()
     source = load_prompts(cfg, tok, getattr(model.config, "max_position_embeddings", None))
-    kw = {"backend": cpu.backend(model)} if cfg.rollout.engine == "fast" else {}
-    engine = ENGINES[cfg.rollout.engine](
-        model, pad_id=tok.pad_token_id, eos_ids=eos_ids(tok, model), **kw
-    )
+    engine = build_engine(cfg, model, tok)  # the model's device, no tools
     scorer = Scorer.build(cfg, source.task, has_answer=source.has_answer)
     n, seed = rcfg.samples_per_prompt, rcfg.seed
     console.print(f"sampling {n} responses to {rcfg.train_prompts} + {len(source.eval)} prompts")

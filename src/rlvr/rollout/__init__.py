@@ -1,6 +1,9 @@
-"""Rollout engines: prompts in, a `Rollout` (ids, lengths, truncation flags) out."""
+"""Rollout engines: prompts in, a `Rollout` (ids, lengths, truncation flags) out. `ENGINES`
+names them; `build_engine` builds the one a config names (`registry.py`)."""
 
 from rlvr.rollout.base import (
+    EngineError,
+    EngineSite,
     Rollout,
     RolloutEngine,
     SamplingParams,
@@ -12,21 +15,24 @@ from rlvr.rollout.base import (
 )
 from rlvr.rollout.fast import FastEngine
 from rlvr.rollout.hf import HFEngine
+from rlvr.rollout.registry import ENGINES, build_engine, longest_sequence
 from rlvr.rollout.vllm import VLLMEngine  # imports vllm only when constructed
-
-ENGINES = {"hf": HFEngine, "fast": FastEngine, "vllm": VLLMEngine}
 
 __all__ = [
     "ENGINES",
+    "EngineError",
+    "EngineSite",
     "FastEngine",
     "HFEngine",
     "Rollout",
     "RolloutEngine",
     "SamplingParams",
     "VLLMEngine",
+    "build_engine",
     "decode_completions",
     "dedupe",
     "derive_seed",
     "left_pad",
     "lengths_from_eos",
+    "longest_sequence",
 ]

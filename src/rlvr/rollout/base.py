@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import torch
+
+if TYPE_CHECKING:
+    from rlvr.config import Config
 
 
 @dataclass(frozen=True)
@@ -98,13 +101,62 @@ class Rollout:
         return len(self.prompt_ids)
 
 
+class EngineError(RuntimeError):
+    """An engine cannot run here (no GPU, a missing or unsupported library, a failed start);
+    its message names the key (`rollout.engine=vllm needs ...`), and `build_engine` reports
+    it as the config error it is."""
+
+
+@dataclass(frozen=True)
+class EngineSite:
+    """What the caller knows about where an engine runs, beyond the config (`build_engine`).
+
+    device: the rank's device (None: the model's). autocast: what the caller's forwards
+    compute in ("none" or "bfloat16": model.autocast when training). backend: the CPU
+    backend's gate decided for the run (`rlvr.cpu.Backend`; None: decided from the model).
+    tools: the `rlvr.tools.Toolbox` responses call (None: no tools). max_model_len: the
+    longest sequence asked, prompt and response (None: the model's context). max_rows: the
+    most rows (prompts x n) one `generate` call holds. rank, local_rank, world_size: the
+    data-parallel layout (`rlvr.run.distributed.Dist`).
+    """
+
+    device: torch.device | None = None
+    autocast: str = "none"
+    backend: Any = None
+    tools: Any = None
+    max_model_len: int | None = None
+    max_rows: int = 64
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+
+
+@runtime_checkable
 class RolloutEngine(Protocol):
-    """What the trainer asks of an engine. The hf engine shares the policy module, so
-    `sync_weights` is a no-op there; an inference engine (vLLM) copies weights in it."""
+    """What training, `rlvr eval` and `rlvr rm` ask of an engine.
+
+    from_config: the engine from the config (its own section, `rollout.<name>`) and the
+    caller's `EngineSite`; `build_engine` calls it. generate: a batch of prompts sampled.
+    sync_weights: after an optimiser step; a no-op for the engines that sample on the policy
+    module itself (fast, hf), a weight copy for an inference engine (vllm). release: once a
+    step's (or an evaluation's) rollouts are in, memory the engine holds apart from the
+    trainer is given back until the next `generate` (vllm's sleep); a no-op where there is
+    none. resident_bytes: what the engine keeps through the update (the memory guard adds it;
+    0 for the engines on the policy module).
+    """
+
+    resident_bytes: int
+
+    @classmethod
+    def from_config(
+        cls, model, *, pad_id: int, eos_ids: list[int], cfg: Config, site: EngineSite
+    ) -> RolloutEngine: ...
 
     def generate(self, prompt_ids: list[list[int]], params: SamplingParams) -> Rollout: ...
 
     def sync_weights(self) -> None: ...
+
+    def release(self) -> None: ...
 
 
 def lengths_from_eos(

@@ -35,7 +35,8 @@ from rlvr import cpu
 from rlvr.models import cache_kwarg
 from rlvr.rollout.base import Rollout, SamplingParams, dedupe, left_pad, lengths_from_eos
 from rlvr.rollout.fast_tools import decode_with_tools
-from rlvr.rollout.streams import CounterStreams
+from rlvr.rollout.live_cache import LiveLayer
+from rlvr.rollout.streams import CounterStreams, select_rows
 
 
 def filter_logits(logits: torch.Tensor, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
@@ -109,37 +110,6 @@ def row_generators(
     return [torch.Generator(device=device).manual_seed(s) for s in seeds]
 
 
-def _select(streams, keep: torch.Tensor):
-    """The streams of the rows kept after a compaction."""
-    if streams is None or isinstance(streams, CounterStreams):
-        return None if streams is None else streams.rows(keep)
-    return [streams[i] for i in keep.tolist()]
-
-
-class _LiveLayer(StaticLayer):
-    """A preallocated cache layer that hands attention only the slots written so far.
-
-    `StaticLayer` returns all `max_cache_len` slots (masked), so every decoding step would
-    attend over the full prompt + max_new_tokens width; this returns a view of the live
-    prefix instead (no copy), and sizes the mask to match. The write itself is StaticLayer's:
-    in place, at `cumulative_length`.
-    """
-
-    is_compileable = False  # lets the mask code skip the mask when nothing is padded
-
-    def __init__(self, max_cache_len: int, **kwargs):
-        super().__init__(max_cache_len, **kwargs)
-        self.live = 0  # python int: no device sync to size the mask
-
-    def update(self, key_states, value_states, *args, **kwargs):
-        keys, values = super().update(key_states, value_states, *args, **kwargs)
-        self.live += key_states.shape[-2]
-        return keys[:, :, : self.live], values[:, :, : self.live]
-
-    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        return self.live + query_length, 0
-
-
 class FastEngine:
     """Samples on the live policy module with its own decoding loop (see the module doc).
 
@@ -194,8 +164,18 @@ class FastEngine:
         self.tools = tools  # a rlvr.tools.Toolbox: responses with tool turns (fast_tools.py)
         self._cache_kw = cache_kwarg(model)
 
+    resident_bytes = 0  # samples on the policy module: nothing held through the update
+
+    @classmethod
+    def from_config(cls, model, *, pad_id: int, eos_ids: list[int], cfg, site) -> FastEngine:
+        """The run's CPU backend gate and tools from `site`; no settings of its own."""
+        return cls(model, pad_id=pad_id, eos_ids=eos_ids, backend=site.backend, tools=site.tools)
+
     def sync_weights(self) -> None:
         """The engine samples from the live policy module: nothing to copy."""
+
+    def release(self) -> None:
+        """Nothing to give back: the cache of a `generate` call is freed when it returns."""
 
     def _new_cache(self, max_len: int):
         config = self.model.config
@@ -205,7 +185,7 @@ class FastEngine:
         # Plain full-attention layers attend over the live prefix only; any other layer kind
         # (sliding window, linear attention) keeps the layer transformers chose for it.
         cache.layers = [
-            _LiveLayer(max_len) if type(layer) is StaticLayer else layer for layer in cache.layers
+            LiveLayer(max_len) if type(layer) is StaticLayer else layer for layer in cache.layers
         ]
         return cache
 
@@ -264,7 +244,7 @@ class FastEngine:
         cache = self._new_cache(ids.shape[1] + T)
         packing = contextlib.nullcontext()
         if plan is not None:
-            plain = self.cache == "static" and all(type(x) is _LiveLayer for x in cache.layers)
+            plain = self.cache == "static" and all(type(x) is LiveLayer for x in cache.layers)
             packing = plan.prepare(cache, B, T, plain_layers=plain)
         with packing:
             return self._prefill_and_decode(
@@ -334,7 +314,7 @@ class FastEngine:
                     plan.retire(keep)
                 row_ids, alive, tokens = row_ids[keep], alive[keep], tokens[keep]
                 mask, next_pos = mask[keep], next_pos[keep]
-                streams = _select(streams, keep)
+                streams = select_rows(streams, keep)
             logits = None if plan is None else plan.step(tokens, next_pos + t, cache)
             if logits is None:  # the modules; the mask of the tokens seen so far (a view)
                 step_mask = mask[:, : P + t + 1] if masked else None

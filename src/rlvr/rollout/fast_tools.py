@@ -17,16 +17,16 @@ from __future__ import annotations
 import torch
 
 from rlvr.rollout.base import Rollout
+from rlvr.rollout.live_cache import LiveLayer
 from rlvr.rollout.ragged import decode_ragged
+from rlvr.rollout.streams import select_rows
 from rlvr.rollout.turns import ToolTally
 
 
 def decode_with_tools(engine, logits, cache, plan, prompt_mask, expand, generators, params, rows):
     """`FastEngine._decode` for an engine with `tools`: one token per live row per step,
     a queued tool token where the row has one."""
-    from rlvr.rollout.fast import _LiveLayer
-
-    plain = engine.cache == "static" and all(type(x) is _LiveLayer for x in cache.layers)
+    plain = engine.cache == "static" and all(type(x) is LiveLayer for x in cache.layers)
     if plan is None and plain and engine.tool_prefill:
         return decode_ragged(engine, logits, cache, prompt_mask, expand, generators, params, rows)
     box = engine.tools
@@ -99,7 +99,7 @@ def decode_with_tools(engine, logits, cache, plan, prompt_mask, expand, generato
                 plan.retire(keep)
             row_ids, alive, tokens = row_ids[keep], alive[keep], tokens[keep]
             mask, next_pos = mask[keep], next_pos[keep]
-            streams = _select(streams, keep)
+            streams = select_rows(streams, keep)
         logits = None if plan is None else plan.step(tokens, next_pos + t, cache)
         if logits is None:
             step_mask = mask[:, : P + t + 1] if masked else None
@@ -117,9 +117,3 @@ def decode_with_tools(engine, logits, cache, plan, prompt_mask, expand, generato
         tool_mask=tool_mask[:, :width],
         **tally.rollout_fields(),
     )
-
-
-def _select(streams, keep):
-    from rlvr.rollout.fast import _select as select
-
-    return select(streams, keep)

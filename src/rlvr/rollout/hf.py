@@ -42,8 +42,18 @@ class HFEngine:
         self.model, self.pad_id, self.eos_ids = model, pad_id, list(eos_ids)
         self.tools = tools
 
+    resident_bytes = 0  # samples on the policy module: nothing held through the update
+
+    @classmethod
+    def from_config(cls, model, *, pad_id: int, eos_ids: list[int], cfg, site) -> HFEngine:
+        """The tools from `site`; no settings of its own."""
+        return cls(model, pad_id=pad_id, eos_ids=eos_ids, tools=site.tools)
+
     def sync_weights(self) -> None:
         """The engine samples from the live policy module: nothing to copy."""
+
+    def release(self) -> None:
+        """Nothing to give back: `generate` frees its cache when it returns."""
 
     @torch.no_grad()
     def generate(self, prompt_ids: list[list[int]], params: SamplingParams) -> Rollout:

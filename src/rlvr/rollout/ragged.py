@@ -19,6 +19,7 @@ import torch
 from transformers.cache_utils import StaticLayer
 
 from rlvr.rollout.base import Rollout
+from rlvr.rollout.streams import select_rows
 from rlvr.rollout.turns import ToolTally
 
 
@@ -74,8 +75,6 @@ class _RaggedLayer(StaticLayer):
 def decode_ragged(engine, logits, cache, prompt_mask, expand, generators, params, rows):
     """`FastEngine._decode` with tools on the torch path (module doc; the rules are
     `rlvr.rollout.turns`'s)."""
-    from rlvr.rollout.fast import _select
-
     box, max_new = engine.tools, params.max_new_tokens
     T = box.total_tokens(max_new)
     B, P, device, pad = len(rows), prompt_mask.shape[1], logits.device, engine.pad_id
@@ -139,7 +138,7 @@ def decode_ragged(engine, logits, cache, prompt_mask, expand, generators, params
             view.reorder_cache(keep)
             state.n = state.n[keep]
             row_ids, alive, tokens, fed = row_ids[keep], alive[keep], tokens[keep], fed[keep]
-            positions, streams = positions[keep], _select(streams, keep)
+            positions, streams = positions[keep], select_rows(streams, keep)
             replies = {
                 int(j): replies[int(k)] for j, k in enumerate(keep.tolist()) if int(k) in replies
             }

@@ -82,3 +82,11 @@ class CounterStreams:
             gumbel = -torch.log(-torch.log(part.uniform(step, V)))
             out.append((logits[lo : lo + chunk].float() + gumbel).argmax(dim=-1))
         return out[0] if len(out) == 1 else torch.cat(out)
+
+
+def select_rows(streams: list[torch.Generator] | CounterStreams | None, keep: torch.Tensor):
+    """The streams of the rows kept after a compaction (`keep`: positions in the batch): a
+    row's stream goes with it, one `torch.Generator` a row or `CounterStreams.rows`."""
+    if streams is None or isinstance(streams, CounterStreams):
+        return None if streams is None else streams.rows(keep)
+    return [streams[i] for i in keep.tolist()]

