@@ -84,7 +84,7 @@ def test_gradient_checkpointing_gives_the_same_update(tiny_model):
 
 
 def test_gradient_checkpointing_turns_prompt_sharing_off():
-    from rlvr.train.update import _share
+    from rlvr.train.micro import shares_prompt as _share
 
     on = load_config(None, {"optim": {"gradient_checkpointing": True}})
     off = load_config(None, {})

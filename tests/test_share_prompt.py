@@ -16,7 +16,8 @@ from rlvr.train.batch import (
     shared_token_log_probs,
     token_log_probs,
 )
-from rlvr.train.update import _dummy, _micro_batches, _micro_loss, batch_log_probs, policy_update
+from rlvr.train.micro import micro_loss as _micro_loss
+from rlvr.train.update import _dummy, _micro_batches, batch_log_probs, policy_update
 from test_update import _batch
 
 

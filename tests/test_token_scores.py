@@ -25,8 +25,8 @@ from rlvr.train.batch import (
     shared_token_log_probs,
     token_log_probs,
 )
+from rlvr.train.micro import micro_loss as _micro_loss
 from rlvr.train.token_scores import chunk_tokens, score_hidden
-from rlvr.train.update import _micro_loss
 
 VOCAB = 50_000
 SLOW = pytest.mark.slow

@@ -6,8 +6,9 @@ import torch
 
 from rlvr.config import load_config
 from rlvr.train.batch import Batch, Sample, collate, token_log_probs
+from rlvr.train.micro import loss_counts as _loss_counts
+from rlvr.train.micro import micro_loss as _micro_loss
 from rlvr.train.ppo import loss_mask
-from rlvr.train.update import _loss_counts, _micro_loss
 
 PROMPT = [9, 10, 11, 12]
 BEFORE = [20, 21, 22, 105]  # the model's turn, ending with </tool_call>
