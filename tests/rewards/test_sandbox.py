@@ -19,13 +19,15 @@ PROJECT_FILE = Path(__file__).resolve().parents[2] / "pyproject.toml"
 FAST = Limits(timeout_s=2.0)
 
 
-def _sandbox_processes() -> int:
-    """Processes owned by the uids the sandbox uses as root (>= 1,000,000)."""
+def _sandbox_processes(uid: int | None) -> int:
+    """Processes of the fresh uid a sandbox ran as (root's case; other sandboxes on the machine
+    have uids of their own), or of every fresh uid (>= 1,000,000) when it had none."""
     n = 0
     for d in os.listdir("/proc"):
         if d.isdigit():
             with contextlib.suppress(OSError):
-                n += os.stat(f"/proc/{d}").st_uid >= 1_000_000
+                owner = os.stat(f"/proc/{d}").st_uid
+                n += owner == uid if uid is not None else owner >= 1_000_000
     return n
 
 
@@ -144,7 +146,8 @@ print("children", n)
     n = int(r.stdout.split()[-1])
     assert 1 <= n < 16
     time.sleep(0.2)
-    assert _sandbox_processes() == 0  # the sleeping children died with the namespace
+    assert r.uid is not None or os.geteuid() != 0  # as root: a fresh uid to look for
+    assert _sandbox_processes(r.uid) == 0  # the sleeping children died with the namespace
 
 
 def test_fork_bomb_is_bounded_and_cleaned_up():
@@ -157,7 +160,7 @@ def test_fork_bomb_is_bounded_and_cleaned_up():
     assert time.monotonic() - t0 < 5.0
     assert r.timed_out or r.returncode != 0
     time.sleep(0.3)
-    assert _sandbox_processes() == 0
+    assert _sandbox_processes(r.uid) == 0
     after = len([d for d in os.listdir("/proc") if d.isdigit()])
     assert after < before + 10  # nothing left behind (other workers share the machine)
     assert run_python("print('still fine')", limits=FAST).stdout.strip() == "still fine"

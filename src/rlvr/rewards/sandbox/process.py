@@ -133,7 +133,7 @@ class SandboxProcess:
         return SandboxResult(rc, out.decode("utf-8", "replace"),
                              _read(self.err_path, cap).decode("utf-8", "replace"),
                              timed_out, "none" if self.mode == "none" else "namespaces",
-                             b.kind, b.peak_bytes(), b.oom_kills())  # fmt: skip
+                             b.kind, b.peak_bytes(), b.oom_kills(), self.uid)  # fmt: skip
 
     def kill(self) -> None:
         """SIGKILL the launcher's process group; in a namespace, wait for its init (whose

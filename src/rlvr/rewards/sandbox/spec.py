@@ -24,7 +24,8 @@ class SandboxResult:
     isolation: "namespaces" or "none"; budget: how the whole sandbox's memory was bounded
     ("cgroup v2", "cgroup v1" or "per-process", `budget.py`); memory_peak_bytes: the most its
     processes held together (cgroups only, else None); oom_kills: how many of them the kernel
-    killed for the budget."""
+    killed for the budget; uid: the host uid the program ran as where it was a fresh one (as
+    root), else None (what a caller checks for processes left behind)."""
 
     returncode: int
     stdout: str
@@ -34,6 +35,7 @@ class SandboxResult:
     budget: str = "per-process"
     memory_peak_bytes: int | None = None
     oom_kills: int = 0
+    uid: int | None = None
 
 
 @dataclass(frozen=True)
