@@ -213,6 +213,7 @@ def main() -> None:
     p.add_argument("--limit-gib", type=float, default=16.0, help="RLIMIT_AS of every run")
     p.add_argument("--wait-s", type=float, default=900, help="longest wait for MemAvailable")
     p.add_argument("--rlvr-engine", default=None, help="rollout.engine (default: rlvr's)")
+    p.add_argument("--trainers", default="trl,rlvr", help="which of the two to run")
     p.add_argument("--results", default=str(HERE / "results" / "logits_vs_trl.jsonl"))
     p.add_argument("--work", default="/tmp/logits_vs_trl", help="model and run files")
     p.add_argument("--table", action="store_true", help="only print the table of the results")
@@ -235,7 +236,7 @@ def main() -> None:
         for length in map(int, args.lengths.split(",")):
             for r in range(args.rounds):
                 for kind in ("trl", "rlvr") if r % 2 == 0 else ("rlvr", "trl"):
-                    if (kind, length, r) in done:
+                    if (kind, length, r) in done or kind not in args.trainers.split(","):
                         continue
                     free = wait_for_memory(args.limit_gib, args.wait_s)
                     if free < args.limit_gib:
