@@ -384,38 +384,17 @@ def step_flops(shape: dict, s: dict) -> dict[str, float]:
     }
 
 
-def run_child(kind: str, beta: float, args, model_dir: Path, work: Path, tag: str) -> dict:
+def child_command(
+    kind: str, beta: float, args, model_dir: Path, work: Path, tag: str
+) -> tuple[list[str], dict[str, str], Path]:
+    """The command line, environment and result file of one child run (`--child kind`)."""
     out = work / f"{tag}.json"
-    cmd = [
-        sys.executable,
-        str(Path(__file__).resolve()),
-        "--child",
-        kind,
-        "--beta",
-        str(beta),
-        "--model-dir",
-        str(model_dir),
-        "--work-dir",
-        str(work / tag),
-        "--out",
-        str(out),
-        "--warmup",
-        str(args.warmup),
-        "--steps",
-        str(args.steps),
-        "--threads",
-        str(args.threads),
-        "--seed",
-        str(args.seed),
-    ]
-    cmd += [
-        "--prompts",
-        str(args.prompts),
-        "--group",
-        str(args.group),
-        "--length",
-        str(args.length),
-    ]
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", kind, "--beta", str(beta)]
+    cmd += ["--model-dir", str(model_dir), "--work-dir", str(work / tag), "--out", str(out)]
+    cmd += ["--warmup", str(args.warmup), "--steps", str(args.steps)]
+    cmd += ["--threads", str(args.threads), "--seed", str(args.seed)]
+    cmd += ["--prompts", str(args.prompts), "--group", str(args.group)]
+    cmd += ["--length", str(args.length)]
     if args.system_prompt:
         cmd += ["--system-prompt", args.system_prompt]
     if args.rlvr_engine:
@@ -426,14 +405,12 @@ def run_child(kind: str, beta: float, args, model_dir: Path, work: Path, tag: st
         cmd += ["--bf16"]
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), TOKENIZERS_PARALLELISM="false")
     env["TRANSFORMERS_VERBOSITY"] = "error"
-    t0 = time.perf_counter()
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
-    wall = time.perf_counter() - t0
-    if proc.returncode != 0 or not out.exists():
-        sys.stderr.write(proc.stdout[-4000:] + proc.stderr[-8000:])
-        raise SystemExit(f"{kind} run {tag} failed (exit {proc.returncode})")
+    return cmd, env, out
+
+
+def checked_result(kind: str, args, out: Path, tag: str) -> dict:
+    """A finished child's result, with its steps' forced lengths and step count checked."""
     res = json.loads(out.read_text())
-    res["wall_s"] = wall
     expected = args.prompts * args.group * args.length
     bad = [s["completion_tokens"] for s in res["steps"] if s["completion_tokens"] != expected]
     if bad:
@@ -444,6 +421,19 @@ def run_child(kind: str, beta: float, args, model_dir: Path, work: Path, tag: st
     if len(res["steps"]) != args.warmup + args.steps:
         raise SystemExit(f"{kind} run {tag}: {len(res['steps'])} steps logged")
     res["timed"] = res["steps"][args.warmup :]
+    return res
+
+
+def run_child(kind: str, beta: float, args, model_dir: Path, work: Path, tag: str) -> dict:
+    cmd, env, out = child_command(kind, beta, args, model_dir, work, tag)
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    if proc.returncode != 0 or not out.exists():
+        sys.stderr.write(proc.stdout[-4000:] + proc.stderr[-8000:])
+        raise SystemExit(f"{kind} run {tag} failed (exit {proc.returncode})")
+    res = checked_result(kind, args, out, tag)
+    res["wall_s"] = wall
     return res
 
 
