@@ -216,7 +216,8 @@ def test_build_engine_with_each_callers_site_and_the_vllm_section(tok):
     cfg = load_config(
         None,
         {"rollout": {**rollout, "vllm": {"dtype": "float32"}}, "model": {"device": DEVICE},
-         "data": {"train_size": 16}, "train": {"eval_size": 4}},
+         "data": {"train_size": 16}, "train": {"eval_size": 4},
+         "algo": {"overlong_cache": 4}},  # within the 8-token budget
     )  # fmt: skip
     source = load_prompts(cfg, tok, model.config.max_position_embeddings)
     sites = {
