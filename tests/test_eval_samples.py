@@ -91,8 +91,11 @@ def test_humaneval_canonical_and_pass_bodies(tmp_path, capsys):
             r = json.loads(line)
             samples.append({"task_id": r["task_id"], "completion": r["canonical_solution"]})
             samples.append({"task_id": r["task_id"], "completion": "    pass\n"})
-    path = _write(tmp_path / "samples.jsonl", samples)
-    assert main(["eval", "--data.preset=humaneval", "--samples", str(path), "--pass-k", "1,2"]) == 0
+    path, out = _write(tmp_path / "samples.jsonl", samples), tmp_path / "scored.jsonl"
+    args = ["--samples", str(path), "--pass-k", "1,2", "--output", str(out)]
+    assert main(["eval", "--data.preset=humaneval", *args]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["num_problems"] == result["problems_scored"] == 164
     assert result["pass@1"] == 0.5 and result["pass@2"] == 1.0
+    rewards = [json.loads(line)["reward"] for line in out.read_text().splitlines()]
+    assert rewards == [1.0, 0.0] * 164  # each canonical solution passes, each `pass` fails
