@@ -110,11 +110,14 @@ def test_resume_from_another_directory_then_eval_the_run(tmp_path, capsys, monke
     assert steps == [1, 2]
     capsys.readouterr()
     rc = main(["eval", "--model", str(a / "run"), "--k", "2", "--num-prompts", "4",
-               "--output", "out.jsonl"])  # fmt: skip
+               "--output", "out.jsonl", "--per-problem", "problems.jsonl"])  # fmt: skip
     assert rc == 0
     result = json.loads(capsys.readouterr().out)
     assert result["model"].endswith("step-000002") and result["num_prompts"] == 4
-    assert {"avg@2", "pass@2", "greedy_accuracy"} <= set(result)
+    assert {"avg@2", "pass@1", "pass@2", "greedy_accuracy"} <= set(result)
+    assert result["pass@1"] == pytest.approx(result["avg@2"])  # unbiased pass@1 = mean accuracy
+    problems = [json.loads(x) for x in (b / "problems.jsonl").read_text().splitlines()]
+    assert [p["n"] for p in problems] == [2] * 4
     lines = [json.loads(x) for x in (b / "out.jsonl").read_text().splitlines()]
     assert len(lines) == 4 + 4 * 2  # greedy once, sampled k times
     assert {"prompt", "completion", "answer", "reward", "correct"} <= set(lines[0])

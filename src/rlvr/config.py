@@ -22,6 +22,7 @@ from typing import Any, Literal, get_args, get_origin
 
 import yaml
 
+from rlvr.code_data import resolve_code_preset
 from rlvr.presets import (
     PRESETS,
     TINY_DEFAULTS,
@@ -281,6 +282,7 @@ def load_config(
     if file_changes:
         cfg = apply_changes(cfg, file_changes, str(path))
     cfg = apply_changes(cfg, overrides, source)
+    cfg = resolve_code_preset(cfg)  # humaneval's packaged file, the code reward
     validate(cfg)
     return cfg
 

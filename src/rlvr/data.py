@@ -3,7 +3,7 @@
     load_prompt_dataset(path, preset=..., prompt_field=..., answer_field=...) -> [PromptExample]
     render_prompt(example, tokenizer, template=..., system_prompt=...) -> str
 
-Sources: `.jsonl` (one JSON object a line; blank lines skipped), `.json` (a JSON array, or
+Sources: `.jsonl` (one JSON object a line; blank lines skipped; `.jsonl.gz` gzipped), `.json` (a JSON array, or
 JSON lines), `.parquet`, a directory written by `datasets.save_to_disk`, or any other local
 data files / directory that `datasets.load_dataset` reads (csv, arrow, a folder of files).
 Nothing is downloaded.
@@ -14,6 +14,8 @@ Presets:
   "dapo_math": prompt "prompt" (a list of chat messages), answer
            "reward_model.ground_truth" (dotted names reach into nested objects). The public
            DAPO-Math-17k copy repeats each prompt ~100 times: pass dedup=True.
+  "humaneval", "mbpp", "apps", "codecontests": the code benchmarks' own formats, each row
+           turned into a code-reward row (`rlvr.code_data` documents each);
   "none": prompt "prompt", answer "answer".
 A preset's fields apply unless other ones are given (the generic "prompt"/"answer" do not
 override a preset).
@@ -38,10 +40,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rlvr.code_data import CODE_PRESETS, code_row
+from rlvr.code_data import FIELDS as CODE_FIELDS
+
 PRESETS: dict[str, dict[str, str]] = {
     "none": {"prompt_field": "prompt", "answer_field": "answer"},
     "gsm8k": {"prompt_field": "question", "answer_field": "answer"},
     "dapo_math": {"prompt_field": "prompt", "answer_field": "reward_model.ground_truth"},
+    **CODE_FIELDS,  # humaneval, mbpp, apps, codecontests: rlvr.code_data
 }
 
 
@@ -70,7 +76,8 @@ class PromptExample:
 def _rows(path: Path, split: str):
     """(where, row) pairs; a bad JSON line raises DatasetError."""
     name = path.name
-    if path.is_file() and path.suffix in (".jsonl", ".json"):
+    gz = path.name.endswith(".jsonl.gz")
+    if path.is_file() and (path.suffix in (".jsonl", ".json") or gz):
         data = _utf8_bytes(path)
         if path.suffix == ".json" and data.lstrip().startswith(b"["):
             rows = _json(_decode(data, name, 0), name, None)
@@ -134,6 +141,13 @@ def _utf8_bytes(path: Path) -> bytes:
     """The file's bytes without a UTF-8 byte-order mark (Windows editors write one: accepted);
     UTF-16/32 (their BOMs) is refused by name."""
     data = path.read_bytes()
+    if path.name.endswith(".gz"):
+        import gzip
+
+        try:
+            data = gzip.decompress(data)
+        except (OSError, EOFError) as e:
+            raise DatasetError(path.name, None, f"not a readable gzip file ({_line(e)})") from None
     if data.startswith(codecs.BOM_UTF8):
         return data[len(codecs.BOM_UTF8) :]
     for bom, encoding in (
@@ -316,6 +330,8 @@ def load_prompt_dataset(
     for where, row in _rows(path, split):
         if not isinstance(row, dict):
             raise DatasetError(where, None, f"expected an object, got {type(row).__name__}")
+        if preset in CODE_PRESETS:
+            row = code_row(preset, row, where)
         if prompt_only is None:
             prompt_only = (
                 optional_answer and not _has(row, answer_field) and _has(row, prompt_field)

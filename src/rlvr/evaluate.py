@@ -6,7 +6,10 @@ checkpoint, a LoRA adapter included (its base is loaded and the adapter merged).
 what: a built-in task (`--task`), or any dataset and reward config with the training keys
 (`--data.path=... --data.preset=gsm8k --reward.accuracy=math ...`); a dataset's held-out
 file (`data.eval_path`) is used when set, else `data.path`. `--output FILE.jsonl` writes one
-line per answer (prompt, completion, answer, reward, correct, length; greedy or sampled).
+line per answer (prompt, completion, answer, reward, correct, length; greedy or sampled);
+`--pass-k 1,10` adds the unbiased pass@k (`rlvr.passk`) and `--per-problem FILE.jsonl` each
+problem's. `--samples FILE.jsonl` scores completions made elsewhere instead of a model
+(`rlvr.eval_samples`).
 """
 
 from __future__ import annotations
@@ -28,8 +31,17 @@ def _parser() -> argparse.ArgumentParser:
         "training)",
     )
     p.add_argument(
-        "--model", required=True, help="model directory, hub id, rlvr-tiny, run dir or checkpoint"
+        "--model",
+        help="model directory, hub id, rlvr-tiny, run dir or checkpoint (required "
+        "unless --samples)",
     )
+    p.add_argument(
+        "--samples",
+        help="score these completions (jsonl: completion + task_id or "
+        "prompt_index) instead of sampling a model (rlvr.eval_samples)",
+    )
+    p.add_argument("--pass-k", default="1,10,100", help="k values of the unbiased pass@k")
+    p.add_argument("--per-problem", help="write n, correct and pass@k per problem (jsonl)")
     p.add_argument("--task", help="built-in task name (default: the run's data, else arithmetic)")
     p.add_argument("--k", type=int, default=4, help="sampled answers per prompt")
     p.add_argument("--num-prompts", type=int, default=256, help="held-out prompts (at most)")
@@ -118,6 +130,7 @@ def eval_site(cfg: Config, model, source, toolbox=None):
 
 def cmd_eval(argv: list[str]) -> int:
     from rlvr.arguments import split_overrides
+    from rlvr.eval_samples import eval_samples, model_passk
     from rlvr.prompts import load_prompts
     from rlvr.rewards.scoring import Scorer
     from rlvr.rollout import build_engine
@@ -126,6 +139,12 @@ def cmd_eval(argv: list[str]) -> int:
 
     over_argv, rest = split_overrides(argv)
     args, unknown = _parser().parse_known_args(rest)
+    if args.samples:
+        cfg = _config(args, parse_overrides(over_argv + unknown), None, "rlvr-tiny")
+        print(json.dumps(eval_samples(cfg, args), indent=2))
+        return 0
+    if args.model is None:
+        raise ConfigError("--model: required (or --samples FILE.jsonl to score given completions)")
     target, run_dir = resolve_target(args.model)
     cfg = _config(args, parse_overrides(over_argv + unknown), run_dir, target)
     model, tokenizer = load_for_eval(target, cfg.model.dtype)
@@ -158,6 +177,7 @@ def cmd_eval(argv: list[str]) -> int:
         "mean_length": sampled["mean_length"],
         "truncation_rate": sampled["truncation_rate"],
         **{k: sampled[k] for k in ("tool_calls_per_sample", "tool_call_frac") if k in sampled},
+        **model_passk(args, sampled_rows, source.eval),  # pass@k for k < --k too
     }
     if args.output:
         out = Path(args.output)

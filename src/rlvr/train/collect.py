@@ -244,6 +244,7 @@ def collect(
     )
     tally, examples = Tally(), []
     t_gen = t_score = 0.0
+    n_scored = 0
     size = target  # prompts in this generation batch: a whole one first, then refills
     while not buffer.ready:
         batch = sampler.take(size)  # the same on every rank
@@ -259,6 +260,7 @@ def collect(
         scored = decode_completions(tokenizer, rollout, model_only=True)  # the model's text
         scores = scorer(rows, scored, rollout, step=step)
         t_gen, t_score = t_gen + t1 - t0, t_score + time.perf_counter() - t1
+        n_scored += len(rows)
         tally.add(rollout, scores, completions, G)
         want = max(cfg.train.log_samples - len(examples), 0)
         examples += _examples(rows[:want], completions, rollout, scores)
@@ -282,6 +284,10 @@ def collect(
             "groups/incomplete": float(not result.complete),
             "time/generation": t_gen,
             "time/scoring": t_score,
+            # the step waits for every score before the next generation batch or the update
+            # (scoring overlaps nothing yet), so the wait is all of time/scoring
+            "time/scoring_wait": t_score,
+            "scoring/programs_per_s": n_scored / max(t_score, 1e-9),  # completions scored /s
         }
     )
     return Collected(batch=Batch.from_groups(result.groups), metrics=metrics, examples=examples)

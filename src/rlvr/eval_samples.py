@@ -1,0 +1,180 @@
+"""`rlvr eval --samples FILE.jsonl`: score completions made elsewhere (a model served by
+another stack, a baseline's outputs) with the run's rewards, and report pass@k.
+
+The file has one JSON object a line: "completion" (a string), and which problem it answers,
+either "task_id" (matched to the dataset's `task_id` column, as HumanEval's own sample files
+do) or "prompt_index" (0-based, in the evaluated dataset, as `rlvr eval --output` writes).
+Other fields are ignored; `rlvr eval --output` files score as they are (their "greedy" rows
+are left out when "sampled" ones are present). A problem may have any number of samples; pass@k
+is reported for each k that every problem with samples reaches (`rlvr.passk`). The
+samples carry text only: rewards see empty `completion_ids`, `completion_lengths` 0 and
+`truncated` False.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from rlvr.data import DatasetError, _decode, _json, _utf8_bytes
+
+CHUNK = 256  # samples per reward call: reward.timeout_s limits one call
+
+
+def read_samples(path: str | Path) -> list[tuple[str, object, str]]:
+    """[(where, key, completion)]: key is ("task_id", str) or ("prompt_index", int)."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"--samples: {path} does not exist")
+    name, out, modes = path.name, [], set()
+    for lineno, raw in enumerate(_utf8_bytes(path).split(b"\n"), 1):
+        line = _decode(raw, name, lineno)
+        if not line.strip():
+            continue
+        where = f"{name}:{lineno}"
+        row = _json(line, name, lineno)
+        if not isinstance(row, dict):
+            raise DatasetError(where, None, f"expected an object, got {type(row).__name__}")
+        if not isinstance(row.get("completion"), str):
+            raise DatasetError(where, "completion", "missing or not a string")
+        if isinstance(row.get("task_id"), (str, int)) and not isinstance(row["task_id"], bool):
+            key = ("task_id", str(row["task_id"]))
+        elif type(row.get("prompt_index")) is int and row["prompt_index"] >= 0:
+            key = ("prompt_index", row["prompt_index"])
+        else:
+            raise DatasetError(where, "task_id", "missing: each sample names its problem by "
+                               "task_id or by prompt_index (an integer >= 0)")  # fmt: skip
+        modes.add(row.get("mode"))
+        out.append((where, key, row["completion"], row.get("mode")))
+    if not out:
+        raise DatasetError(name, None, "no samples")
+    drop = "greedy" if "sampled" in modes else None
+    return [(w, k, c) for w, k, c, m in out if drop is None or m != drop]
+
+
+def _prompts(cfg):
+    from rlvr.data import load_prompt_dataset, render_prompt
+    from rlvr.prompts import Prompt, check_columns
+
+    d = cfg.data
+    rows = load_prompt_dataset(d.eval_path or d.path, preset=d.preset,
+                               prompt_field=d.prompt_field, answer_field=d.answer_field)  # fmt: skip
+    out = []
+    for ex in rows:
+        check_columns(ex)
+        text = render_prompt(ex, None, template=d.prompt_template, system_prompt=d.system_prompt)
+        out.append(
+            Prompt(text=text, ids=[], answer=ex.answer, example=ex, columns=dict(ex.columns))
+        )
+    return out
+
+
+def _index(prompts, samples) -> list[int]:
+    """The prompt each sample answers; DatasetError naming the sample's line otherwise."""
+    ids = {}
+    for i, p in enumerate(prompts):
+        if "task_id" in p.columns:
+            ids.setdefault(str(p.columns["task_id"]), i)
+    out = []
+    for where, (kind, value), _ in samples:
+        if kind == "task_id":
+            if value not in ids:
+                why = (
+                    "the dataset has no task_id column"
+                    if not ids
+                    else "no such task in the dataset"
+                )
+                raise DatasetError(where, "task_id", f"{value!r}: {why}")
+            out.append(ids[value])
+        else:
+            if value >= len(prompts):
+                raise DatasetError(where, "prompt_index", f"{value} >= the {len(prompts)} prompts")
+            out.append(value)
+    return out
+
+
+def score_samples(cfg, path: str | Path) -> tuple[list[dict], list]:
+    """(one record per sample, the prompts) for the samples in `path`, scored by `cfg`'s
+    accuracy reward."""
+    from rlvr.rewards.scoring import Scorer
+    from rlvr.rollout import Rollout
+
+    samples = read_samples(path)
+    prompts = _prompts(cfg)
+    index = _index(prompts, samples)
+    scorer = Scorer.build(cfg, None, has_answer=any(p.answer is not None for p in prompts))
+    records = []
+    for start in range(0, len(samples), CHUNK):
+        part = range(start, min(start + CHUNK, len(samples)))
+        rows = [prompts[index[i]] for i in part]
+        completions = [samples[i][2] for i in part]
+        b = len(rows)
+        empty = Rollout(prompt_ids=[[] for _ in rows], completion_ids=torch.zeros(b, 0, dtype=torch.long),
+                        lengths=torch.zeros(b, dtype=torch.long),
+                        truncated=torch.zeros(b, dtype=torch.bool), group_size=1)  # fmt: skip
+        values, correct = scorer.accuracy(rows, completions, empty)
+        for j, i in enumerate(part):
+            records.append({"where": samples[i][0], "prompt_index": index[i],
+                            "completion": completions[j], "reward": float(values[j]),
+                            "correct": bool(correct[j])})  # fmt: skip
+    return records, prompts
+
+
+def passk_report(records: list[dict], prompts, ks, per_problem: str | None = None) -> dict:
+    """pass@k over the problems that have samples (`rlvr.passk`), and, with `per_problem`,
+    one JSON line per problem written there (its task_id when the dataset has one)."""
+    from rlvr.passk import pass_at_ks, problem_counts, write_problems
+
+    counts = problem_counts((r["prompt_index"], r["correct"]) for r in records)
+    result = {**pass_at_ks(counts, ks), "problems_scored": len(counts)}
+    if per_problem:
+        extra = {i: {"task_id": prompts[i].columns["task_id"]} for i in counts
+                 if "task_id" in prompts[i].columns}  # fmt: skip
+        write_problems(per_problem, counts, ks, extra)
+        result["per_problem"] = str(per_problem)
+    return result
+
+
+def _ks(text: str) -> tuple[int, ...]:
+    from rlvr.config import ConfigError
+    from rlvr.passk import parse_ks
+
+    try:
+        return parse_ks(text)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+
+
+def model_passk(args, records: list[dict], prompts) -> dict:
+    """`rlvr eval --model`: the unbiased pass@k of its sampled answers for each --pass-k
+    value up to --k, and the --per-problem file."""
+    report = passk_report(records, prompts, [k for k in _ks(args.pass_k) if k <= args.k],
+                          args.per_problem)  # fmt: skip
+    report.pop("problems_scored")
+    return report
+
+
+def eval_samples(cfg, args) -> dict:
+    """`rlvr eval --samples`: the summary printed; per-sample records to `args.output`."""
+    import json
+
+    from rlvr.config import ConfigError
+
+    if cfg.data.path is None:
+        raise ConfigError("--samples: scores a dataset's problems; set --data.path or a "
+                          "--data.preset that has its own data (humaneval)")  # fmt: skip
+    ks = _ks(args.pass_k)
+    records, prompts = score_samples(cfg, args.samples)
+    result = {"samples": str(args.samples), "data": cfg.data.eval_path or cfg.data.path,
+              "num_samples": len(records), "num_problems": len(prompts),
+              "accuracy": sum(r["correct"] for r in records) / len(records),
+              **passk_report(records, prompts, ks, args.per_problem)}  # fmt: skip
+    if args.output:
+        out = Path(args.output)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with out.open("w", encoding="utf-8") as f:
+            for r in records:
+                f.write(json.dumps({"mode": "samples", **r}, ensure_ascii=False) + "\n")
+        result["output"] = str(out)
+    return result

