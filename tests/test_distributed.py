@@ -199,6 +199,32 @@ def test_two_ranks_match_one_with_a_selection_over_both(tiny_model_dir, tmp_path
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize(
+    "extra",
+    [
+        ("--algo.loss=clip_cov", "--algo.clip_cov_ratio=0.1", "--algo.clip_cov_lb=-10"),
+        ("--algo.loss=kl_cov", "--algo.clip_high=0.2", "--algo.kl_cov_ratio=0.1"),
+    ],
+)
+def test_two_ranks_match_one_with_a_covariance_selection(tiny_model_dir, tmp_path, extra):
+    """Clip-Cov's and KL-Cov's means and k best tokens come from both ranks (two mini-batches,
+    so rho moves): the same share is cut, and the weights agree, as with one process."""
+    extra = (*extra, "--algo.mini_batches=2")
+    one = _train(tiny_model_dir, tmp_path / "one", 1, "token_mean", extra=extra)
+    two = _train(tiny_model_dir, tmp_path / "two", 2, "token_mean", extra=extra)
+    m1 = [json.loads(x) for x in (one / "metrics.jsonl").read_text().splitlines()]
+    m2 = [json.loads(x) for x in (two / "metrics.jsonl").read_text().splitlines()]
+    for a, b in zip(m1, m2, strict=True):
+        assert a["loss_tokens"] == b["loss_tokens"] and a["cov_frac"] > 0
+        for key in ("loss", "cov_frac"):
+            assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-6), key
+    w1 = load_file(str(one / "checkpoints" / "step-000003" / "model.safetensors"))
+    w2 = load_file(str(two / "checkpoints" / "step-000003" / "model.safetensors"))
+    for k in w1:
+        torch.testing.assert_close(w1[k], w2[k], atol=1e-5, rtol=0, msg=k)
+
+
+@pytest.mark.slow
 def test_fsdp2_checkpoint_resumes_on_one_process(tiny_model_dir, tmp_path):
     """2 sharded ranks for 2 steps, then 1 process resumes for the 3rd: the weights equal a
     run that was 1 process throughout (checkpoints hold whole weights and named state)."""

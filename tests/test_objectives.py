@@ -140,17 +140,26 @@ def test_batch_statistic_is_over_the_whole_mini_batch(tiny_model):
         torch.testing.assert_close(g, p.grad, atol=2e-6, rtol=1e-5)
 
 
+CLIP_COV = {"loss": "clip_cov", "clip_cov_ratio": 0.2, "clip_cov_lb": -50.0, "clip_cov_ub": 50.0}
+KL_COV = {"loss": "kl_cov", "clip_high": 0.2, "kl_cov_ratio": 0.2}
+
+
 @pytest.mark.parametrize(
-    ("preset", "top"), [("cispo", 1.0), ("sapo", 1.0), ("gmpo", 1.0), ("dapo", 0.2), ("sapo", 0.3)]
-)
-def test_each_objective_gives_the_whole_batch_update_in_micro_batches(tiny_model, preset, top):
+    ("preset", "top", "extra"),
+    [("cispo", 1.0, {}), ("sapo", 1.0, {}), ("gmpo", 1.0, {}), ("dapo", 0.2, {}),
+     ("sapo", 0.3, {}), ("dapo", 1.0, CLIP_COV), ("dapo", 1.0, KL_COV)],
+)  # fmt: skip
+def test_each_objective_gives_the_whole_batch_update_in_micro_batches(
+    tiny_model, preset, top, extra
+):
     """Two passes (mu = 2, so rho != 1 in the second) of one sequence per micro-batch move the
-    weights as the whole batch does, for every registered objective's preset, and with the
-    top-entropy selection (a mini-batch statistic) on."""
+    weights as the whole batch does, for every registered objective's preset, with the
+    top-entropy selection (a mini-batch statistic) on, and for Clip-Cov and KL-Cov (two
+    stages of statistics; Clip-Cov's random choice), each selecting the same share."""
     samples = _samples(groups=2)
     cfg = load_config(
         None, {"preset": preset, "rollout": {"group_size": 4, "prompts_per_step": 2},
-               "algo": {"mu": 2, "top_entropy_quantile": top}},
+               "algo": {"mu": 2, "top_entropy_quantile": top, **extra}},
     )  # fmt: skip
     algo = Algorithm.from_config(cfg)
     batch = _batch(samples, cfg)
@@ -173,6 +182,10 @@ def test_each_objective_gives_the_whole_batch_update_in_micro_batches(tiny_model
     if top < 1:  # the kept share: at least q of the loss tokens, the same in both
         assert top <= a["top_entropy_kept_frac"] == pytest.approx(b["top_entropy_kept_frac"])
         assert a["top_entropy_kept_frac"] < 1
+    if extra:  # k = floor(0.2 N) tokens of each mini-batch, in both splits
+        k = int(0.2 * a["loss_tokens"] / 2)  # loss_tokens sums the two passes
+        assert a["cov_frac"] == pytest.approx(k / (a["loss_tokens"] / 2))
+        assert b["cov_frac"] == pytest.approx(a["cov_frac"])
     for a, b in zip(*moved):
         torch.testing.assert_close(a, b, atol=2e-6, rtol=1e-5)
 

@@ -56,7 +56,8 @@ class Algorithm:
                 clip_low=a.clip_low, clip_high=a.clip_high, dual_clip=a.dual_clip, agg=a.agg,
                 kl_coef=0.0 if a.kl_in_reward else a.kl_coef, kl_kind=a.kl_kind,
                 ratio=a.ratio, log_ratio_clamp=a.log_ratio_clamp, tau_pos=a.tau_pos,
-                tau_neg=a.tau_neg,
+                tau_neg=a.tau_neg, clip_cov_ratio=a.clip_cov_ratio, clip_cov_lb=a.clip_cov_lb,
+                clip_cov_ub=a.clip_cov_ub, kl_cov_ratio=a.kl_cov_ratio, kl_cov_coef=a.kl_cov_coef,
             )  # fmt: skip
         except ValueError as e:
             raise ConfigError(f"algo.{e}") from None

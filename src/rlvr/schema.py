@@ -166,7 +166,7 @@ class AlgoConfig:
     clip_high: eps_high; the ratio's upper bound is 1 + clip_high (DAPO clip-higher: 0.28).
     dual_clip: dual-clip constant c > 1 capping the loss of negative advantages (none = off).
     loss: the policy objective: a name of rlvr.algos.OBJECTIVES (clip: PPO/GRPO/DAPO's clipped
-        surrogate; gspo; cispo; sapo; gmpo) or a user's "module:function" / "path/to/file.py:function" with the
+        surrogate; gspo; cispo; sapo; gmpo; clip_cov; kl_cov) or a user's "module:function" / "path/to/file.py:function" with the
         signature fn(LossInputs, LossSettings) -> LossOutput (docs/algorithms.md#adding-an-objective).
     ratio: token (PPO/GRPO/DAPO importance ratio per token) or sequence (GSPO).
     agg: loss aggregation: sample_mean (GRPO), token_mean (DAPO), token_sum_norm (Dr. GRPO).
@@ -190,6 +190,10 @@ class AlgoConfig:
     log_ratio_clamp: clamp |log rho| to this value (none = no clamp); clamped values are counted.
     tau_pos: SAPO's gate temperature for tokens with A > 0 (loss sapo only).
     tau_neg: SAPO's gate temperature for tokens with A <= 0 (loss sapo only).
+    clip_cov_ratio: Clip-Cov's share of the mini-batch's loss tokens cut (loss clip_cov; verl: 2e-4).
+    clip_cov_lb, clip_cov_ub: Clip-Cov's band: only tokens with lb < cov < ub are cut (verl: 1, 5).
+    kl_cov_ratio: KL-Cov's share of loss tokens, those of largest cov, penalised (loss kl_cov; verl: 2e-4).
+    kl_cov_coef: KL-Cov's weight of |log rho| on those tokens (verl's ppo_kl_coef: 1).
     top_entropy_quantile: train on the top share of the mini-batch's loss tokens by the policy's
         entropy, the rest out of loss and normaliser ("Beyond the 80/20 rule": 0.2; 1 = all).
     ref_sync_every: reset the KL reference every N steps (0 = never; reward.model_refresh_every
@@ -231,6 +235,11 @@ class AlgoConfig:
     log_ratio_clamp: float | None = None
     tau_pos: float = 1.0
     tau_neg: float = 1.05
+    clip_cov_ratio: float = 2e-4
+    clip_cov_lb: float = 1.0
+    clip_cov_ub: float = 5.0
+    kl_cov_ratio: float = 2e-4
+    kl_cov_coef: float = 1.0
     top_entropy_quantile: float = 1.0
     ref_sync_every: int = 0
     ref_mixup_alpha: float = 1.0

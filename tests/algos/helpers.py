@@ -158,3 +158,44 @@ def with_garbage(t, mask, seed):
     pool = torch.tensor([float("nan"), float("inf"), -float("inf"), 1e30, -1e30], dtype=t.dtype)
     junk = pool[torch.randint(0, len(pool), t.shape, generator=g)]
     return torch.where(mask, t, junk)
+
+
+# ---------------------------------------------------------------- batch statistics' stages
+
+
+def stage_totals(objective, settings, parts, draw_seed=None):
+    """The totals an objective's `stages` give over `parts` (LossInputs, one rank), merged as
+    the update merges them: sums added, `Largest` rows kept by rank."""
+    from dataclasses import replace
+
+    from rlvr.algos.cov import Largest, keep_largest
+
+    totals = {}
+    for stage in objective.stages(settings):
+        outs = [stage(replace(p, batch_stats=totals, draw_seed=draw_seed), totals) for p in parts]
+        merged = {}
+        for key in outs[0]:
+            values = [o[key] for o in outs]
+            if isinstance(values[0], Largest):
+                rows = torch.cat([v.rows for v in values])
+                merged[key] = keep_largest(rows, values[0].k)
+            else:
+                merged[key] = sum(v.double() for v in values)
+        totals = {**totals, **merged}
+    return totals
+
+
+def loop_cov_selection(logp, adv, mask, key, eligible, k):
+    """Plain loops: cov_t over the valid tokens, and the k eligible tokens of largest
+    (key(t, cov), row * 2^20 + position) as a set of (row, position)."""
+    valid = [(i, t) for i in range(len(mask)) for t in range(len(mask[i])) if mask[i][t]]
+    n = len(valid)
+    mean_a = sum(adv[i][t] for i, t in valid) / n
+    mean_l = sum(logp[i][t] for i, t in valid) / n
+    cov = {(i, t): (adv[i][t] - mean_a) * (logp[i][t] - mean_l) for i, t in valid}
+    ranked = sorted(
+        (p for p in valid if eligible(p, cov[p])),
+        key=lambda p: (key(p, cov[p]), p[0] * 2**20 + p[1]),
+        reverse=True,
+    )
+    return cov, set(ranked[:k])

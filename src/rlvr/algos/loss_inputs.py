@@ -36,6 +36,10 @@ class LossInputs:
     rollout_weights: rollout correction's detached per-token weights (B, T) (w = pi_old / mu,
         truncated or masked), or None; they multiply the policy term of every objective's
         per-token loss before aggregation (`losses.kl_and_aggregate`), never the KL term.
+    row_ids: (B,) int64 each row's id in the optimiser step (its group x 4096 + its place in
+        the group), the same however the step is split; None where not known.
+    draw_seed: the update's seed for an objective's random choices (run seed, optimiser
+        step), or None.
     """
 
     log_probs: Tensor
@@ -50,6 +54,8 @@ class LossInputs:
     norm_constant: float | None = None
     batch_stats: Mapping[str, Tensor] = field(default_factory=dict)
     rollout_weights: Tensor | None = None
+    row_ids: Tensor | None = None
+    draw_seed: int | None = None
 
 
 @dataclass(frozen=True)
@@ -64,6 +70,10 @@ class LossSettings:
     ratio: "token" or "sequence" (GSPO).
     log_ratio_clamp: |log rho| bound, or None.
     tau_pos, tau_neg: SAPO's gate temperatures for A > 0 and A <= 0 (the paper: 1, 1.05).
+    clip_cov_ratio, clip_cov_lb, clip_cov_ub: Clip-Cov's share of tokens cut and its cov
+        band (verl: 2e-4, 1, 5).
+    kl_cov_ratio, kl_cov_coef: KL-Cov's share of tokens penalised and the penalty's weight
+        on |log rho| (verl: 2e-4, 1).
     """
 
     clip_low: float = 0.2
@@ -76,6 +86,11 @@ class LossSettings:
     log_ratio_clamp: float | None = None
     tau_pos: float = 1.0
     tau_neg: float = 1.05
+    clip_cov_ratio: float = 2e-4
+    clip_cov_lb: float = 1.0
+    clip_cov_ub: float = 5.0
+    kl_cov_ratio: float = 2e-4
+    kl_cov_coef: float = 1.0
 
     def __post_init__(self) -> None:
         for name, ok, expected in _RANGES:
@@ -100,4 +115,8 @@ _RANGES: tuple[tuple[str, Callable[[LossSettings], bool], str], ...] = (
     ),
     ("tau_pos", lambda s: s.tau_pos > 0, "> 0 (the paper: 1)"),
     ("tau_neg", lambda s: s.tau_neg > 0, "> 0 (the paper: 1.05)"),
+    ("clip_cov_ratio", lambda s: 0 < s.clip_cov_ratio <= 1, "in (0, 1] (verl: 2e-4)"),
+    ("clip_cov_ub", lambda s: s.clip_cov_ub > s.clip_cov_lb, "> clip_cov_lb (verl: 1 and 5)"),
+    ("kl_cov_ratio", lambda s: 0 < s.kl_cov_ratio <= 1, "in (0, 1] (verl: 2e-4)"),
+    ("kl_cov_coef", lambda s: s.kl_cov_coef >= 0, ">= 0 (verl: 1)"),
 )

@@ -76,7 +76,7 @@ def with_top_entropy(objective: Objective, q: float) -> Objective:
     (the entropy, in nats, from which tokens are kept)."""
     from .objectives import Objective
 
-    if objective.stats is not None:
+    if objective.stats is not None or objective.stages is not None:
         raise ValueError(
             f"top_entropy_quantile: got {q!r}, expected 1 with {objective.name!r}, whose own "
             "batch statistics would count the dropped tokens"

@@ -51,6 +51,9 @@ class Sample:
         return cls([pad_id], [pad_id], True, 0.0, False, -1)
 
 
+GROUP_SIZE_MAX = 4096  # rows of one group, for row ids
+
+
 @dataclass(frozen=True)
 class Batch:
     """One step's training batch on this rank: whole groups, in the step's global group order.
@@ -62,6 +65,10 @@ class Batch:
     advantages: (N,) one per response; a per-token estimator (GAE) gives (N, T) instead.
     old_log_probs, ref_log_probs: (N, T) fp32, 0 past each response's length.
 
+    row_ids: (N,) int64, each row's id in the step, group * GROUP_SIZE_MAX + its place among
+    the group's rows (`numbered`), the same in every slice `rows` takes (a group lives on one
+    rank, whole); computed on the first `rows` call when absent.
+
     T is `width`, the longest response. Further per-token fields (a critic's values, the
     returns) fit the same way: (N, T) tensors, sliced per micro-batch by `rows` and `to_width`.
     """
@@ -71,6 +78,7 @@ class Batch:
     advantages: torch.Tensor | None = None
     old_log_probs: torch.Tensor | None = None
     ref_log_probs: torch.Tensor | None = None
+    row_ids: torch.Tensor | None = None
 
     @classmethod
     def from_groups(cls, groups: Sequence[Sequence[Sample]]) -> Batch:
@@ -86,9 +94,22 @@ class Batch:
     def width(self) -> int:
         return max((len(s.completion_ids) for s in self.samples), default=0) or 1
 
+    def numbered(self) -> torch.Tensor:
+        """(N,) each row's id: group * GROUP_SIZE_MAX + its place among the group's rows."""
+        if self.row_ids is not None:
+            return self.row_ids
+        seen: dict[int, int] = {}
+        ids = []
+        for s in self.samples:
+            k = seen.get(s.group, 0)
+            seen[s.group] = k + 1
+            ids.append(s.group * GROUP_SIZE_MAX + k)
+        return torch.tensor(ids, dtype=torch.long)
+
     def rows(self, index: Sequence[int]) -> Batch:
         """The rows `index` (same groups' numbering), with the per-row tensors indexed."""
         idx = torch.tensor(list(index), dtype=torch.long)
+        row_ids = self.numbered()
 
         def take(t: torch.Tensor | None) -> torch.Tensor | None:
             return None if t is None else t[idx]
@@ -99,6 +120,7 @@ class Batch:
             advantages=take(self.advantages),
             old_log_probs=take(self.old_log_probs),
             ref_log_probs=take(self.ref_log_probs),
+            row_ids=row_ids[idx] if len(idx) else row_ids[:0],
         )
 
     def in_groups(self, lo: int, hi: int) -> list[int]:

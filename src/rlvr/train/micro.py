@@ -4,7 +4,7 @@ whole-mini-batch statistics (`stats`) summed over micro-batches and ranks."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import torch
@@ -13,9 +13,11 @@ from rlvr import cpu
 from rlvr.algorithm import Algorithm
 from rlvr.algos import LossOutput, kl_k3, overlong_filter_mask
 from rlvr.algos import rollout_correction as rc
-from rlvr.algos.objectives import LossInputs
+from rlvr.algos.cov import Largest, keep_largest
+from rlvr.algos.objectives import DRAW_SEED, LossInputs
 from rlvr.config import Config
 from rlvr.models import autocast
+from rlvr.rollout.base import derive_seed
 from rlvr.run.distributed import is_sharded
 from rlvr.train.batch import (
     Batch,
@@ -133,6 +135,8 @@ def micro_inputs(
         num_sequences=num_sequences,
         norm_constant=algo.norm_constant,
         batch_stats=batch_stats or {},
+        row_ids=micro.numbered(),
+        draw_seed=int(batch_stats[DRAW_SEED]) if batch_stats and DRAW_SEED in batch_stats else None,
     )
     return inputs, entropy, generated_mask(mb.response_mask, micro.samples)
 
@@ -171,18 +175,40 @@ def micro_loss(
 
 @torch.no_grad()
 def batch_stats(u: _Update, micros: list[Batch], num_tokens, num_sequences):
-    """The objective's `stats` summed over the mini-batch's micro-batches and every rank (one
-    no-grad forward each), or None when the objective has none."""
-    stats = u.algo.objective.stats
-    if stats is None:
+    """The objective's `stats` (or each of its `stages` in turn, given the totals before it)
+    summed over the mini-batch's micro-batches and every rank, or None when it has none.
+    One no-grad forward per micro-batch, shared by the stages."""
+    objective = u.algo.objective
+    if objective.stats is None and objective.stages is None:
         return None
-    total: dict[str, torch.Tensor] = {}
-    for micro in micros:
-        inputs, _, _ = micro_inputs(
+    every = [
+        micro_inputs(
             u.module, micro, u.cfg, u.pad_id, u.device, u.backend, num_tokens, num_sequences,
             u.algo,
-        )  # fmt: skip
-        for key, value in stats(inputs).items():
+        )[0]
+        for micro in micros
+    ]  # fmt: skip
+    if objective.stages is None:
+        return _summed(u, [objective.stats(inputs) for inputs in every])
+    # the update's seed for random choices: the run's seed and the optimiser step (resumed
+    # with the scheduler's state), the same on every rank
+    step = int(getattr(u.scheduler, "last_epoch", 0))
+    draw = torch.tensor(float(derive_seed(u.cfg.train.seed, "draw", step)), dtype=torch.float64)
+    totals: dict[str, torch.Tensor] = {DRAW_SEED: draw.to(u.device)}
+    for stage in objective.stages(u.algo.settings):
+        every = [replace(inputs, batch_stats=totals, draw_seed=int(draw)) for inputs in every]
+        parts = [stage(inputs, totals) for inputs in every]
+        top = {k for part in parts for k, v in part.items() if isinstance(v, Largest)}
+        sums = [{k: v for k, v in part.items() if k not in top} for part in parts]
+        totals = {**totals, **(_summed(u, sums) if any(sums) else {}), **_largest(u, parts, top)}
+    return totals
+
+
+def _summed(u: _Update, parts: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """The micro-batches' dicts of sums, added up here and over ranks (float64)."""
+    total: dict[str, torch.Tensor] = {}
+    for part in parts:
+        for key, value in part.items():
             value = value.detach().double().cpu()
             total[key] = total[key] + value if key in total else value
     keys = sorted(total)
@@ -194,6 +220,18 @@ def batch_stats(u: _Update, micros: list[Batch], num_tokens, num_sequences):
         n = int(torch.Size(shape).numel())
         out[k] = summed[i : i + n].reshape(shape).to(u.device)
         i += n
+    return out
+
+
+def _largest(u: _Update, parts: list[dict], keys: set[str]) -> dict[str, torch.Tensor]:
+    """Each `Largest` key's k best rows over the micro-batches here and every rank."""
+    out = {}
+    for key in sorted(keys):
+        got = [p[key] for p in parts if key in p]
+        k = got[0].k
+        here = keep_largest(torch.cat([g.rows for g in got]), k)
+        everywhere = torch.tensor(sum(u.d.gather(here.tolist()), []), dtype=torch.float64)
+        out[key] = keep_largest(everywhere.reshape(-1, 2), k).to(u.device)
     return out
 
 

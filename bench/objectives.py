@@ -1,0 +1,223 @@
+"""The registry's objectives and the entropy controls side by side on the built-in task
+(docs/objectives.md).
+
+    python bench/objectives.py                         # runs missing runs, then the page's table
+    python bench/objectives.py --report-only           # table and figures from what finished
+    python bench/objectives.py --variants grpo dapo --seeds 1 --steps 4 --out /tmp/x  # a test
+
+Each run is `python -m rlvr train --preset P` on rlvr-tiny and the arithmetic task, one
+process with one thread (OMP_NUM_THREADS=1), with the ablation page's update
+(docs/ablation.md): lr 2e-4 and `algo.mini_batches=4`, so that the ratio moves away from 1
+between a rollout's optimiser steps and clipping, gating and the covariance selections have
+something to act on (with one optimiser step per rollout rho = 1 at every loss and most of
+these objectives reduce to the same policy gradient). The entropy controls are DAPO with one
+change each. `default-*` are the presets' own default runs (lr 4e-4, one mini-batch, 60
+steps): the README's claim that the cispo preset learns as DAPO's does.
+
+Resumable: a run with a summary.json is done; an interrupted one continues with
+`rlvr train --resume`; the table is rewritten from every finished run each time.
+Output: OUT/runs/<variant>-s<seed>/ (OUT defaults to runs/objectives), OUT/table.md,
+OUT/results.json, docs/objectives/*.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+from rlvr.plots import load_run as load_metrics
+
+ROOT = Path(__file__).resolve().parent.parent
+SMALL = ["--optim.lr=2e-4", "--algo.mini_batches=4"]
+VARIANTS: dict[str, tuple[str, list[str]]] = {  # name -> (preset, changes)
+    "grpo": ("grpo", SMALL),
+    "dapo": ("dapo", SMALL),
+    "cispo": ("cispo", SMALL),
+    "sapo": ("sapo", SMALL),
+    "gmpo": ("gmpo", SMALL),
+    "top-entropy-0.2": ("dapo", [*SMALL, "--algo.top_entropy_quantile=0.2"]),
+    "clip-cov": ("dapo", [*SMALL, "--algo.loss=clip_cov"]),
+    "kl-cov": ("dapo", [*SMALL, "--algo.loss=kl_cov", "--algo.clip_high=0.2"]),
+    "default-dapo": ("dapo", []),
+    "default-cispo": ("cispo", []),
+}
+# the share of loss tokens each variant clips, gates off or leaves out (per-step metrics)
+SHARES = ("clip_frac_low", "clip_frac_high", "top_entropy_kept_frac", "cov_frac")
+
+
+def _args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--steps", type=int, default=50, help="steps of the non-default runs")
+    p.add_argument("--parallel", type=int, default=2, help="runs at a time")
+    p.add_argument("--out", type=Path, default=ROOT / "runs" / "objectives")
+    p.add_argument("--docs", type=Path, default=ROOT / "docs")
+    p.add_argument("--report-only", action="store_true")
+    return p.parse_args()
+
+
+def _command(name: str, seed: int, run: Path, a: argparse.Namespace) -> list[str]:
+    if (run / "checkpoints").is_dir():
+        return [sys.executable, "-m", "rlvr", "train", "--resume", str(run), "--no-progress"]
+    preset, changes = VARIANTS[name]
+    steps = [] if name.startswith("default-") else [f"--max-steps={a.steps}"]
+    every = max(1, (60 if not steps else a.steps) // 5)
+    return [
+        sys.executable, "-m", "rlvr", "train", "--preset", preset, *changes, *steps,
+        f"--train.seed={seed}",
+        f"--train.eval_every={every}",
+        "--train.threads=1",
+        "--save-every", str(every),
+        "--output-dir", str(run),
+        "--no-progress",
+    ]  # fmt: skip
+
+
+def run_all(a: argparse.Namespace) -> None:
+    """Every missing run, `a.parallel` at a time, in the order of `a.variants`, seed-major."""
+    (a.out / "runs").mkdir(parents=True, exist_ok=True)
+    todo = [
+        (name, seed)
+        for seed in range(1, a.seeds + 1)
+        for name in a.variants
+        if not (a.out / "runs" / f"{name}-s{seed}" / "summary.json").exists()
+    ]
+    live: dict[int, str] = {}
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    while todo or live:
+        while todo and len(live) < a.parallel:
+            name, seed = todo.pop(0)
+            run = a.out / "runs" / f"{name}-s{seed}"
+            with open(a.out / "runs" / f"{name}-s{seed}.log", "a") as log:
+                cmd = _command(name, seed, run, a)
+                proc = subprocess.Popen(cmd, stdout=log, stderr=log, env=env)
+            live[proc.pid] = run.name
+        pid, status = os.wait()
+        if pid in live:
+            print(f"{live.pop(pid)}: exit {os.waitstatus_to_exitcode(status)}", flush=True)
+
+
+def load_run(run: Path) -> dict | None:
+    if not (run / "summary.json").exists():
+        return None
+    finished = load_metrics(run)
+    rows, s = finished.rows, finished.summary
+
+    def mean(key: str) -> float | None:
+        xs = [r[key] for r in rows if key in r]
+        return statistics.mean(xs) if xs else None
+
+    curve = [(0, s["eval_before"]["accuracy"])]
+    curve += [(i + 1, r["eval/accuracy"]) for i, r in enumerate(rows) if "eval/accuracy" in r]
+    entropy = [r["entropy"] for r in rows if "entropy" in r]
+    return {
+        "before": s["eval_before"]["accuracy"],
+        "after": s["eval_after"]["accuracy"],
+        "curve": curve,
+        "entropy_first": entropy[0] if entropy else None,
+        "entropy_last": entropy[-1] if entropy else None,
+        "entropy_curve": entropy,
+        "shares": {k: mean(k) for k in SHARES if mean(k) is not None},
+        "loss_tokens": sum(r.get("loss_tokens", 0.0) for r in rows),
+        "steps": s["steps"],
+        "wall_time_s": s["wall_time_s"],
+    }
+
+
+def _fmt(xs: list[float], digits: int = 3) -> str:
+    if not xs:
+        return "-"
+    m = f"{statistics.mean(xs):.{digits}f}"
+    return f"{m} ± {statistics.stdev(xs):.{digits}f}" if len(xs) > 1 else m
+
+
+def plot(results: dict[str, list[dict]], out: Path) -> list[str]:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    out.mkdir(parents=True, exist_ok=True)
+    names = []
+    for key, label, fname in (("curve", "held-out accuracy", "accuracy.png"),
+                              ("entropy_curve", "entropy (nats)", "entropy.png")):  # fmt: skip
+        for group, title in ((False, "objectives"), (True, "presets' default runs")):
+            fig = Figure(figsize=(6.4, 4.2))
+            FigureCanvasAgg(fig)
+            ax = fig.add_subplot()
+            for name, runs in results.items():
+                if name.startswith("default-") != group:
+                    continue
+                if key == "curve":
+                    steps = [x for x, _ in runs[0]["curve"]]
+                    ys = [[y for _, y in r["curve"]] for r in runs]
+                else:
+                    steps = list(range(1, min(len(r[key]) for r in runs) + 1))
+                    ys = [r[key][: len(steps)] for r in runs]
+                n = min(len(y) for y in ys)
+                mean = [statistics.mean(c) for c in zip(*(y[:n] for y in ys))]
+                ax.plot(steps[:n], mean, label=f"{name} ({len(runs)} seeds)")
+            ax.set_xlabel("step")
+            ax.set_ylabel(label)
+            ax.set_title(title)
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=7)
+            fname_g = fname.replace(".png", "_default.png") if group else fname
+            fig.savefig(out / fname_g, dpi=110, bbox_inches="tight")
+            names.append(fname_g)
+    return names
+
+
+def report(a: argparse.Namespace) -> None:
+    results: dict[str, list[dict]] = {}
+    for name in VARIANTS:
+        for seed in range(1, a.seeds + 1):
+            got = load_run(a.out / "runs" / f"{name}-s{seed}")
+            if got is not None:
+                results.setdefault(name, []).append(got)
+    if not results:
+        print("no finished run yet")
+        return
+    figs = plot(results, a.docs / "objectives")
+    lines = [
+        "| variant | seeds | held-out before | held-out after | per seed | entropy first -> "
+        "last step | clipped / masked share (mean per step) | loss tokens trained | "
+        "wall time per run (s) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, runs in results.items():
+        shares = {}
+        for r in runs:
+            for k, v in r["shares"].items():
+                shares.setdefault(k, []).append(v)
+        share = ", ".join(f"{k} {statistics.mean(v):.4f}" for k, v in shares.items()) or "-"
+        per_seed = ", ".join(f"{r['after']:.3f}" for r in runs)
+        lines.append(
+            f"| {name} | {len(runs)} | {_fmt([r['before'] for r in runs])} | "
+            f"{_fmt([r['after'] for r in runs])} | "
+            f"{per_seed} | "
+            f"{_fmt([r['entropy_first'] for r in runs])} -> "
+            f"{_fmt([r['entropy_last'] for r in runs])} | {share} | "
+            f"{_fmt([r['loss_tokens'] for r in runs], 0)} | "
+            f"{_fmt([r['wall_time_s'] for r in runs], 0)} |"
+        )
+    table = "\n".join(lines)
+    (a.out / "table.md").write_text(table + "\n")
+    (a.out / "results.json").write_text(json.dumps(results, indent=1))
+    print(table)
+    print("figures:", ", ".join(figs))
+
+
+def main() -> None:
+    a = _args()
+    if not a.report_only:
+        run_all(a)
+    report(a)
+
+
+if __name__ == "__main__":
+    main()
