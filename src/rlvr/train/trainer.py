@@ -1,6 +1,6 @@
 """The GRPO / DAPO training loop (docs/algorithms.md#one-training-step), top to bottom.
 
-    for step:
+    for step:                  produce (rlvr.train.pipeline), then consume
         collect:   sample prompts, G responses each (pi_old = the current policy), score them;
                    under dynamic sampling keep only groups with 0 < #correct < G, refilling
                    from more generation batches (at most algo.max_gen_batches)
@@ -10,6 +10,9 @@
         update:    mu passes x mini-batches (one optimiser step each) x micro-batches, every
                    micro-batch loss normalised by the whole optimiser step's token and
                    sequence counts, so accumulation equals one big batch exactly
+
+Under train.max_staleness = k a step consumes the batch produced k steps earlier, by weights
+up to k versions old (docs/algorithms.md#bounded-staleness).
 
 Choices, each a config key: dropout stays off for the whole run (the model is in eval mode),
 so log-probs of the same weights are identical in the rollout, old and new passes; the sampling
