@@ -83,6 +83,7 @@ def test_produced_batches_survive_a_weights_only_round_trip(tmp_path):
             assert (x is None and y is None) or torch.equal(x, y)
 
 
+@pytest.mark.slow  # a real run's setup and three rollouts: seconds on a busy CPU
 def test_a_batch_one_version_behind_is_corrected_with_its_sampling_policy(tmp_path, tiny_model_dir):
     """Staleness 1 on a real tiny run: step 2 trains on a batch the initial weights sampled;
     its behaviour log-probs are those weights' (not the trainer's), its staleness is 1 and
