@@ -39,9 +39,12 @@ def test_staleness_without_correction_is_refused_by_name(tmp_path):
     over["algo"] = {"rollout_correction": "none"}
     with pytest.raises(ConfigError, match=r"^train\.max_staleness: got 1, expected 0 unless"):
         load_config(None, over)
-    over["rollout"]["engine"] = "hf"
-    with pytest.raises(ConfigError, match=r"^train\.max_staleness: .*rollout\.engine=hf"):
-        load_config(None, over)
+    hf = _cfg(tmp_path, max_staleness=1)  # the producer computes hf's behaviour log-probs
+    hf["rollout"]["engine"] = "hf"
+    assert load_config(None, hf).rollout.engine == "hf"
+    hf["train"]["max_staleness"] = 0  # on-policy, hf has none to correct with
+    with pytest.raises(ConfigError, match=r"^algo\.rollout_correction: .*rollout\.engine=hf"):
+        load_config(None, hf)
     with pytest.raises(ConfigError, match=r"^train\.max_staleness: got -1, expected >= 0"):
         load_config(None, _cfg(tmp_path, max_staleness=-1))
     bypass = _cfg(tmp_path, max_staleness=2)

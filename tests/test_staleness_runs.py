@@ -67,3 +67,15 @@ def test_sigkill_in_the_middle_of_a_checkpoint(reference_runs, tiny_model_dir, t
     assert res.returncode == 0, res.stderr
     assert "from step-000002" in res.stderr
     _same_run(reference_runs[1], run)
+
+
+def test_the_hf_engine_is_corrected_with_the_sampling_weights(tiny_model_dir, tmp_path):
+    """hf reports no log-probs: the producer's forward of the weights that sampled is mu, so
+    the on-policy first step has weights exactly 1 and the stale ones do not."""
+    run = tmp_path / "run"
+    res = _run([*_stale_args(tiny_model_dir, run, 1), "--rollout.engine=hf", "--max-steps=3"])
+    assert res.returncode == 0, res.stderr
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["staleness/max"] for r in rows] == [0.0, 1.0, 1.0]
+    assert rows[0]["rollout/is_weight_mean"] == 1.0
+    assert all(abs(r["rollout/is_weight_mean"] - 1.0) > 1e-5 for r in rows[1:])

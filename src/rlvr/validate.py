@@ -163,12 +163,6 @@ def _validate_staleness(cfg: Config) -> None:
     if k == 0:
         return
     _check(
-        cfg.rollout.engine != "hf",
-        "train.max_staleness",
-        "0 with rollout.engine=hf (it reports no sampling log-probs; use fast or vllm)",
-        k,
-    )
-    _check(
         a.rollout_correction != "none" or a.rollout_bypass,
         "train.max_staleness",
         f"0 unless algo.rollout_correction is token or sequence (or algo.rollout_bypass=true): "

@@ -15,6 +15,8 @@ most k by construction; `check_staleness` refuses a batch beyond it rather than 
 (no schedule makes one: it could only come from an edited checkpoint). Nothing is dropped:
 dynamic sampling filters inside `produce`, where every sample of a batch has one version.
 
+The hf engine reports no log-probs of its own: under staleness `produce` computes mu with a
+no-grad forward of the weights that sampled (one extra forward per batch, as pi_old's).
 The fast and hf engines keep sampling on the live module: the delay is in which batch is
 trained, not in a second copy of the weights, so the memory cost is k batches of token ids and
 log-probs (a few MB at most), not a model. The batches ahead are part of the trainer state
@@ -34,6 +36,7 @@ from rlvr.models import autocast
 from rlvr.run.distributed import Dist, gathered
 from rlvr.train.batch import Batch, Sample
 from rlvr.train.collect import collect
+from rlvr.train.update import batch_log_probs
 
 if TYPE_CHECKING:
     from rlvr.train.setup import Run
@@ -85,10 +88,26 @@ def produce(step: int, run: Run, version: int) -> Produced:
             run.d, run.algorithm,
         )  # fmt: skip
         run.engine.release()  # vllm sleeps through the update
-    batch = got.batch
+        batch = got.batch
+        if cfg.train.max_staleness and batch.sampling_log_probs(batch.width) is None:
+            batch = behaviour_log_probs(batch, run)  # hf reports none: the weights that sampled
     batch = replace(batch, samples=[replace(s, version=version) for s in batch.samples])
     seconds = time.perf_counter() - t_start
     return Produced(step, version, batch, got.metrics, got.examples, seconds)
+
+
+def behaviour_log_probs(batch: Batch, run: Run) -> Batch:
+    """`batch` with each sample's `sampling_log_probs` from a no-grad forward of the current
+    weights (those that sampled it, before any update), for an engine that reports none
+    (hf): the behaviour policy mu that a stale sample's correction needs."""
+    if not len(batch):
+        return batch
+    lp = batch_log_probs(
+        run.policy.model, batch, run.cfg, run.tokenizer.pad_token_id, run.device, run.backend
+    )
+    rows = [replace(s, sampling_log_probs=lp[i, : len(s.completion_ids)].clone())
+            for i, s in enumerate(batch.samples)]  # fmt: skip
+    return replace(batch, samples=rows)
 
 
 class StaleBatchError(RuntimeError):
