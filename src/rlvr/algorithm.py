@@ -159,12 +159,13 @@ def _check_consistency(cfg: Config) -> None:
 
 def _correction(cfg: Config) -> CorrectionSettings | None:
     """Rollout correction's settings (None when off), and what it and bypass need: an engine
-    that reports its sampling log-probs."""
+    that reports its sampling log-probs, or staleness, under which the producer computes
+    them for the hf engine (rlvr.train.pipeline)."""
     a, engine = cfg.algo, cfg.rollout.engine
     for key, on in (("rollout_correction", a.rollout_correction != "none"),
                     ("rollout_bypass", a.rollout_bypass)):  # fmt: skip
         _check(
-            not on or engine != "hf",
+            not on or engine != "hf" or cfg.train.max_staleness > 0,
             f"algo.{key}",
             f"{'none' if key == 'rollout_correction' else 'false'} with rollout.engine=hf "
             "(it reports no sampling log-probs; use fast or vllm)",

@@ -377,6 +377,9 @@ class TrainConfig:
     project: the trackers' project name.
     max_bad_steps: stop after this many steps in a row whose updates had a NaN/inf loss or gradient.
     entropy_floor: warn when the policy's mean token entropy falls below this (collapse).
+    max_staleness: the policy versions a trained sample may lag behind (0 = on-policy); k > 0
+        trains step t on the batch sampled k steps earlier (docs/algorithms.md#bounded-staleness)
+        and needs algo.rollout_correction or algo.rollout_bypass.
     """
 
     max_steps: int = 100
@@ -395,6 +398,7 @@ class TrainConfig:
     project: str = "rlvr"
     max_bad_steps: int = 3
     entropy_floor: float = 0.01
+    max_staleness: int = 0
 
 
 @dataclass(frozen=True)

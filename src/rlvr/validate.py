@@ -25,6 +25,7 @@ def _check(ok: bool, key: str, expected: str, value: Any) -> None:
 def validate(cfg: Config) -> None:
     """Range checks that need no model or data (those are checked at load, also before work)."""
     r, a, o, t = cfg.rollout, cfg.algo, cfg.optim, cfg.train
+    _validate_staleness(cfg)  # before the algorithm: its engine checks would name another key
     # The algorithm's settings and what its estimator asks of the rollout, checked once there.
     Algorithm.from_config(cfg)
     _check(r.prompts_per_step >= 1, "rollout.prompts_per_step", ">= 1", r.prompts_per_step)
@@ -151,6 +152,23 @@ def validate(cfg: Config) -> None:
                 ok = False
             if not ok:
                 raise ConfigError(f"data.{key}: {value} does not exist")
+
+
+def _validate_staleness(cfg: Config) -> None:
+    """Bounded staleness (docs/algorithms.md#bounded-staleness): a stale sample's behaviour
+    policy mu is not pi_old, so the loss must see mu's log-probs, through rollout correction's
+    weights or bypass's ratio; never the ratio 1 of the live log-probs."""
+    k, a = cfg.train.max_staleness, cfg.algo
+    _check(k >= 0, "train.max_staleness", ">= 0", k)
+    if k == 0:
+        return
+    _check(
+        a.rollout_correction != "none" or a.rollout_bypass,
+        "train.max_staleness",
+        f"0 unless algo.rollout_correction is token or sequence (or algo.rollout_bypass=true): "
+        f"a sample {k} versions old needs its behaviour log-probs in the loss",
+        k,
+    )
 
 
 def _validate_ppo(cfg: Config) -> None:

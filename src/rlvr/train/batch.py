@@ -35,6 +35,7 @@ class Sample:
     # (length,) bool, True on tool tokens (docs/tools.md): context the policy reads, never
     # trains on; None when the response has no tool turn
     tool_mask: torch.Tensor | None = None
+    version: int = 0  # the policy version that sampled it: steps trained before its rollout
 
     def model_mask(self, width: int) -> torch.Tensor:
         """(width,) bool: the response's own tokens (EOS included), not tool tokens or padding."""

@@ -42,6 +42,7 @@ from rlvr.train.collect import PromptSampler
 from rlvr.train.critic import Critic, build_critic
 from rlvr.train.evaluation import eval_params, evaluate
 from rlvr.train.outer import OuterLoop, build_outer
+from rlvr.train.pipeline import Pipeline
 from rlvr.train.policy import Policy, load_policy
 from rlvr.train.ppo import kl_controller
 
@@ -85,6 +86,7 @@ class Run:
     critic: Critic | None = None  # PPO's value model (algo.advantage=gae)
     kl_ctl: KLController | None = None  # the per-token reward's beta (algo.kl_in_reward)
     outer: OuterLoop | None = None  # reference resets, the reward model's refresh (outer.py)
+    pipeline: Pipeline = field(default_factory=lambda: Pipeline(0))  # batches produced ahead
     algorithm: Algorithm = field(init=False)  # which algorithm, built once from cfg.algo
 
     def __post_init__(self) -> None:
@@ -117,6 +119,7 @@ class Run:
                 "critic": critic,
                 "kl_controller": self.kl_ctl.state_dict() if self.kl_ctl is not None else None,
                 "outer": self.outer.state() if self.outer is not None else None,
+                **({"pipeline": self.pipeline.state()} if self.pipeline.k else {}),
                 "config": to_dict(self.cfg),  # what resume checks config.yaml against
             }
             path = save_checkpoint(
@@ -160,6 +163,11 @@ def setup(
         raise ConfigError(
             f"rollout.prompts_per_step: {cfg.rollout.prompts_per_step} is not "
             f"divisible by the {d.world_size} ranks (each takes whole groups)"
+        )
+    if d.enabled and cfg.train.max_staleness:
+        raise ConfigError(
+            f"train.max_staleness: got {cfg.train.max_staleness}, expected 0 under torchrun "
+            "(the batches produced ahead are each rank's own; a checkpoint holds rank 0's)"
         )
     checkpoint, run_dir = None, None
     if resume_dir is None and d.is_main and cfg.train.output_dir:
@@ -209,6 +217,7 @@ def setup(
         optimizer=optimizer,
         scheduler=scheduler,
         backend=backend,
+        pipeline=Pipeline(cfg.train.max_staleness),
     )
     try:
         run.kl_ctl = kl_controller(cfg)
@@ -314,6 +323,7 @@ def _resume(run: Run, checkpoint: Path, state: dict, console: Console) -> dict:
     load_optimizer_state(run.policy.model, run.optimizer, state["optimizer"])
     run.scheduler.load_state_dict(state["scheduler"])
     run.sampler.position = state["sampler_position"]
+    run.pipeline = Pipeline.from_state(cfg.train.max_staleness, state.get("pipeline"))
     set_rng_state(state["rng"])
     if d.is_main:
         for name in ("metrics.jsonl", "samples.jsonl"):

@@ -1,6 +1,6 @@
 """The GRPO / DAPO training loop (docs/algorithms.md#one-training-step), top to bottom.
 
-    for step:
+    for step:                  produce (rlvr.train.pipeline), then consume
         collect:   sample prompts, G responses each (pi_old = the current policy), score them;
                    under dynamic sampling keep only groups with 0 < #correct < G, refilling
                    from more generation batches (at most algo.max_gen_batches)
@@ -10,6 +10,9 @@
         update:    mu passes x mini-batches (one optimiser step each) x micro-batches, every
                    micro-batch loss normalised by the whole optimiser step's token and
                    sequence counts, so accumulation equals one big batch exactly
+
+Under train.max_staleness = k a step consumes the batch produced k steps earlier, by weights
+up to k versions old (docs/algorithms.md#bounded-staleness).
 
 Choices, each a config key: dropout stays off for the whole run (the model is in eval mode),
 so log-probs of the same weights are identical in the rollout, old and new passes; the sampling
@@ -35,28 +38,35 @@ from rlvr.run.metrics import NullLogger, RunLogger
 from rlvr.run.rundir import discard_unstarted, started, unlock_run_dir
 from rlvr.run.signals import StopSignal
 from rlvr.train.batch import Batch
-from rlvr.train.collect import collect
 from rlvr.train.critic import CriticTargets, critic_update, predict_values
+from rlvr.train.pipeline import Produced, check_staleness, produce, staleness_metrics
 from rlvr.train.ppo import token_advantages
 from rlvr.train.setup import Given, Run, resolve_device, setup
 from rlvr.train.update import advantages, batch_log_probs, policy_update
 
-__all__ = ["Given", "Run", "resolve_device", "run_step", "setup", "train"]
+__all__ = ["Given", "Run", "consume", "produce", "resolve_device", "run_step", "setup", "train"]
 
 
-def run_step(step: int, run: Run) -> tuple[dict[str, float], list[dict]]:
-    """One rollout step: collect, advantages, old/ref log-probs, update. Returns metrics."""
+def run_step(
+    step: int, run: Run, produced: Produced | None = None
+) -> tuple[dict[str, float], list[dict]]:
+    """One rollout step: consume(produce(step)), or the update on `produced`, the batch the
+    pipeline sampled for this step (train.max_staleness > 0). Returns metrics and examples."""
+    if produced is None:
+        produced = produce(step, run, version=step - 1)
+    return consume(produced, run)
+
+
+def consume(produced: Produced, run: Run) -> tuple[dict[str, float], list[dict]]:
+    """The update on a produced batch: old/ref log-probs, advantages, critic, policy update
+    (docs/algorithms.md#bounded-staleness). Returns metrics and examples."""
     cfg, device, pad_id = run.cfg, run.device, run.tokenizer.pad_token_id
-    model, algo = run.policy.model, run.algorithm
+    model, algo, step = run.policy.model, run.algorithm, produced.step
     t_start = time.perf_counter()
-    # FSDP2: whole weights for the no-grad work (else a no-op); bf16 sampling when asked
+    batch = produced.batch  # this rank's share of the kept groups
+    bound = cfg.train.max_staleness
+    lags = check_staleness(batch, step - 1, bound)  # the trainer is version step - 1
     with gathered(model), autocast(cfg.model.autocast, device):
-        got = collect(
-            step, cfg, run.engine, run.tokenizer, run.scorer, run.source.train, run.sampler,
-            run.d, algo,
-        )  # fmt: skip
-        run.engine.release()  # vllm sleeps through the update
-        batch = got.batch  # this rank's share of the kept groups
         t0 = time.perf_counter()
         # pi_old's log-probs: for the ratio when it can differ from the live policy's, and
         # for the KL of the per-token reward (PPO, REINFORCE++)
@@ -69,7 +79,9 @@ def run_step(step: int, run: Run) -> tuple[dict[str, float], list[dict]]:
             batch = replace(batch, ref_log_probs=ref)
         batch, token_metrics, targets = _advantages(run, batch)
         t1 = time.perf_counter()
-    metrics = {**got.metrics, **token_metrics}
+    metrics = {**produced.metrics, **token_metrics}
+    if bound:
+        metrics.update(staleness_metrics(lags, run.d))
     if batch.num_groups and run.critic is not None:
         critic = critic_update(run.critic, batch.samples, batch.num_groups, targets, cfg,
                                pad_id, device, run.d)  # fmt: skip
@@ -98,9 +110,9 @@ def run_step(step: int, run: Run) -> tuple[dict[str, float], list[dict]]:
     t2 = time.perf_counter()
     metrics["time/log_probs"] = t1 - t0
     metrics["time/update"] = t2 - t1
-    metrics["time/step"] = t2 - t_start
+    metrics["time/step"] = produced.seconds + t2 - t_start  # its rollout and its update
     metrics["tokens_per_s"] = metrics["generated_tokens"] / max(metrics["time/step"], 1e-9)
-    return metrics, got.examples
+    return metrics, produced.examples
 
 
 def _advantages(run: Run, batch: Batch) -> tuple[Batch, dict[str, float], CriticTargets | None]:
@@ -223,7 +235,7 @@ def _train(
         while step < cfg.train.max_steps and not d.max(float(stop.requested)):
             step += 1
             memory.check(step)  # a clear error instead of the OOM killer
-            metrics, examples = run_step(step, run)
+            metrics, examples = run_step(step, run, run.pipeline.next(step, run))
             if run.outer is not None:  # reference resets, the reward model's refresh
                 metrics.update(run.outer.after_step(step))
             asked_stop = False

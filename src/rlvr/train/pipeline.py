@@ -1,0 +1,164 @@
+"""The step's seam (docs/algorithms.md#bounded-staleness): `produce` makes a step's batch,
+`consume` (rlvr.train.trainer) trains on it.
+
+    produce:  prompts, G responses each, rewards, dynamic sampling; the behaviour log-probs
+              the engine sampled with (`Sample.sampling_log_probs`) and the policy version
+              that sampled (`Sample.version`: the steps trained before the rollout)
+    consume:  old and reference log-probs, advantages, critic, update
+
+A synchronous run (train.max_staleness = 0) is consume(produce(step)). Under
+max_staleness = k the `Pipeline` keeps the batches of steps t+1 .. t+k, produced ahead:
+at step t it produces the batch of step t+k with the weights of version t-1 (the first
+iteration produces steps 1 .. k+1 from the initial weights), then consumes step t's, sampled
+at version t-1-k or later. Staleness, the trainer's version t-1 minus the sample's, is at
+most k by construction; `check_staleness` refuses a batch beyond it rather than train on it
+(no schedule makes one: it could only come from an edited checkpoint). Nothing is dropped:
+dynamic sampling filters inside `produce`, where every sample of a batch has one version.
+
+The hf engine reports no log-probs of its own: under staleness `produce` computes mu with a
+no-grad forward of the weights that sampled (one extra forward per batch, as pi_old's).
+The fast and hf engines keep sampling on the live module: the delay is in which batch is
+trained, not in a second copy of the weights, so the memory cost is k batches of token ids and
+log-probs (a few MB at most), not a model. The batches ahead are part of the trainer state
+(`state`, plain lists, numbers and tensors: loaded with weights_only=True), so a resumed run
+trains on the very samples an uninterrupted one would. `produce` runs all its collectives
+(collect's gathers and sums) before `consume` starts any, on the one process group.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, fields, replace
+from typing import TYPE_CHECKING, Any
+
+from rlvr.models import autocast
+from rlvr.run.distributed import Dist, gathered
+from rlvr.train.batch import Batch, Sample
+from rlvr.train.collect import collect
+from rlvr.train.update import batch_log_probs
+
+if TYPE_CHECKING:
+    from rlvr.train.setup import Run
+
+
+@dataclass(frozen=True)
+class Produced:
+    """One step's batch as the producer made it: this rank's kept groups with their rewards,
+    behaviour log-probs and version, the collection's metrics and logged examples, and the
+    seconds it took (a step's time/step counts them)."""
+
+    step: int  # the step that trains on it
+    version: int  # the policy version that sampled it
+    batch: Batch
+    metrics: dict[str, float]
+    examples: list[dict]
+    seconds: float
+
+    def state(self) -> dict[str, Any]:
+        """Plain values and tensors only, for the checkpoint's trainer state."""
+        samples = [{f.name: getattr(s, f.name) for f in fields(Sample)} for s in self.batch.samples]
+        return {
+            "step": self.step,
+            "version": self.version,
+            "num_groups": self.batch.num_groups,
+            "samples": samples,
+            "metrics": dict(self.metrics),
+            "examples": list(self.examples),
+            "seconds": self.seconds,
+        }
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> Produced:
+        batch = Batch([Sample(**s) for s in state["samples"]], state["num_groups"])
+        return cls(
+            state["step"], state["version"], batch, dict(state["metrics"]),
+            list(state["examples"]), state["seconds"],
+        )  # fmt: skip
+
+
+def produce(step: int, run: Run, version: int) -> Produced:
+    """Step `step`'s batch, sampled by the current weights, which are policy `version`."""
+    cfg, model = run.cfg, run.policy.model
+    t_start = time.perf_counter()
+    # FSDP2: whole weights for the rollout (else a no-op); bf16 sampling when asked
+    with gathered(model), autocast(cfg.model.autocast, run.device):
+        got = collect(
+            step, cfg, run.engine, run.tokenizer, run.scorer, run.source.train, run.sampler,
+            run.d, run.algorithm,
+        )  # fmt: skip
+        run.engine.release()  # vllm sleeps through the update
+        batch = got.batch
+        if cfg.train.max_staleness and batch.sampling_log_probs(batch.width) is None:
+            batch = behaviour_log_probs(batch, run)  # hf reports none: the weights that sampled
+    batch = replace(batch, samples=[replace(s, version=version) for s in batch.samples])
+    seconds = time.perf_counter() - t_start
+    return Produced(step, version, batch, got.metrics, got.examples, seconds)
+
+
+def behaviour_log_probs(batch: Batch, run: Run) -> Batch:
+    """`batch` with each sample's `sampling_log_probs` from a no-grad forward of the current
+    weights (those that sampled it, before any update), for an engine that reports none
+    (hf): the behaviour policy mu that a stale sample's correction needs."""
+    if not len(batch):
+        return batch
+    lp = batch_log_probs(
+        run.policy.model, batch, run.cfg, run.tokenizer.pad_token_id, run.device, run.backend
+    )
+    rows = [replace(s, sampling_log_probs=lp[i, : len(s.completion_ids)].clone())
+            for i, s in enumerate(batch.samples)]  # fmt: skip
+    return replace(batch, samples=rows)
+
+
+class StaleBatchError(RuntimeError):
+    """A batch older than train.max_staleness reached the update: it is not trained on."""
+
+
+def check_staleness(batch: Batch, version: int, bound: int) -> list[int]:
+    """Each sample's staleness (trainer `version` minus its own); StaleBatchError naming the
+    bound when any exceeds it."""
+    lags = [version - s.version for s in batch.samples]
+    if any(lag > bound or lag < 0 for lag in lags):
+        raise StaleBatchError(
+            f"train.max_staleness: a batch with samples {max(lags)} versions behind (or ahead: "
+            f"{min(lags)}) reached the update at version {version}, bound {bound}; not trained on"
+        )
+    return lags
+
+
+def staleness_metrics(lags: list[int], d: Dist) -> dict[str, float]:
+    """staleness/mean and staleness/max over the samples trained on (all ranks)."""
+    total, n = d.sum([float(sum(lags)), float(len(lags))])
+    return {
+        "staleness/mean": total / max(n, 1.0),
+        "staleness/max": d.max(float(max(lags, default=0))),
+    }
+
+
+class Pipeline:
+    """The batches produced ahead under train.max_staleness = k (the module docstring)."""
+
+    def __init__(self, k: int, queue: list[Produced] | None = None):
+        self.k = k
+        self.queue: deque[Produced] = deque(queue or ())
+
+    def next(self, step: int, run: Run) -> Produced | None:
+        """Step `step`'s batch (None when k = 0: the step produces its own), after producing
+        the batches up to step + k (within train.max_steps) with the current weights,
+        version step - 1."""
+        if self.k == 0:
+            return None
+        last = self.queue[-1].step if self.queue else step - 1
+        for ahead in range(last + 1, min(step + self.k, run.cfg.train.max_steps) + 1):
+            self.queue.append(produce(ahead, run, version=step - 1))
+        got = self.queue.popleft()
+        if got.step != step:
+            raise RuntimeError(f"pipeline: the batch of step {got.step} came up at step {step}")
+        return got
+
+    def state(self) -> list[dict[str, Any]]:
+        return [p.state() for p in self.queue]
+
+    @classmethod
+    def from_state(cls, k: int, state: list[dict[str, Any]] | None) -> Pipeline:
+        return cls(k, [Produced.from_state(p) for p in state or ()])
