@@ -13,12 +13,11 @@ are ones where verl's random choice is not random (tests/fixtures/make_verl_obje
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
-
-from dataclasses import replace
 
 from rlvr.algos.objectives import OBJECTIVES, LossInputs, LossSettings
 

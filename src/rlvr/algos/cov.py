@@ -101,7 +101,7 @@ def covariance(inputs: LossInputs, totals: Mapping[str, Tensor]) -> Tensor:
 
 def token_ids(inputs: LossInputs) -> Tensor:
     """(B, T) float64 unique ids of the step's tokens: row id * POSITIONS + position."""
-    B, T = inputs.response_mask.shape
+    T = inputs.response_mask.shape[1]
     if inputs.row_ids is None:
         raise ValueError("the covariance objectives need the rows' ids (LossInputs.row_ids)")
     rows = inputs.row_ids.to(torch.float64).cpu()

@@ -230,7 +230,9 @@ def _largest(u: _Update, parts: list[dict], keys: set[str]) -> dict[str, torch.T
         got = [p[key] for p in parts if key in p]
         k = got[0].k
         here = keep_largest(torch.cat([g.rows for g in got]), k)
-        everywhere = torch.tensor(sum(u.d.gather(here.tolist()), []), dtype=torch.float64)
+        everywhere = torch.tensor(
+            [row for part in u.d.gather(here.tolist()) for row in part], dtype=torch.float64
+        )
         out[key] = keep_largest(everywhere.reshape(-1, 2), k).to(u.device)
     return out
 
