@@ -70,7 +70,10 @@ def test_gspo_objective_is_the_sequence_ratio_loss():
         ({"clip_low": -0.1}, r"^algo\.clip_low: got -0\.1, expected 0 <= clip_low <= 1$"),
         ({"dual_clip": 0.5}, r"^algo\.dual_clip: got 0\.5, expected none or > 1"),
         ({"log_ratio_clamp": 0.0}, r"^algo\.log_ratio_clamp: got 0\.0, expected none or > 0$"),
-        ({"loss": "nope"}, r"^algo\.loss: got 'nope', expected one of \[.*'clip', 'gmpo', 'gspo'"),
+        (
+            {"loss": "nope"},
+            r"^algo\.loss: got 'nope', expected one of \[.*'clip', 'clip_cov', 'gmpo', 'gspo'",
+        ),
         ({"loss": "/no/such.py:f"}, r"^algo\.loss '/no/such\.py:f': no file"),
         ({"loss": f"{USER}x"}, r"has no 'truncated_is_pgx'; callables: .*truncated_is_pg"),
     ],

@@ -85,14 +85,14 @@ def test_two_steps_on_a_local_qwen2(tiny_qwen2_dir, tmp_path, capsys):
         "time/generation",
         "time/scoring",
         "time/scoring_wait",
-        "scoring/programs_per_s",
+        "time/programs_per_s",
         "time/log_probs",
         "time/update",
         "loss",
     ):
         assert key in rows[0], key
     assert rows[0]["time/scoring_wait"] == rows[0]["time/scoring"]
-    assert rows[0]["scoring/programs_per_s"] == pytest.approx(
+    assert rows[0]["time/programs_per_s"] == pytest.approx(
         rows[0]["responses"] / rows[0]["time/scoring"], rel=1e-6
     )
     assert rows[0]["groups/kept"] == 4  # no dynamic sampling under grpo

@@ -61,7 +61,7 @@ def humaneval_path() -> Path:
 def resolve_code_preset(cfg):
     """`cfg` with a code preset's defaults: HumanEval's packaged file as `data.path` when
     none is set, and the code reward as `reward.accuracy` when it is "task"."""
-    from rlvr.config import ConfigError
+    from rlvr.schema import ConfigError
 
     d, r = cfg.data, cfg.reward
     if d.preset not in CODE_PRESETS:
@@ -80,7 +80,7 @@ def resolve_code_preset(cfg):
 
 
 def _need(row: dict, key: str, where: str, kind=str):
-    from rlvr.data import DatasetError
+    from rlvr.data_errors import DatasetError
 
     if key not in row:
         raise DatasetError(where, key, f"missing; the row's columns are: {', '.join(row)}")
@@ -127,7 +127,7 @@ def _stdio_prompt(text: str, starter: str | None) -> str:
 
 
 def _apps(row: dict, where: str) -> dict:
-    from rlvr.data import DatasetError
+    from rlvr.data_errors import DatasetError
 
     text = _need(row, "question", where)
     io = row.get("input_output")
@@ -161,7 +161,7 @@ def _apps(row: dict, where: str) -> dict:
 
 
 def _cases(row: dict, key: str, where: str) -> tuple[list, list]:
-    from rlvr.data import DatasetError
+    from rlvr.data_errors import DatasetError
 
     t = row.get(key) or {"input": [], "output": []}
     if not (isinstance(t, dict) and isinstance(t.get("input"), list)
@@ -171,7 +171,7 @@ def _cases(row: dict, key: str, where: str) -> tuple[list, list]:
 
 
 def _codecontests(row: dict, where: str) -> dict:
-    from rlvr.data import DatasetError
+    from rlvr.data_errors import DatasetError
 
     text = _need(row, "description", where)
     inputs, outputs = [], []

@@ -42,6 +42,7 @@ from typing import Any
 
 from rlvr.code_data import CODE_PRESETS, code_row
 from rlvr.code_data import FIELDS as CODE_FIELDS
+from rlvr.data_errors import DatasetError
 
 PRESETS: dict[str, dict[str, str]] = {
     "none": {"prompt_field": "prompt", "answer_field": "answer"},
@@ -49,15 +50,6 @@ PRESETS: dict[str, dict[str, str]] = {
     "dapo_math": {"prompt_field": "prompt", "answer_field": "reward_model.ground_truth"},
     **CODE_FIELDS,  # humaneval, mbpp, apps, codecontests: rlvr.code_data
 }
-
-
-class DatasetError(ValueError):
-    """A malformed dataset row: `where` is "file:line" or "file[row]", `field` the column."""
-
-    def __init__(self, where: str, field: str | None, message: str):
-        at = f"{where}, field {field!r}" if field else where
-        super().__init__(f"{at}: {message}")
-        self.where, self.field = where, field
 
 
 @dataclass(frozen=True)

@@ -191,7 +191,8 @@ class AlgoConfig:
     tau_pos: SAPO's gate temperature for tokens with A > 0 (loss sapo only).
     tau_neg: SAPO's gate temperature for tokens with A <= 0 (loss sapo only).
     clip_cov_ratio: Clip-Cov's share of the mini-batch's loss tokens cut (loss clip_cov; verl: 2e-4).
-    clip_cov_lb, clip_cov_ub: Clip-Cov's band: only tokens with lb < cov < ub are cut (verl: 1, 5).
+    clip_cov_lb: Clip-Cov's band's lower end: only tokens with lb < cov < ub are cut (verl: 1).
+    clip_cov_ub: Clip-Cov's band's upper end (verl: 5).
     kl_cov_ratio: KL-Cov's share of loss tokens, those of largest cov, penalised (loss kl_cov; verl: 2e-4).
     kl_cov_coef: KL-Cov's weight of |log rho| on those tokens (verl's ppo_kl_coef: 1).
     top_entropy_quantile: train on the top share of the mini-batch's loss tokens by the policy's

@@ -287,7 +287,7 @@ def collect(
             # the step waits for every score before the next generation batch or the update
             # (scoring overlaps nothing yet), so the wait is all of time/scoring
             "time/scoring_wait": t_score,
-            "scoring/programs_per_s": n_scored / max(t_score, 1e-9),  # completions scored /s
+            "time/programs_per_s": n_scored / max(t_score, 1e-9),  # completions scored /s
         }
     )
     return Collected(batch=Batch.from_groups(result.groups), metrics=metrics, examples=examples)
