@@ -264,7 +264,6 @@ def main() -> None:
     summary = summarise(records)
     path.with_suffix(".json").write_text(json.dumps(summary, indent=1) + "\n")
     print(table(summary))
-    print(json.dumps(summary))
 
 
 if __name__ == "__main__":
