@@ -117,6 +117,14 @@ def test_resume_compares_the_section_key_by_key_and_reads_old_records():
         check_resume_changes(cfg, moved)
 
 
+def test_a_record_older_than_a_key_differs_only_where_the_key_leaves_its_default():
+    record = to_dict(load_config(None, {}))
+    del record["train"]["max_staleness"]  # a checkpoint saved before the key existed
+    assert config_differences(record, to_dict(load_config(None, {}))) == []
+    stale = load_config(None, {"train": {"max_staleness": 1}, "algo": {"rollout_bypass": True}})
+    assert "train.max_staleness (absent -> 1)" in config_differences(record, to_dict(stale))
+
+
 def test_trl_vllm_memory_lands_in_the_section():
     got = trl_changes({"use_vllm": True, "vllm_gpu_memory_utilization": 0.5})
     assert got.changes["rollout"] == {"engine": "vllm", "vllm.memory": 0.5}

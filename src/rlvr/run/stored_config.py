@@ -88,9 +88,11 @@ def check_resume_changes(stored: Config, new: Config) -> None:
 def config_differences(trained: dict, now: dict) -> list[str]:
     """ "section.key (A -> B)" for each key outside RESUME_SAFE (and train.output_dir) where
     config dict `now` differs from `trained` (both as `to_dict` writes them; an engine's
-    section key by key, `rollout.vllm.dtype`, and a record's old key names as the new)."""
+    section key by key, `rollout.vllm.dtype`, and a record's old key names as the new). A key
+    the record lacks (a checkpoint saved before the key existed) differs only where `now`
+    holds something other than the key's default, the behaviour of the code that saved it."""
     out = []
-    trained, now = _flat(trained), _flat(now)
+    trained, now, default = _flat(trained), _flat(now), _flat(to_dict(Config()))
     if trained.get("preset") != now.get("preset"):
         out.append(f"preset ({trained.get('preset')!r} -> {now.get('preset')!r})")
     for s, section in now.items():
@@ -100,10 +102,15 @@ def config_differences(trained: dict, now: dict) -> list[str]:
         for k, v in section.items():
             if (s, k) in RESUME_SAFE or (s, k) == ("train", "output_dir"):
                 continue
+            if k not in old and _plain(default.get(s, {}).get(k, _MISSING)) == _plain(v):
+                continue
             if k not in old or _plain(old[k]) != _plain(v):
                 was = repr(old[k]) if k in old else "absent"
                 out.append(f"{s}.{k} ({_short(was)} -> {_short(repr(v))})")
     return out
+
+
+_MISSING = object()
 
 
 def _flat(config: dict) -> dict:
