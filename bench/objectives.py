@@ -24,11 +24,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _runs import run_missing, train_command
 
 from rlvr.plots import load_run as load_metrics
 
@@ -62,45 +64,18 @@ def _args() -> argparse.Namespace:
     return p.parse_args()
 
 
-def _command(name: str, seed: int, run: Path, a: argparse.Namespace) -> list[str]:
-    if (run / "checkpoints").is_dir():
-        return [sys.executable, "-m", "rlvr", "train", "--resume", str(run), "--no-progress"]
+def _job(name: str, seed: int, a: argparse.Namespace) -> tuple[Path, list[str]]:
+    run = a.out / "runs" / f"{name}-s{seed}"
     preset, changes = VARIANTS[name]
     steps = [] if name.startswith("default-") else [f"--max-steps={a.steps}"]
-    every = max(1, (60 if not steps else a.steps) // 5)
-    return [
-        sys.executable, "-m", "rlvr", "train", "--preset", preset, *changes, *steps,
-        f"--train.seed={seed}",
-        f"--train.eval_every={every}",
-        "--train.threads=1",
-        "--save-every", str(every),
-        "--output-dir", str(run),
-        "--no-progress",
-    ]  # fmt: skip
+    args = ["--preset", preset, *changes, *steps, f"--train.seed={seed}"]
+    return run, train_command(run, args, every=max(1, (60 if not steps else a.steps) // 5))
 
 
 def run_all(a: argparse.Namespace) -> None:
     """Every missing run, `a.parallel` at a time, in the order of `a.variants`, seed-major."""
-    (a.out / "runs").mkdir(parents=True, exist_ok=True)
-    todo = [
-        (name, seed)
-        for seed in range(1, a.seeds + 1)
-        for name in a.variants
-        if not (a.out / "runs" / f"{name}-s{seed}" / "summary.json").exists()
-    ]
-    live: dict[int, str] = {}
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    while todo or live:
-        while todo and len(live) < a.parallel:
-            name, seed = todo.pop(0)
-            run = a.out / "runs" / f"{name}-s{seed}"
-            with open(a.out / "runs" / f"{name}-s{seed}.log", "a") as log:
-                cmd = _command(name, seed, run, a)
-                proc = subprocess.Popen(cmd, stdout=log, stderr=log, env=env)
-            live[proc.pid] = run.name
-        pid, status = os.wait()
-        if pid in live:
-            print(f"{live.pop(pid)}: exit {os.waitstatus_to_exitcode(status)}", flush=True)
+    seeds = range(1, a.seeds + 1)
+    run_missing([_job(name, seed, a) for seed in seeds for name in a.variants], a.parallel)
 
 
 def load_run(run: Path) -> dict | None:

@@ -26,10 +26,12 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _runs import run_missing, train_command
 
 from rlvr.plots import load_run as load_metrics
 
@@ -54,55 +56,28 @@ def _args() -> argparse.Namespace:
     return p.parse_args()
 
 
-def _command(algo: str, seed: int, run: Path, a: argparse.Namespace) -> list[str]:
-    per_step = ALGOS[algo]
-    steps = a.samples // per_step
-    if (run / "checkpoints").is_dir():
-        return [sys.executable, "-m", "rlvr", "train", "--resume", str(run), "--no-progress"]
-    return [
-        sys.executable, "-m", "rlvr", "train", "--preset", algo,
-        f"--train.seed={seed}",
-        f"--max-steps={steps}",
-        f"--train.eval_size={a.eval_size}",
-        f"--train.eval_every={max(1, steps // 5)}",
-        "--train.threads=1",
-        "--save-every", str(max(1, steps // 5)),
-        "--output-dir", str(run),
-        "--no-progress",
-    ]  # fmt: skip
-
-
-def _launch(algo: str, seed: int, a: argparse.Namespace) -> tuple[int, Path]:
+def _job(algo: str, seed: int, a: argparse.Namespace) -> tuple[Path, list[str]]:
     run = a.out / "runs" / f"{algo}-s{seed}"
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    with open(a.out / "runs" / f"{algo}-s{seed}.log", "a") as log:
-        proc = subprocess.Popen(_command(algo, seed, run, a), stdout=log, stderr=log, env=env)
-    return proc.pid, run
+    steps = a.samples // ALGOS[algo]
+    args = [
+        "--preset", algo, f"--train.seed={seed}", f"--max-steps={steps}",
+        f"--train.eval_size={a.eval_size}",
+    ]  # fmt: skip
+    return run, train_command(run, args, every=max(1, steps // 5))
+
+
+def _record_peak(run: Path, code: int, usage) -> None:
+    """The max peak RSS over the run's processes (a resume is another), from `wait4`."""
+    peaks = run / "peak_rss.json"
+    old = json.loads(peaks.read_text())["peak_rss_mb"] if peaks.exists() else 0.0
+    if run.is_dir():
+        peaks.write_text(json.dumps({"peak_rss_mb": max(old, usage.ru_maxrss / 1024)}))
 
 
 def run_all(a: argparse.Namespace) -> None:
     """Every missing run, `a.parallel` at a time; each one's peak RSS from `wait4`."""
-    (a.out / "runs").mkdir(parents=True, exist_ok=True)
-    todo = [
-        (algo, seed)
-        for seed in range(1, a.seeds + 1)
-        for algo in ALGOS
-        if not (a.out / "runs" / f"{algo}-s{seed}" / "summary.json").exists()
-    ]
-    live: dict[int, Path] = {}
-    while todo or live:
-        while todo and len(live) < a.parallel:
-            pid, run = _launch(*todo.pop(0), a)
-            live[pid] = run
-        pid, status, usage = os.wait4(-1, 0)
-        run = live.pop(pid, None)
-        if run is None:
-            continue
-        peaks = run / "peak_rss.json"  # the max over the run's processes (a resume is another)
-        old = json.loads(peaks.read_text())["peak_rss_mb"] if peaks.exists() else 0.0
-        if run.is_dir():
-            peaks.write_text(json.dumps({"peak_rss_mb": max(old, usage.ru_maxrss / 1024)}))
-        print(f"{run.name}: exit {os.waitstatus_to_exitcode(status)}", flush=True)
+    jobs = [_job(algo, seed, a) for seed in range(1, a.seeds + 1) for algo in ALGOS]
+    run_missing(jobs, a.parallel, on_exit=_record_peak)
 
 
 def load_run(run: Path) -> dict | None:
