@@ -4,6 +4,7 @@ the longest response a Qwen2-0.5B-shaped model can train on in a given RAM.
     python bench/memory.py --lengths        # peak RSS vs response length, gradient checkpointing off/on
     python bench/memory.py --probes         # the model's probes (896 wide, 2 and 4 layers)
     python bench/memory.py --vocab-probes   # the same layer with Qwen's 151,936-token vocabulary
+    python bench/memory.py --full-probes    # all 24 layers with that vocabulary (13 GiB, ~15 min)
     python bench/memory.py --fit            # fit rlvr.run.memory's constants to the probes
     python bench/memory.py --limits 24      # longest response in 24 GiB, 0.5B shape
 
@@ -59,6 +60,12 @@ PROBES = [
 VOCAB_PROBES = [
     ("q05v-L2-T256", {**QWEN05, "num_hidden_layers": 2, "vocab_size": QWEN05_VOCAB, "tie_word_embeddings": True}, 256, False, False),
     ("q05v-L2-T256-gc", {**QWEN05, "num_hidden_layers": 2, "vocab_size": QWEN05_VOCAB, "tie_word_embeddings": True}, 256, True, False),
+]  # fmt: skip
+# The whole Qwen2-0.5B shape (24 layers, its vocabulary, 494M parameters) at lengths this
+# machine holds: the model's count at full depth, which the 24 GiB limits extrapolate in length
+FULL_PROBES = [
+    ("q05full-T256", {**QWEN05, "num_hidden_layers": QWEN05_LAYERS, "vocab_size": QWEN05_VOCAB, "tie_word_embeddings": True}, 256, False, False),
+    ("q05full-T512-gc", {**QWEN05, "num_hidden_layers": QWEN05_LAYERS, "vocab_size": QWEN05_VOCAB, "tie_word_embeddings": True}, 512, True, False),
 ]  # fmt: skip
 
 
@@ -204,6 +211,7 @@ def main() -> None:
     p.add_argument("--lengths", action="store_true", help="30M model, 64/256/1024, gc off/on")
     p.add_argument("--probes", action="store_true", help="the memory model's probes")
     p.add_argument("--vocab-probes", action="store_true", help="0.5B layer, 151,936 vocab")
+    p.add_argument("--full-probes", action="store_true", help="all 24 layers of 0.5B, ~13 GiB")
     p.add_argument("--fit", action="store_true", help="fit the model's constants to the probes")
     p.add_argument("--limits", type=float, default=None, help="GiB: longest response, 0.5B")
     p.add_argument("--results", default=str(HERE / "results" / "memory.jsonl"))
@@ -218,6 +226,7 @@ def main() -> None:
         done = {r["probe"]: r for r in map(json.loads, path.read_text().splitlines())}
     todo = (LENGTHS if args.lengths else []) + (PROBES if args.probes else [])
     todo += VOCAB_PROBES if args.vocab_probes else []
+    todo += FULL_PROBES if args.full_probes else []
     with tempfile.TemporaryDirectory(prefix="memory_") as tmp:
         for name, shape, length, gc, lora in todo:
             if name in done:
@@ -247,7 +256,7 @@ def main() -> None:
         )
         for k, v in got.items():
             setattr(memory, k, v)  # for --limits below
-        for r in [done[n] for n, *_ in PROBES + LENGTHS + VOCAB_PROBES if n in done]:
+        for r in [done[n] for n, *_ in PROBES + LENGTHS + VOCAB_PROBES + FULL_PROBES if n in done]:
             pred = _parts(r, **got)["total"] / 2**20
             print(
                 f"  {r['probe']}: measured {r['peak_rss_mib']:.0f} MiB, model {pred:.0f} MiB "
