@@ -5,6 +5,7 @@ checkpoint, and the loop that runs every unfinished run a few at a time."""
 from __future__ import annotations
 
 import os
+import statistics
 import subprocess
 import sys
 from collections.abc import Callable
@@ -53,3 +54,9 @@ def run_missing(
         if on_exit is not None:
             on_exit(run, code, usage)
         print(f"{run.name}: exit {code}", flush=True)
+
+
+def mean_sd(xs: list[float], spec: str = ".3f") -> str:
+    """'mean ± sample standard deviation' ('mean' alone for one value), each in `spec`."""
+    m = format(statistics.mean(xs), spec)
+    return f"{m} ± {format(statistics.stdev(xs), spec)}" if len(xs) > 1 else m

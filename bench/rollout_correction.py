@@ -29,7 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _runs import run_missing, train_command
+from _runs import mean_sd, run_missing, train_command
 
 from rlvr.plots import load_run as load_metrics
 
@@ -90,11 +90,6 @@ def load_run(run: Path) -> dict | None:
     }
 
 
-def _fmt(xs: list[float], spec: str = ".3f") -> str:
-    m = format(statistics.mean(xs), spec)
-    return f"{m} ± {format(statistics.stdev(xs), spec)}" if len(xs) > 1 else m
-
-
 def report(a: argparse.Namespace) -> None:
     results: dict[str, list[dict]] = {}
     for arm in ARMS:
@@ -114,17 +109,17 @@ def report(a: argparse.Namespace) -> None:
 
         def mean_of(key: str, spec: str, runs=runs) -> str:
             xs = [r["means"][key] for r in runs if key in r["means"]]
-            return _fmt(xs, spec) if xs else "-"
+            return mean_sd(xs, spec) if xs else "-"
 
         lines.append(
-            f"| {arm} | {len(runs)} | {_fmt([r['before'] for r in runs])} | "
-            f"{_fmt([r['after'] for r in runs])} | "
+            f"| {arm} | {len(runs)} | {mean_sd([r['before'] for r in runs])} | "
+            f"{mean_sd([r['after'] for r in runs])} | "
             f"{', '.join(format(r['after'], '.3f') for r in runs)} | "
             f"{mean_of('rollout/mismatch_kl_k3', '.1e')} | "
             f"{mean_of('rollout/logprob_diff_mean', '.1e')} | "
             f"{mean_of('rollout/is_weight_mean', '.4f')} | {mean_of('rollout/is_ess', '.4f')} | "
             f"{mean_of('rollout/is_truncated_frac', '.1e')} | "
-            f"{_fmt([r['wall_time_s'] for r in runs], '.0f')} |"
+            f"{mean_sd([r['wall_time_s'] for r in runs], '.0f')} |"
         )
     table = "\n".join(lines)
     (a.out / "table.md").write_text(table + "\n")
