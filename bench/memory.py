@@ -66,6 +66,7 @@ VOCAB_PROBES = [
 FULL_PROBES = [
     ("q05full-T256", {**QWEN05, "num_hidden_layers": QWEN05_LAYERS, "vocab_size": QWEN05_VOCAB, "tie_word_embeddings": True}, 256, False, False),
     ("q05full-T512-gc", {**QWEN05, "num_hidden_layers": QWEN05_LAYERS, "vocab_size": QWEN05_VOCAB, "tie_word_embeddings": True}, 512, True, False),
+    ("q05full-T1024-gc", {**QWEN05, "num_hidden_layers": QWEN05_LAYERS, "vocab_size": QWEN05_VOCAB, "tie_word_embeddings": True}, 1024, True, False),
 ]  # fmt: skip
 
 
