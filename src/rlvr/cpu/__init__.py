@@ -37,14 +37,15 @@ class Backend:
 
     on: bool
 
-    def tune_malloc(self) -> str:
-        """glibc malloc keeps freed memory for the next step (`rlvr.cpu.allocator`); returns
-        "on" or "off: <why>"."""
+    def tune_malloc(self, memory_first: bool = False) -> str:
+        """glibc malloc keeps freed memory for the next step, or with `memory_first` (gradient
+        checkpointing) returns every freed tensor buffer at once (`rlvr.cpu.allocator`);
+        returns "on...", or "off: <why>". The first call of a process decides."""
         if not self.on:
             return OFF_REASON
-        from rlvr.cpu.allocator import keep_freed_memory
+        from rlvr.cpu import allocator
 
-        return keep_freed_memory()
+        return allocator.return_freed_memory() if memory_first else allocator.keep_freed_memory()
 
     def kernels(self) -> str:
         """Whether the C kernels are built and on ("on" or "off: <why>"); builds them when

@@ -50,11 +50,11 @@ GIB = 1024**3
 # Qwen2-0.5B's layer (2 layers x 256 and 1024 response tokens, 4 layers x 512; full fine-tune,
 # within -7%..+6% of each), GC_LAYERS from a checkpointed one; STATE is not fitted (every byte
 # counted). Out of sample, the 30M grid model at 64-1024 tokens: +2..+9% without
-# checkpointing, -1..-15% with it.
+# checkpointing, +7..+11% with it (glibc returning freed buffers there, rlvr.cpu.allocator).
 RUNTIME = 0.416 * GIB  # torch, transformers, tokenizer, the engine's buffers
 STATE = 1.0  # weights, gradients, AdamW moments (multiplier on the count above)
 ACTIVATION = 0.901  # autograd's saved tensors and temporaries (multiplier on the count above)
-GC_LAYERS = 2.43  # layers' worth of activations live at once under gradient checkpointing
+GC_LAYERS = 1.11  # layers' worth of activations live at once under gradient checkpointing
 # LoRA (under half the parameters trained): the adapters' inputs and outputs on top, fitted
 # to one LoRA probe (r16 on all seven projections, 4 layers x 512 tokens: above the same
 # full fine-tune's peak, 2,847 vs 2,823 MiB)

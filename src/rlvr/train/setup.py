@@ -191,7 +191,7 @@ def setup(
         check_vocabulary(tokenizer, model, "model.name_or_path")
     except ValueError as e:
         raise ConfigError(str(e)) from None
-    backend = _cpu_backend(policy)
+    backend = _cpu_backend(policy, cfg)
     source = load_prompts(cfg, tokenizer, getattr(model.config, "max_position_embeddings", None))
     module = wrap(model, d, device, cfg.train.parallel)  # before the optimiser: FSDP2 shards
     optimizer, scheduler = _optimizer(cfg, model)
@@ -332,11 +332,12 @@ def _resume(run: Run, checkpoint: Path, state: dict, console: Console) -> dict:
     return {"step": state["step"], "eval_before": state["eval_before"], "path": checkpoint}
 
 
-def _cpu_backend(policy: Policy) -> cpu.Backend:
+def _cpu_backend(policy: Policy, cfg: Config) -> cpu.Backend:
     """The CPU backend's gate for the run (`rlvr.cpu.enabled`: fp32 weights on the CPU), and
-    what it sets up once: malloc tuning, the frozen reference's packed weights."""
+    what it sets up once: malloc tuning (memory first under gradient checkpointing), the
+    frozen reference's packed weights."""
     backend = cpu.backend(policy.model)
-    backend.tune_malloc()
+    backend.tune_malloc(memory_first=cfg.optim.gradient_checkpointing)
     if policy.reference_copy is not None:
         backend.pack_frozen(policy.reference_copy)
     return backend
