@@ -60,3 +60,55 @@ def mean_sd(xs: list[float], spec: str = ".3f") -> str:
     """'mean ± sample standard deviation' ('mean' alone for one value), each in `spec`."""
     m = format(statistics.mean(xs), spec)
     return f"{m} ± {format(statistics.stdev(xs), spec)}" if len(xs) > 1 else m
+
+
+def load_arm_run(run: Path, means: tuple[str, ...]) -> dict | None:
+    """A finished run's held-out accuracy before and after, its held-out curve (step,
+    accuracy), the run-mean of each metric in `means` it logged, steps and wall time; None
+    while it has no summary.json."""
+    from rlvr.plots import load_run
+
+    if not (run / "summary.json").exists():
+        return None
+    finished = load_run(run)
+    rows, s = finished.rows, finished.summary
+    curve = [(0, s["eval_before"]["accuracy"])]
+    curve += [(i + 1, r["eval/accuracy"]) for i, r in enumerate(rows) if "eval/accuracy" in r]
+    logged = {k: [r[k] for r in rows if k in r] for k in means}
+    return {
+        "before": s["eval_before"]["accuracy"],
+        "after": s["eval_after"]["accuracy"],
+        "curve": curve,
+        "means": {k: statistics.mean(xs) for k, xs in logged.items() if xs},
+        "steps": s["steps"],
+        "wall_time_s": s["wall_time_s"],
+    }
+
+
+def arm_results(out: Path, arms, seeds: int, means: tuple[str, ...]) -> dict[str, list[dict]]:
+    """Every finished OUT/runs/<arm>-s<seed> (seeds 1..`seeds`), by arm."""
+    results: dict[str, list[dict]] = {}
+    for arm in arms:
+        for seed in range(1, seeds + 1):
+            got = load_arm_run(out / "runs" / f"{arm}-s{seed}", means)
+            if got is not None:
+                results.setdefault(arm, []).append(got)
+    return results
+
+
+def arm_table(results: dict[str, list[dict]], columns: list[tuple[str, str, str]]) -> str:
+    """Markdown: per arm, seeds, held-out before and after (mean ± sd), each seed's after,
+    one column per (header, metric, format) of the run-means, and wall time."""
+    head = ["arm", "seeds", "held-out before", "held-out after", "per seed"]
+    head += [h for h, _, _ in columns] + ["wall time (s)"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for arm, runs in results.items():
+        cells = [arm, str(len(runs)), mean_sd([r["before"] for r in runs])]
+        cells += [mean_sd([r["after"] for r in runs])]
+        cells += [", ".join(format(r["after"], ".3f") for r in runs)]
+        for _, key, spec in columns:
+            xs = [r["means"][key] for r in runs if key in r["means"]]
+            cells.append(mean_sd(xs, spec) if xs else "-")
+        cells.append(mean_sd([r["wall_time_s"] for r in runs], ".0f"))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)

@@ -23,15 +23,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _runs import mean_sd, run_missing, train_command
-
-from rlvr.plots import load_run as load_metrics
+from _runs import arm_results, arm_table, run_missing, train_command
 
 ROOT = Path(__file__).resolve().parent.parent
 VLLM = ["--rollout.engine=vllm"]
@@ -45,11 +42,6 @@ ARMS: dict[str, list[str]] = {
         "--algo.rollout_is_cap=2",
     ],
 }
-# per-step metrics averaged over a run
-MEANS = (
-    "rollout/mismatch_kl_k3", "rollout/logprob_diff_mean", "rollout/is_weight_mean",
-    "rollout/is_ess", "rollout/is_truncated_frac",
-)  # fmt: skip
 
 
 def _args() -> argparse.Namespace:
@@ -71,57 +63,21 @@ def _job(arm: str, seed: int, a: argparse.Namespace) -> tuple[Path, list[str]]:
     return run, train_command(run, [*ARMS[arm], *steps, f"--train.seed={seed}"], every, a.python)
 
 
-def load_run(run: Path) -> dict | None:
-    if not (run / "summary.json").exists():
-        return None
-    finished = load_metrics(run)
-    rows, s = finished.rows, finished.summary
-    means = {}
-    for key in MEANS:
-        xs = [r[key] for r in rows if key in r]
-        if xs:
-            means[key] = statistics.mean(xs)
-    return {
-        "before": s["eval_before"]["accuracy"],
-        "after": s["eval_after"]["accuracy"],
-        "means": means,
-        "steps": s["steps"],
-        "wall_time_s": s["wall_time_s"],
-    }
+COLUMNS = [
+    ("mismatch k3", "rollout/mismatch_kl_k3", ".1e"),
+    ("mean abs log-prob diff", "rollout/logprob_diff_mean", ".1e"),
+    ("IS weight mean", "rollout/is_weight_mean", ".4f"),
+    ("ESS", "rollout/is_ess", ".4f"),
+    ("truncated share", "rollout/is_truncated_frac", ".1e"),
+]
 
 
 def report(a: argparse.Namespace) -> None:
-    results: dict[str, list[dict]] = {}
-    for arm in ARMS:
-        for seed in range(1, a.seeds + 1):
-            got = load_run(a.out / "runs" / f"{arm}-s{seed}")
-            if got is not None:
-                results.setdefault(arm, []).append(got)
+    results = arm_results(a.out, ARMS, a.seeds, tuple(key for _, key, _ in COLUMNS))
     if not results:
         print("no finished run yet")
         return
-    lines = [
-        "| arm | seeds | held-out before | held-out after | per seed | mismatch k3 | "
-        "mean abs log-prob diff | IS weight mean | ESS | truncated share | wall time (s) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for arm, runs in results.items():
-
-        def mean_of(key: str, spec: str, runs=runs) -> str:
-            xs = [r["means"][key] for r in runs if key in r["means"]]
-            return mean_sd(xs, spec) if xs else "-"
-
-        lines.append(
-            f"| {arm} | {len(runs)} | {mean_sd([r['before'] for r in runs])} | "
-            f"{mean_sd([r['after'] for r in runs])} | "
-            f"{', '.join(format(r['after'], '.3f') for r in runs)} | "
-            f"{mean_of('rollout/mismatch_kl_k3', '.1e')} | "
-            f"{mean_of('rollout/logprob_diff_mean', '.1e')} | "
-            f"{mean_of('rollout/is_weight_mean', '.4f')} | {mean_of('rollout/is_ess', '.4f')} | "
-            f"{mean_of('rollout/is_truncated_frac', '.1e')} | "
-            f"{mean_sd([r['wall_time_s'] for r in runs], '.0f')} |"
-        )
-    table = "\n".join(lines)
+    table = arm_table(results, COLUMNS)
     (a.out / "table.md").write_text(table + "\n")
     (a.out / "results.json").write_text(json.dumps(results, indent=1))
     print(table)

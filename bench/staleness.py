@@ -23,9 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _runs import mean_sd, run_missing, train_command
-
-from rlvr.plots import load_run as load_metrics
+from _runs import arm_results, arm_table, run_missing, train_command
 
 ROOT = Path(__file__).resolve().parent.parent
 TIS = ["--algo.rollout_correction=token", "--algo.rollout_is_cap=2"]
@@ -37,7 +35,12 @@ ARMS: dict[str, list[str]] = {
     "k1-bypass": ["--train.max_staleness=1", *BYPASS],
     "k2-bypass": ["--train.max_staleness=2", *BYPASS],
 }
-MEANS = ("staleness/mean", "rollout/is_weight_mean", "rollout/is_ess", "rollout/is_truncated_frac")
+COLUMNS = [
+    ("staleness mean", "staleness/mean", ".2f"),
+    ("IS weight mean", "rollout/is_weight_mean", ".4f"),
+    ("ESS", "rollout/is_ess", ".4f"),
+    ("truncated share", "rollout/is_truncated_frac", ".1e"),
+]
 
 
 def _args() -> argparse.Namespace:
@@ -57,28 +60,6 @@ def _job(arm: str, seed: int, a: argparse.Namespace) -> tuple[Path, list[str]]:
     steps = [f"--max-steps={a.steps}"] if a.steps else []
     every = max(1, (a.steps or 60) // 5)
     return run, train_command(run, [*ARMS[arm], *steps, f"--train.seed={seed}"], every)
-
-
-def load_run(run: Path) -> dict | None:
-    if not (run / "summary.json").exists():
-        return None
-    finished = load_metrics(run)
-    rows, s = finished.rows, finished.summary
-    curve = [(0, s["eval_before"]["accuracy"])]
-    curve += [(i + 1, r["eval/accuracy"]) for i, r in enumerate(rows) if "eval/accuracy" in r]
-    means = {}
-    for key in MEANS:
-        xs = [r[key] for r in rows if key in r]
-        if xs:
-            means[key] = statistics.mean(xs)
-    return {
-        "before": s["eval_before"]["accuracy"],
-        "after": s["eval_after"]["accuracy"],
-        "curve": curve,
-        "means": means,
-        "steps": s["steps"],
-        "wall_time_s": s["wall_time_s"],
-    }
 
 
 def plot(results: dict[str, list[dict]], path: Path) -> None:
@@ -102,35 +83,11 @@ def plot(results: dict[str, list[dict]], path: Path) -> None:
 
 
 def report(a: argparse.Namespace) -> None:
-    results: dict[str, list[dict]] = {}
-    for arm in ARMS:
-        for seed in range(1, a.seeds + 1):
-            got = load_run(a.out / "runs" / f"{arm}-s{seed}")
-            if got is not None:
-                results.setdefault(arm, []).append(got)
+    results = arm_results(a.out, ARMS, a.seeds, tuple(key for _, key, _ in COLUMNS))
     if not results:
         print("no finished run yet")
         return
-    lines = [
-        "| arm | seeds | held-out before | held-out after | per seed | staleness mean | "
-        "IS weight mean | ESS | truncated share | wall time (s) |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for arm, runs in results.items():
-
-        def mean_of(key: str, spec: str, runs=runs) -> str:
-            xs = [r["means"][key] for r in runs if key in r["means"]]
-            return mean_sd(xs, spec) if xs else "-"
-
-        lines.append(
-            f"| {arm} | {len(runs)} | {mean_sd([r['before'] for r in runs])} | "
-            f"{mean_sd([r['after'] for r in runs])} | "
-            f"{', '.join(format(r['after'], '.3f') for r in runs)} | "
-            f"{mean_of('staleness/mean', '.2f')} | {mean_of('rollout/is_weight_mean', '.4f')} | "
-            f"{mean_of('rollout/is_ess', '.4f')} | {mean_of('rollout/is_truncated_frac', '.1e')} | "
-            f"{mean_sd([r['wall_time_s'] for r in runs], '.0f')} |"
-        )
-    table = "\n".join(lines)
+    table = arm_table(results, COLUMNS)
     (a.out / "table.md").write_text(table + "\n")
     docs = a.docs / "staleness"
     docs.mkdir(parents=True, exist_ok=True)
