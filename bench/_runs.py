@@ -112,3 +112,29 @@ def arm_table(results: dict[str, list[dict]], columns: list[tuple[str, str, str]
         cells.append(mean_sd([r["wall_time_s"] for r in runs], ".0f"))
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def arm_bench(a, arms, columns, job: Callable[[str, int], tuple[Path, list[str]]]):
+    """The main of an arm x seed bench: the missing runs of `a.arms` x seeds 1..`a.seeds`
+    (unless `a.report_only`), `a.parallel` at a time, then OUT/table.md of every finished run,
+    printed; returns the results by arm (empty when nothing has finished)."""
+    if not a.report_only:
+        seeds = range(1, a.seeds + 1)
+        run_missing([job(arm, s) for s in seeds for arm in a.arms], a.parallel)
+    results = arm_results(a.out, arms, a.seeds, tuple(key for _, key, _ in columns))
+    if not results:
+        print("no finished run yet")
+        return results
+    table = arm_table(results, columns)
+    (a.out / "table.md").write_text(table + "\n")
+    print(table)
+    return results
+
+
+def arm_job(a, arms: dict[str, list[str]], arm: str, seed: int, python: str = sys.executable):
+    """(run directory, command) of `arm` at `seed`: the default run with the arm's changes,
+    `a.steps` steps when given, held-out accuracy and a checkpoint 5 times a run."""
+    run = a.out / "runs" / f"{arm}-s{seed}"
+    steps = [f"--max-steps={a.steps}"] if a.steps else []
+    every = max(1, (a.steps or 60) // 5)
+    return run, train_command(run, [*arms[arm], *steps, f"--train.seed={seed}"], every, python)

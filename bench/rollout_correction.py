@@ -28,7 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _runs import arm_results, arm_table, run_missing, train_command
+from _runs import arm_bench, arm_job
 
 ROOT = Path(__file__).resolve().parent.parent
 VLLM = ["--rollout.engine=vllm"]
@@ -56,13 +56,6 @@ def _args() -> argparse.Namespace:
     return p.parse_args()
 
 
-def _job(arm: str, seed: int, a: argparse.Namespace) -> tuple[Path, list[str]]:
-    run = a.out / "runs" / f"{arm}-s{seed}"
-    steps = [f"--max-steps={a.steps}"] if a.steps else []
-    every = max(1, (a.steps or 60) // 5)
-    return run, train_command(run, [*ARMS[arm], *steps, f"--train.seed={seed}"], every, a.python)
-
-
 COLUMNS = [
     ("mismatch k3", "rollout/mismatch_kl_k3", ".1e"),
     ("mean abs log-prob diff", "rollout/logprob_diff_mean", ".1e"),
@@ -72,23 +65,11 @@ COLUMNS = [
 ]
 
 
-def report(a: argparse.Namespace) -> None:
-    results = arm_results(a.out, ARMS, a.seeds, tuple(key for _, key, _ in COLUMNS))
-    if not results:
-        print("no finished run yet")
-        return
-    table = arm_table(results, COLUMNS)
-    (a.out / "table.md").write_text(table + "\n")
-    (a.out / "results.json").write_text(json.dumps(results, indent=1))
-    print(table)
-
-
 def main() -> None:
     a = _args()
-    if not a.report_only:
-        seeds = range(1, a.seeds + 1)
-        run_missing([_job(arm, s, a) for s in seeds for arm in a.arms], a.parallel)
-    report(a)
+    results = arm_bench(a, ARMS, COLUMNS, lambda arm, seed: arm_job(a, ARMS, arm, seed, a.python))
+    if results:
+        (a.out / "results.json").write_text(json.dumps(results, indent=1))
 
 
 if __name__ == "__main__":

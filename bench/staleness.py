@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _runs import arm_results, arm_table, run_missing, train_command
+from _runs import arm_bench, arm_job
 
 ROOT = Path(__file__).resolve().parent.parent
 TIS = ["--algo.rollout_correction=token", "--algo.rollout_is_cap=2"]
@@ -55,13 +55,6 @@ def _args() -> argparse.Namespace:
     return p.parse_args()
 
 
-def _job(arm: str, seed: int, a: argparse.Namespace) -> tuple[Path, list[str]]:
-    run = a.out / "runs" / f"{arm}-s{seed}"
-    steps = [f"--max-steps={a.steps}"] if a.steps else []
-    every = max(1, (a.steps or 60) // 5)
-    return run, train_command(run, [*ARMS[arm], *steps, f"--train.seed={seed}"], every)
-
-
 def plot(results: dict[str, list[dict]], path: Path) -> None:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -82,26 +75,14 @@ def plot(results: dict[str, list[dict]], path: Path) -> None:
     fig.savefig(path, dpi=110, bbox_inches="tight")
 
 
-def report(a: argparse.Namespace) -> None:
-    results = arm_results(a.out, ARMS, a.seeds, tuple(key for _, key, _ in COLUMNS))
-    if not results:
-        print("no finished run yet")
-        return
-    table = arm_table(results, COLUMNS)
-    (a.out / "table.md").write_text(table + "\n")
-    docs = a.docs / "staleness"
-    docs.mkdir(parents=True, exist_ok=True)
-    (docs / "results.json").write_text(json.dumps(results, indent=1) + "\n")
-    plot(results, docs / "accuracy.png")
-    print(table)
-
-
 def main() -> None:
     a = _args()
-    if not a.report_only:
-        seeds = range(1, a.seeds + 1)
-        run_missing([_job(arm, s, a) for s in seeds for arm in a.arms], a.parallel)
-    report(a)
+    results = arm_bench(a, ARMS, COLUMNS, lambda arm, seed: arm_job(a, ARMS, arm, seed))
+    if results:
+        docs = a.docs / "staleness"
+        docs.mkdir(parents=True, exist_ok=True)
+        (docs / "results.json").write_text(json.dumps(results, indent=1) + "\n")
+        plot(results, docs / "accuracy.png")
 
 
 if __name__ == "__main__":
