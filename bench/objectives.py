@@ -3,6 +3,8 @@
 
     python bench/objectives.py                         # runs missing runs, then the page's table
     python bench/objectives.py --report-only           # table and figures from what finished
+    python bench/objectives.py --task chain --steps 40 --variants grpo dapo cispo sapo gmpo \
+        top-entropy-0.2 clip-cov-2e-2 kl-cov-2e-2     # the page's second task
     python bench/objectives.py --variants grpo dapo --seeds 1 --steps 4 --out /tmp/x  # a test
 
 Each run is `python -m rlvr train --preset P` on rlvr-tiny and the arithmetic task, one
@@ -17,7 +19,8 @@ steps): the README preset table's default runs (the cispo preset learns as DAPO'
 Resumable: a run with a summary.json is done; an interrupted one continues with
 `rlvr train --resume`; the table is rewritten from every finished run each time.
 Output: OUT/runs/<variant>-s<seed>/ (OUT defaults to runs/objectives), OUT/table.md,
-docs/objectives/results.json (every run's curves and numbers) and docs/objectives/*.png.
+docs/objectives/results.json (every run's curves and numbers) and docs/objectives/*.png;
+for another --task, OUT is runs/objectives-TASK and the files in docs/objectives start TASK_.
 """
 
 from __future__ import annotations
@@ -67,17 +70,22 @@ def _args() -> argparse.Namespace:
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--steps", type=int, default=50, help="steps of the non-default runs")
     p.add_argument("--parallel", type=int, default=2, help="runs at a time")
-    p.add_argument("--out", type=Path, default=ROOT / "runs" / "objectives")
+    p.add_argument("--task", default="arithmetic", help="a built-in task (data.task)")
+    p.add_argument("--out", type=Path, default=None, help="default: runs/objectives[-TASK]")
     p.add_argument("--docs", type=Path, default=ROOT / "docs")
     p.add_argument("--report-only", action="store_true")
-    return p.parse_args()
+    a = p.parse_args()
+    other = a.task != "arithmetic"
+    a.out = a.out or ROOT / "runs" / ("objectives" + (f"-{a.task}" if other else ""))
+    a.prefix = f"{a.task}_" if other else ""  # of the figures and results.json in DOCS
+    return a
 
 
 def _job(name: str, seed: int, a: argparse.Namespace) -> tuple[Path, list[str]]:
     run = a.out / "runs" / f"{name}-s{seed}"
     preset, changes = VARIANTS[name]
     steps = [] if name.startswith("default-") else [f"--max-steps={a.steps}"]
-    args = ["--preset", preset, *changes, *steps, f"--train.seed={seed}"]
+    args = ["--preset", preset, f"--data.task={a.task}", *changes, *steps, f"--train.seed={seed}"]
     return run, train_command(run, args, every=max(1, (60 if not steps else a.steps) // 5))
 
 
@@ -121,7 +129,7 @@ def _fmt(xs: list[float], digits: int = 3) -> str:
     return f"{m} ± {statistics.stdev(xs):.{digits}f}" if len(xs) > 1 else m
 
 
-def plot(results: dict[str, list[dict]], out: Path) -> list[str]:
+def plot(results: dict[str, list[dict]], out: Path, prefix: str = "") -> list[str]:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -130,6 +138,8 @@ def plot(results: dict[str, list[dict]], out: Path) -> list[str]:
     for key, label, fname in (("curve", "held-out accuracy", "accuracy.png"),
                               ("entropy_curve", "entropy (nats)", "entropy.png")):  # fmt: skip
         for group, title in ((False, "objectives"), (True, "presets' default runs")):
+            if not any(name.startswith("default-") == group for name in results):
+                continue
             fig = Figure(figsize=(6.4, 4.2))
             FigureCanvasAgg(fig)
             ax = fig.add_subplot()
@@ -150,7 +160,7 @@ def plot(results: dict[str, list[dict]], out: Path) -> list[str]:
             ax.set_title(title)
             ax.grid(alpha=0.3)
             ax.legend(fontsize=7)
-            fname_g = fname.replace(".png", "_default.png") if group else fname
+            fname_g = prefix + (fname.replace(".png", "_default.png") if group else fname)
             fig.savefig(out / fname_g, dpi=110, bbox_inches="tight")
             names.append(fname_g)
     return names
@@ -166,7 +176,7 @@ def report(a: argparse.Namespace) -> None:
     if not results:
         print("no finished run yet")
         return
-    figs = plot(results, a.docs / "objectives")
+    figs = plot(results, a.docs / "objectives", a.prefix)
     lines = [
         "| variant | seeds | held-out before | held-out after | per seed | entropy first -> "
         "last step | clipped / masked share (mean per step) | loss tokens trained | "
@@ -191,7 +201,9 @@ def report(a: argparse.Namespace) -> None:
         )
     table = "\n".join(lines)
     (a.out / "table.md").write_text(table + "\n")
-    (a.docs / "objectives" / "results.json").write_text(json.dumps(results, indent=1) + "\n")
+    (a.docs / "objectives" / f"{a.prefix}results.json").write_text(
+        json.dumps(results, indent=1) + "\n"
+    )
     print(table)
     print("figures:", ", ".join(figs))
 
