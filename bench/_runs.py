@@ -57,20 +57,27 @@ def run_missing(
 
 
 def mean_sd(xs: list[float], spec: str = ".3f") -> str:
-    """'mean ± sample standard deviation' ('mean' alone for one value), each in `spec`."""
+    """'mean ± sample standard deviation' ('mean' alone for one value, '-' for none), each in
+    `spec`."""
+    if not xs:
+        return "-"
     m = format(statistics.mean(xs), spec)
     return f"{m} ± {format(statistics.stdev(xs), spec)}" if len(xs) > 1 else m
 
 
 def load_arm_run(run: Path, means: tuple[str, ...]) -> dict | None:
-    """A finished run's held-out accuracy before and after, its held-out curve (step,
-    accuracy), the run-mean of each metric in `means` it logged, steps and wall time; None
-    while it has no summary.json."""
+    """`run_summary` of a finished run; None while it has no summary.json."""
     from rlvr.plots import load_run
 
     if not (run / "summary.json").exists():
         return None
-    finished = load_run(run)
+    return run_summary(load_run(run), means)
+
+
+def run_summary(finished, means: tuple[str, ...]) -> dict:
+    """A loaded run's (`rlvr.plots.load_run`) held-out accuracy before and after, its held-out
+    curve (step, accuracy), the run-mean of each metric in `means` it logged, steps and wall
+    time."""
     rows, s = finished.rows, finished.summary
     curve = [(0, s["eval_before"]["accuracy"])]
     curve += [(i + 1, r["eval/accuracy"]) for i, r in enumerate(rows) if "eval/accuracy" in r]
@@ -107,8 +114,7 @@ def arm_table(results: dict[str, list[dict]], columns: list[tuple[str, str, str]
         cells += [mean_sd([r["after"] for r in runs])]
         cells += [", ".join(format(r["after"], ".3f") for r in runs)]
         for _, key, spec in columns:
-            xs = [r["means"][key] for r in runs if key in r["means"]]
-            cells.append(mean_sd(xs, spec) if xs else "-")
+            cells.append(mean_sd([r["means"][key] for r in runs if key in r["means"]], spec))
         cells.append(mean_sd([r["wall_time_s"] for r in runs], ".0f"))
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)

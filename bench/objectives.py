@@ -33,7 +33,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _runs import run_missing, train_command
+from _runs import mean_sd, run_missing, run_summary, train_command
 
 from rlvr.plots import load_run as load_metrics
 
@@ -99,34 +99,20 @@ def load_run(run: Path) -> dict | None:
     if not (run / "summary.json").exists():
         return None
     finished = load_metrics(run)
-    rows, s = finished.rows, finished.summary
-
-    def mean(key: str) -> float | None:
-        xs = [r[key] for r in rows if key in r]
-        return statistics.mean(xs) if xs else None
-
-    curve = [(0, s["eval_before"]["accuracy"])]
-    curve += [(i + 1, r["eval/accuracy"]) for i, r in enumerate(rows) if "eval/accuracy" in r]
-    entropy = [r["entropy"] for r in rows if "entropy" in r]
+    out = run_summary(finished, SHARES)
+    entropy = [r["entropy"] for r in finished.rows if "entropy" in r]
     return {
-        "before": s["eval_before"]["accuracy"],
-        "after": s["eval_after"]["accuracy"],
-        "curve": curve,
+        "before": out["before"],
+        "after": out["after"],
+        "curve": out["curve"],
         "entropy_first": entropy[0] if entropy else None,
         "entropy_last": entropy[-1] if entropy else None,
         "entropy_curve": entropy,
-        "shares": {k: mean(k) for k in SHARES if mean(k) is not None},
-        "loss_tokens": sum(r.get("loss_tokens", 0.0) for r in rows),
-        "steps": s["steps"],
-        "wall_time_s": s["wall_time_s"],
+        "shares": out["means"],
+        "loss_tokens": sum(r.get("loss_tokens", 0.0) for r in finished.rows),
+        "steps": out["steps"],
+        "wall_time_s": out["wall_time_s"],
     }
-
-
-def _fmt(xs: list[float], digits: int = 3) -> str:
-    if not xs:
-        return "-"
-    m = f"{statistics.mean(xs):.{digits}f}"
-    return f"{m} ± {statistics.stdev(xs):.{digits}f}" if len(xs) > 1 else m
 
 
 def plot(results: dict[str, list[dict]], out: Path, prefix: str = "") -> list[str]:
@@ -191,13 +177,13 @@ def report(a: argparse.Namespace) -> None:
         share = ", ".join(f"{k} {statistics.mean(v):.4f}" for k, v in shares.items()) or "-"
         per_seed = ", ".join(f"{r['after']:.3f}" for r in runs)
         lines.append(
-            f"| {name} | {len(runs)} | {_fmt([r['before'] for r in runs])} | "
-            f"{_fmt([r['after'] for r in runs])} | "
+            f"| {name} | {len(runs)} | {mean_sd([r['before'] for r in runs])} | "
+            f"{mean_sd([r['after'] for r in runs])} | "
             f"{per_seed} | "
-            f"{_fmt([r['entropy_first'] for r in runs])} -> "
-            f"{_fmt([r['entropy_last'] for r in runs])} | {share} | "
-            f"{_fmt([r['loss_tokens'] for r in runs], 0)} | "
-            f"{_fmt([r['wall_time_s'] for r in runs], 0)} |"
+            f"{mean_sd([r['entropy_first'] for r in runs])} -> "
+            f"{mean_sd([r['entropy_last'] for r in runs])} | {share} | "
+            f"{mean_sd([r['loss_tokens'] for r in runs], '.0f')} | "
+            f"{mean_sd([r['wall_time_s'] for r in runs], '.0f')} |"
         )
     table = "\n".join(lines)
     (a.out / "table.md").write_text(table + "\n")
