@@ -8,22 +8,28 @@ import sys
 
 import pytest
 
-CODE = "from rlvr.cpu.allocator import keep_freed_memory; print(keep_freed_memory())"
+GLIBC_ONLY = pytest.mark.skipif(
+    sys.platform != "linux" or "libc.so" not in (ctypes.util.find_library("c") or ""),
+    reason="glibc only",
+)
+CODE = "from rlvr.cpu import allocator; print(allocator.{fn}())"
 
 
-def _status(**env) -> str:
+def _run(code: str, **env) -> str:
+    """`code`'s stdout in a fresh interpreter, without the environment's malloc settings."""
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("MALLOC_", "RLVR_MALLOC"))}
     out = subprocess.run(
-        [sys.executable, "-c", CODE], capture_output=True, text=True, env={**clean, **env}
+        [sys.executable, "-c", code], capture_output=True, text=True, env={**clean, **env}
     )
     assert out.returncode == 0, out.stderr[-2000:]
     return out.stdout.strip()
 
 
-@pytest.mark.skipif(
-    sys.platform != "linux" or "libc.so" not in (ctypes.util.find_library("c") or ""),
-    reason="glibc only",
-)
+def _status(fn: str = "keep_freed_memory", **env) -> str:
+    return _run(CODE.format(fn=fn), **env)
+
+
+@GLIBC_ONLY
 def test_on_by_default_with_glibc():
     assert _status() == "on"
 
@@ -49,31 +55,12 @@ print(rss() - base)
 """
 
 
-@pytest.mark.skipif(
-    sys.platform != "linux" or "libc.so" not in (ctypes.util.find_library("c") or ""),
-    reason="glibc only",
-)
+@GLIBC_ONLY
 def test_memory_first_returns_freed_tensors_to_the_system():
     """Under gradient checkpointing (`return_freed_memory`) the freed temporaries between kept
     tensors leave the resident set; with the speed settings they stay (1 GiB of them here)."""
-    clean = {k: v for k, v in os.environ.items() if not k.startswith(("MALLOC_", "RLVR_MALLOC"))}
-    grown = {}
-    for fn in ("keep_freed_memory", "return_freed_memory"):
-        out = subprocess.run(
-            [sys.executable, "-c", FRAGMENT.format(fn=fn)],
-            capture_output=True,
-            text=True,
-            env=clean,
-        )
-        assert out.returncode == 0, out.stderr[-2000:]
-        grown[fn] = float(out.stdout.split()[-1])
+    grown = {fn: float(_run(FRAGMENT.format(fn=fn)).split()[-1]) for fn in
+             ("keep_freed_memory", "return_freed_memory")}  # fmt: skip
     # kept: 64 x 4 MiB = 256 MiB; freed: 64 x 16 MiB = 1 GiB
     assert grown["return_freed_memory"] < 400 < 900 < grown["keep_freed_memory"], grown
-    assert _status_of("return_freed_memory") == "on: freed memory returned (gradient checkpointing)"
-
-
-def _status_of(fn: str) -> str:
-    clean = {k: v for k, v in os.environ.items() if not k.startswith(("MALLOC_", "RLVR_MALLOC"))}
-    code = f"from rlvr.cpu import allocator; print(allocator.{fn}())"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=clean)
-    return out.stdout.strip()
+    assert _status("return_freed_memory") == "on: freed memory returned (gradient checkpointing)"

@@ -38,17 +38,21 @@ _status: list[str] = []
 
 
 def keep_freed_memory() -> str:
-    """Apply the speed settings once per process; returns (and remembers) "on" or "off: <why>"."""
-    if not _status:
-        _status.append(_apply(SETTINGS, "on"))
-    return _status[0]
+    """Apply the speed settings; returns "on" or "off: <why>" (see `_once`)."""
+    return _once(SETTINGS, "on")
 
 
 def return_freed_memory() -> str:
-    """Apply the memory-first settings once per process (gradient checkpointing); returns (and
-    remembers) "on: freed memory returned (gradient checkpointing)" or "off: <why>"."""
+    """Apply the memory-first settings (gradient checkpointing); returns "on: freed memory
+    returned (gradient checkpointing)" or "off: <why>" (see `_once`)."""
+    return _once(MEMORY_FIRST, "on: freed memory returned (gradient checkpointing)")
+
+
+def _once(settings, on: str) -> str:
+    """The first call of a process applies its settings; every call returns (and the process
+    remembers) that first call's status."""
     if not _status:
-        _status.append(_apply(MEMORY_FIRST, "on: freed memory returned (gradient checkpointing)"))
+        _status.append(_apply(settings, on))
     return _status[0]
 
 
