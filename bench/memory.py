@@ -4,7 +4,7 @@ the longest response a Qwen2-0.5B-shaped model can train on in a given RAM.
     python bench/memory.py --lengths        # peak RSS vs response length, gradient checkpointing off/on
     python bench/memory.py --probes         # the model's probes (896 wide, 2 and 4 layers)
     python bench/memory.py --vocab-probes   # the same layer with Qwen's 151,936-token vocabulary
-    python bench/memory.py --full-probes    # all 24 layers with that vocabulary (13 GiB, ~15 min)
+    python bench/memory.py --full-probes    # all 24 layers with that vocabulary (8-13 GiB, 15-30 min each)
     python bench/memory.py --fit            # fit rlvr.run.memory's constants to the probes
     python bench/memory.py --limits 24      # longest response in 24 GiB, 0.5B shape
 
@@ -63,10 +63,11 @@ VOCAB_PROBES = [
 ]  # fmt: skip
 # The whole Qwen2-0.5B shape (24 layers, its vocabulary, 494M parameters) at lengths this
 # machine holds: the model's count at full depth, which the 24 GiB limits extrapolate in length
+QWEN05_FULL = {**QWEN05, "num_hidden_layers": QWEN05_LAYERS, "vocab_size": QWEN05_VOCAB, "tie_word_embeddings": True}  # fmt: skip
 FULL_PROBES = [
-    ("q05full-T256", {**QWEN05, "num_hidden_layers": QWEN05_LAYERS, "vocab_size": QWEN05_VOCAB, "tie_word_embeddings": True}, 256, False, False),
-    ("q05full-T512-gc", {**QWEN05, "num_hidden_layers": QWEN05_LAYERS, "vocab_size": QWEN05_VOCAB, "tie_word_embeddings": True}, 512, True, False),
-    ("q05full-T1024-gc", {**QWEN05, "num_hidden_layers": QWEN05_LAYERS, "vocab_size": QWEN05_VOCAB, "tie_word_embeddings": True}, 1024, True, False),
+    ("q05full-T256", QWEN05_FULL, 256, False, False),
+    ("q05full-T512-gc", QWEN05_FULL, 512, True, False),
+    ("q05full-T1024-gc", QWEN05_FULL, 1024, True, False),
 ]  # fmt: skip
 
 
@@ -212,7 +213,9 @@ def main() -> None:
     p.add_argument("--lengths", action="store_true", help="30M model, 64/256/1024, gc off/on")
     p.add_argument("--probes", action="store_true", help="the memory model's probes")
     p.add_argument("--vocab-probes", action="store_true", help="0.5B layer, 151,936 vocab")
-    p.add_argument("--full-probes", action="store_true", help="all 24 layers of 0.5B, ~13 GiB")
+    p.add_argument(
+        "--full-probes", action="store_true", help="all 24 layers of 0.5B, 8-13 GiB each"
+    )
     p.add_argument("--fit", action="store_true", help="fit the model's constants to the probes")
     p.add_argument("--limits", type=float, default=None, help="GiB: longest response, 0.5B")
     p.add_argument("--results", default=str(HERE / "results" / "memory.jsonl"))
