@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import os
 import resource
 import statistics
 import subprocess
@@ -35,6 +36,7 @@ from rlvr.data import load_prompt_dataset
 from rlvr.rewards.code_harness import run_assertions
 from rlvr.rewards.code_reward import make_code_reward
 from rlvr.rewards.sandbox import Limits, run_python
+from rlvr.rewards.sandbox import zygote as zygote_module
 from rlvr.rewards.sandbox.jail_config import _python
 
 RESULTS = Path(__file__).parent / "results" / "code_reward.jsonl"
@@ -88,11 +90,11 @@ def breakdown(raw, repeats: int) -> dict[str, float]:
             lambda: subprocess.run([exe, "-I", "-S", "-B", "-c", "pass"], check=True),
         "interpreter + harness imports":
             lambda: subprocess.run([exe, "-I", "-S", "-B", "-c", stdlib], check=True),
-        "sandbox, isolation none (launcher + program)":
+        "sandbox, isolation none (launcher + program, two interpreters)":
             lambda: run_python("pass", isolation="none"),
         "sandbox, namespaces, no cgroup":
             lambda: run_python("pass", isolation="namespaces", limits=Limits(cgroup=False)),
-        "sandbox, namespaces + cgroup (default)":
+        "sandbox, namespaces + cgroup (default; forked from the zygote)":
             lambda: run_python("pass", isolation="namespaces"),
         "assertion mode: 2 sandboxes + relay, trivial test":
             lambda: run_assertions(trivial, ["assert f(1) == 2"], isolation="namespaces"),
@@ -103,12 +105,20 @@ def breakdown(raw, repeats: int) -> dict[str, float]:
 
 
 def _cpu() -> float:
-    """CPU seconds (user + system) of this process and every child it has reaped; a
-    sandbox's processes are reaped by its launcher, which this process reaps."""
+    """CPU seconds (user + system) of this process, every child it has reaped (the
+    launchers of isolation "none"), and its sandbox zygote with every launcher that zygote
+    reaped (each sandbox in namespaces: the launcher reaps the jail's init, which reaps the
+    program)."""
     total = 0.0
     for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN):
         u = resource.getrusage(who)
         total += u.ru_utime + u.ru_stime
+    z = zygote_module._zygote
+    if z is not None and z.proc.poll() is None:
+        with open(f"/proc/{z.proc.pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        # utime, stime, cutime, cstime: fields 14-17 of stat, 12-15 after the name
+        total += sum(int(x) for x in fields[11:15]) / os.sysconf("SC_CLK_TCK")
     return total
 
 

@@ -56,11 +56,14 @@ for pid in ({trainer}, {decoy}):
 """,
     "setsid": """
 import os
+r, w = os.pipe()  # close-on-exec: EOF once the grandchild runs sleep and the others closed it
 if os.fork() == 0:
     os.setsid()
     if os.fork() == 0:
         os.execv("/usr/bin/sleep", ["sleep", "{mark}"])
     os._exit(0)
+os.close(w)
+os.read(r, 1)
 print("started")
 """,
     "userns": """

@@ -201,12 +201,17 @@ def test_a_sleeping_program_hits_the_wall_clock_in_the_sandbox(copy, drop):
 
 
 def _launchers(where: Path) -> list[int]:
+    """The launchers and the zygote they were forked from (which shares their cmdline)."""
+    scripts = [
+        str(where / "sandbox" / name).encode() for name in ("jail_init.py", "jail_zygote.py")
+    ]
     pids = []
     for d in os.listdir("/proc"):
         try:
             with open(f"/proc/{d}/cmdline", "rb") as f:
-                if str(where / "sandbox" / "jail_init.py").encode() in f.read():
-                    pids.append(int(d))
+                cmdline = f.read()
+            if any(script in cmdline for script in scripts):
+                pids.append(int(d))
         except (OSError, ValueError):
             pass
     return pids

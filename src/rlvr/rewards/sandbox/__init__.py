@@ -19,7 +19,11 @@ steps) guarantees:
   - limits: CPU seconds, address space, open files, processes (RLIMIT_NPROC counts the
     namespace's own processes on Linux >= 5.14), file size (which also caps stdout and
     stderr: they go to files, and a program that writes more gets SIGXFSZ);
-  - an empty environment, `python -I -S -B` (no site-packages, no user site, no .pyc).
+  - an empty environment, `python -I -S -B` (no site-packages, no user site, no .pyc);
+  - a process of its own: each sandbox's launcher is forked from a zygote (`jail_zygote.py`),
+    an interpreter that imported the launcher's code once and never runs a program; the
+    launcher builds a fresh jail and the program runs in a new process inside it, so no
+    process ever runs two programs and nothing one program leaves reaches another.
 Limits of the guarantee: it is not a VM, and its seccomp filter refuses only the keyring
 syscalls: it shares the kernel, it can read the system's Python standard library and /usr, and
 a kernel bug could break out. Memory is one budget for the whole sandbox where a cgroup can be
@@ -39,7 +43,8 @@ can read its files and /proc and reach the network, and its setsid children can 
 The package imports only the standard library, so a copy of its directory runs on its own: the
 unprivileged tests load one as a user who cannot read the installed package. Its modules:
 `spec` (limits, result, errors), `jail_config` (what the jail binds, maps and limits),
-`jail_init.py` (the launcher that builds the jail), `budget` (the whole sandbox's cgroup),
+`jail_init.py` (the launcher that builds the jail), `jail_zygote.py` and `zygote` (the zygote
+the launchers are forked from, and its trainer side), `budget` (the whole sandbox's cgroup),
 `process` (`SandboxProcess`), `reap` (killing what is left), `run` (`run_python`, which
 isolation works here).
 """

@@ -1,6 +1,7 @@
 """Sandbox launcher: runs before the untrusted program, builds its jail, then execs it.
 
-Started by `rlvr.rewards.sandbox` as `python -I -S jail_init.py CONFIG_JSON` with the
+Forked for each sandbox in namespaces by the zygote (`jail_zygote.py`, which runs `launch`),
+or for isolation "none" started as `python -I -S jail_init.py CONFIG_JSON`; either way with the
 write end of a status pipe (fd `status_fd`). It imports only the standard library. The same
 steps work as root and as any other user, because the user namespace comes first:
 
@@ -19,8 +20,9 @@ steps work as root and as any other user, because the user namespace comes first
      the host; no /proc), joins a session keyring of its own, drops every capability, sets
      the resource limits and PR_SET_NO_NEW_PRIVS, installs a seccomp filter refusing the
      keyring syscalls (add_key, request_key, keyctl: EPERM), makes itself non-dumpable (the
-     program cannot ptrace it), reports "ready", and forks D, which execs the program with an
-     empty environment. C enforces the wall clock: when D outlives `timeout_s`, C exits,
+     program cannot ptrace it), reports "ready", and forks D, which runs the program with an
+     empty environment: in its own fresh process (`jail_zygote.run_here`; the zygote's interpreter, which
+     has run nothing else, so no second interpreter start) or by exec-ing one. C enforces the wall clock: when D outlives `timeout_s`, C exits,
      and the kernel kills every process left in the namespace (setsid or double-forked
      ones included); when D exits first, C reports its status and exits the same way.
 
@@ -70,6 +72,7 @@ INNER_ID = 1000  # the program's uid and gid inside the namespace
 
 libc = ctypes.CDLL(None, use_errno=True)
 STATUS = -1
+RUN_HERE = None  # set by the zygote: D runs the program in its own process, no exec
 
 
 def _call(name, *args):
@@ -302,6 +305,8 @@ def _init(cfg, files, lifeline):
     report("ready")
     pid = os.fork()
     if pid == 0:
+        if RUN_HERE is not None:
+            RUN_HERE(cfg["argv"][4:])
         _exec(cfg["argv"])
     _supervise(pid, cfg["timeout_s"])
 
@@ -361,8 +366,12 @@ def _join_cgroups(dirs):
 
 
 def main():
+    launch(json.loads(sys.argv[1]))
+
+
+def launch(cfg):
+    """A: build the jail `cfg` describes (module docstring). Never returns."""
     global STATUS
-    cfg = json.loads(sys.argv[1])
     STATUS = cfg["status_fd"]
     os.set_inheritable(STATUS, False)
     parent = cfg["parent"]

@@ -19,6 +19,7 @@ from . import budget as budgets
 from .jail_config import _config
 from .reap import _kill_group, _kill_until_dead, _pids_of
 from .spec import _GRACE_S, SETUP_S, Limits, SandboxError, SandboxResult
+from .zygote import Launcher, zygote
 
 _INIT = Path(__file__).with_name("jail_init.py")
 
@@ -41,6 +42,7 @@ class SandboxProcess:
         self.status, self.deadline = b"", 0.0
         self.pipe_stdout = pipe_stdout
         self._cfg = (files, argv_tail)
+        self._dead = False  # killed and awaited: its pids are never signalled again
         self.budget = budgets.Budget()
 
     def start(self) -> None:
@@ -65,17 +67,45 @@ class SandboxProcess:
         with open(os.open(self.err_path, private, 0o600), "wb") as e, \
                 open(os.open(self.out_path, private, 0o600), "wb") as o, \
                 _closing(status_w):  # fmt: skip
-            self.proc = subprocess.Popen(
-                [sys.executable, "-I", "-S", str(_INIT), json.dumps(cfg)],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE if self.pipe_stdout else o,
-                stderr=e,
-                env={"PATH": "/usr/bin:/bin"},
-                start_new_session=True,
-                pass_fds=(status_w,),
-                cwd=cfg["workdir"] if self.mode == "none" else "/",
-            )
+            if self.mode == "none":
+                self._popen(cfg, o, e, status_w)
+            else:
+                self._fork(cfg, o, e, status_w)
+
+    def _popen(self, cfg: dict, out, err, status_w: int) -> None:
+        """The launcher as an interpreter of its own (isolation "none")."""
+        self.proc = subprocess.Popen(
+            [sys.executable, "-I", "-S", str(_INIT), json.dumps(cfg)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE if self.pipe_stdout else out,
+            stderr=err,
+            env={"PATH": "/usr/bin:/bin"},
+            start_new_session=True,
+            pass_fds=(status_w,),
+            cwd=cfg["workdir"],
+        )
         self.stdin, self.stdout = self.proc.stdin, self.proc.stdout
+
+    def _fork(self, cfg: dict, out, err, status_w: int) -> None:
+        """The launcher forked by this process's zygote (`zygote.py`)."""
+        stdin_r, stdin_w = os.pipe()
+        stdout_r, stdout_w = os.pipe() if self.pipe_stdout else (None, out.fileno())
+        try:
+            owner = zygote()
+            self.proc = Launcher(
+                owner, owner.spawn(cfg, [stdin_r, stdout_w, err.fileno(), status_w])
+            )
+        except BaseException:
+            for fd in (stdin_w, stdout_r):
+                if fd is not None:
+                    os.close(fd)
+            raise
+        finally:
+            os.close(stdin_r)
+            if stdout_r is not None:
+                os.close(stdout_w)
+        self.stdin = open(stdin_w, "wb")  # noqa: SIM115 (closed by close())
+        self.stdout = None if stdout_r is None else open(stdout_r, "rb")  # noqa: SIM115
 
     def wait_ready(self) -> None:
         """Wait for the jail's "ready"; SandboxError when it failed or took over SETUP_S."""
@@ -109,11 +139,7 @@ class SandboxProcess:
     def finish(self) -> SandboxResult:
         """Wait for the program (at most until its deadline), kill what is left, and return
         its result as the jail reported it."""
-        timed_out = False
-        try:
-            self.proc.wait(timeout=max(0.0, self.deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            timed_out = True
+        timed_out = not _exited(self.proc, max(0.0, self.deadline - time.monotonic()))
         self.kill()
         self._read_status(time.monotonic() + 1.0)
         lines = self.status.decode(errors="replace").split("\n")
@@ -138,20 +164,25 @@ class SandboxProcess:
     def kill(self) -> None:
         """SIGKILL the launcher's process group; in a namespace, wait for its init (whose
         death takes every process of the program with it)."""
-        if self.proc is None:
+        if self.proc is None or self._dead:
             return
         with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.proc.pid, signal.SIGKILL)
+            if isinstance(self.proc, Launcher):
+                self.proc.signal_group(signal.SIGKILL)
+            else:
+                os.killpg(self.proc.pid, signal.SIGKILL)
         self.budget.kill_members()
         self.proc.wait()
         if self.mode == "none":
             _kill_group(self.proc.pid)
+            self._dead = True
             return
         init = re.search(rb"^pid (\d+)$", self.status, re.MULTILINE)
         if init:
             _kill_until_dead([int(init[1])])
         if self.uid is not None:
             _kill_until_dead(_pids_of(self.uid), uid=self.uid)
+        self._dead = True
 
     def close(self) -> None:
         self.kill()
@@ -169,6 +200,23 @@ class SandboxProcess:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _exited(proc: subprocess.Popen, timeout_s: float) -> bool:
+    """Whether `proc` exits within `timeout_s`, woken by its pidfd the moment it does
+    (`Popen.wait(timeout)` polls, sleeping up to 50 ms between looks)."""
+    try:
+        fd = os.pidfd_open(proc.pid)
+    except (AttributeError, OSError):  # no pidfd (kernels before 5.3), or already reaped
+        try:
+            proc.wait(timeout=timeout_s)
+            return True
+        except subprocess.TimeoutExpired:
+            return False
+    try:
+        return bool(select.select([fd], [], [], timeout_s)[0])
+    finally:
+        os.close(fd)
 
 
 @contextlib.contextmanager

@@ -20,6 +20,8 @@ def _alive(pid: int) -> bool:
 def _kill_until_dead(pids: list[int], uid: int | None = None, wait_s: float = 5.0) -> None:
     """SIGKILL `pids` (and, given `uid`, every new process of that uid) until none runs."""
     deadline = time.monotonic() + wait_s
+    if uid is None:
+        pids = [p for p in pids if _alive(p)]  # most are gone already: no kill, no sleep
     while pids and time.monotonic() < deadline:
         for pid in pids:
             with contextlib.suppress(ProcessLookupError, PermissionError):

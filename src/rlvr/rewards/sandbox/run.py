@@ -10,6 +10,7 @@ from .process import SandboxProcess
 from .spec import ISOLATIONS, Limits, SandboxError, SandboxResult, SandboxUnavailable
 
 _probe_lock = threading.Lock()
+_PIPE_BUF = 65536  # a Linux pipe's default capacity: a write this size never blocks
 _probed: dict[str, str] = {}
 
 
@@ -49,9 +50,13 @@ def resolve_isolation(isolation: str) -> str:
 
 
 def _run(mode: str, files: dict[str, str], argv_tail: list[str], stdin: str, lim: Limits):
+    data = stdin.encode()
     with SandboxProcess(files, argv_tail, lim, mode) as p:
         p.start()
-        feeder = threading.Thread(target=_feed, args=(p.stdin, stdin.encode()), daemon=True)
+        if len(data) <= _PIPE_BUF:  # fits the pipe: written at once, no thread to start
+            _feed(p.stdin, data)
+            return p.finish()
+        feeder = threading.Thread(target=_feed, args=(p.stdin, data), daemon=True)
         feeder.start()
         result = p.finish()
         feeder.join(timeout=1.0)

@@ -1,0 +1,131 @@
+"""The zygote: an interpreter that has imported `jail_init` (and the standard-library modules
+sandboxed programs use) once, and forks a fresh launcher for every sandbox.
+
+Started by `rlvr.rewards.sandbox` as `python -I -S -B jail_zygote.py FD`, FD one end of a
+SOCK_SEQPACKET socket pair. Each request is a sandbox's configuration (JSON: paths, ids and
+limits, never a program's text, which the launcher reads from its files after the fork) with
+four descriptors attached: the program's stdin, stdout and stderr and the status pipe's write
+end. The zygote forks A, which takes those as its own, starts a session and runs
+`jail_init.launch`, the same steps a freshly started launcher runs, except that D runs the
+program in its own fresh process instead of exec-ing another interpreter
+(`run_here`): every program still gets a process that ran nothing before it, forked
+from a zygote that never ran any program.
+
+Replies: "pid <A's pid>". A request "reap <pid>" reaps that launcher: the zygote keeps every
+launcher a zombie until the trainer has finished with it, so its pid cannot be reused by an
+unrelated process the trainer might then signal. When the trainer's end closes (it exited or
+died), the zygote exits, and every launcher, armed with a parent-death signal, dies with it,
+taking its jail along.
+"""
+
+import array
+import atexit
+import contextlib
+import json
+import os
+import runpy
+import socket
+import sys
+import traceback
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import jail_init
+
+# imported once here, not by each program: the code harness's own imports
+PRELOAD = ("builtins", "contextlib", "importlib", "json", "math", "runpy", "traceback")
+
+
+def run_here(argv):
+    """D forked from a zygote (`jail_zygote.py`): run the program in this process, which
+    runs no other, as `python -I -S -B` would run `argv`, with an empty environment and only
+    stdin, stdout and stderr open; exits with the program's status. Never returns."""
+    os.closerange(3, 1 << 16)
+    os.environ.clear()
+    sys.argv = list(argv)
+    try:
+        runpy.run_path(argv[0], run_name="__main__")
+        code = 0
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else 0 if e.code is None else 1
+        if not isinstance(e.code, int) and e.code is not None:
+            print(e.code, file=sys.stderr)
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    try:  # what an interpreter does at exit: join the program's threads, run its atexit
+        if "threading" in sys.modules:
+            sys.modules["threading"]._shutdown()
+        atexit._run_exitfuncs()
+    except BaseException:
+        traceback.print_exc()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(BaseException):  # closed or full: the status still goes out
+            stream.flush()
+    os._exit(code & 0xFF)
+
+
+def _fork_launcher(sock, cfg, fds):
+    cfg["parent"] = os.getpid()  # the launcher's parent-death signal follows the zygote
+    pid = os.fork()
+    if pid:
+        for fd in fds:
+            os.close(fd)
+        return pid
+    try:
+        sock.close()
+        for target, fd in zip((0, 1, 2), fds[:3]):  # received fds are >= 3: 0-2 are open
+            os.dup2(fd, target)
+        status = fds[3]
+        for fd in set(fds[:3]) - {0, 1, 2}:
+            os.close(fd)
+        cfg["status_fd"] = status
+        jail_init.RUN_HERE = run_here
+        os.setsid()
+        jail_init.launch(cfg)
+    except BaseException as e:
+        if jail_init.STATUS >= 0:
+            jail_init.report(f"error {type(e).__name__}: {e}")
+    os._exit(97)
+
+
+def serve(sock):
+    while True:
+        try:
+            msg, ancdata, _, _ = sock.recvmsg(1 << 20, socket.CMSG_SPACE(4 * 4))
+        except OSError:
+            return
+        if not msg:
+            return  # the trainer's end closed
+        if msg.startswith(b"reap "):
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(int(msg[5:]), 0)
+            continue
+        fds = array.array("i")
+        for level, kind, data in ancdata:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                fds.frombytes(data[: len(data) - len(data) % fds.itemsize])
+        if len(fds) != 4:
+            for fd in fds:
+                os.close(fd)
+            sock.send(b"error expected 4 descriptors")
+            continue
+        try:
+            pid = _fork_launcher(sock, json.loads(msg), list(fds))
+        except (OSError, ValueError) as e:
+            for fd in fds:
+                os.close(fd)
+            sock.send(f"error {type(e).__name__}: {e}".encode())
+            continue
+        sock.send(f"pid {pid}".encode())
+
+
+def main():
+    for name in PRELOAD:
+        __import__(name)
+    sock = socket.socket(fileno=int(sys.argv[1]))
+    serve(sock)
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()
