@@ -271,6 +271,8 @@ class RewardConfig:
         process that is killed at the limit (default: in the trainer's process, abandoned at the limit).
     sandbox_isolation: the code sandbox: "auto" (Linux namespaces, or refuse to run model code),
         "namespaces" (the same, by name), "none" (explicit opt-out: no isolation, limits only).
+    overlap: score a generation batch in parts, each while the next is generated (each prompt
+        then samples from its own seed): "auto" (when a reward runs programs: code), "on", "off".
     model: a reward model (an `rlvr rm` run directory or a sequence classifier): its probability
         that a response is correct replaces the accuracy reward in the total; "correct" (the
         metrics, held-out accuracy) stays the rule's verdict (none = the rule's reward).
@@ -297,6 +299,7 @@ class RewardConfig:
     timeout_s: float = 300.0
     isolate_user: bool = False
     sandbox_isolation: Literal["auto", "namespaces", "none"] = "auto"
+    overlap: Literal["auto", "on", "off"] = "auto"
     model: str | None = None
     model_refresh_every: int = 0
     rm_replay_frac: float = 0.1

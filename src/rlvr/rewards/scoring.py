@@ -156,6 +156,10 @@ class Scorer:
         fns = [self.accuracy_fn] + [f for _, _, f in self.shaping]
         return float(sum(getattr(f, "sandbox_bytes", 0) for f in fns if f is not None))
 
+    def runs_programs(self) -> bool:
+        """Whether a reward of the run scores by running programs in sandboxes (`code`)."""
+        return self.sandbox_bytes() > 0
+
     def _prompt(self, p: Prompt) -> str | list[dict]:
         """The prompt as rewards see it: the dataset's chat messages, or its string through
         `data.prompt_template`; a built-in task's question; else the rendered text."""

@@ -10,7 +10,6 @@ generated it, numbered by its place among the kept groups of all ranks (`Batch`)
 from __future__ import annotations
 
 import math
-import time
 from collections import Counter
 from dataclasses import dataclass
 
@@ -21,9 +20,10 @@ from rlvr.algos import DynamicSamplingBuffer, keep_groups, refill_size
 from rlvr.config import Config
 from rlvr.prompts import Prompt
 from rlvr.rewards.scoring import Scorer, Scores
-from rlvr.rollout import Rollout, RolloutEngine, SamplingParams, decode_completions, derive_seed
+from rlvr.rollout import Rollout, RolloutEngine, SamplingParams, derive_seed
 from rlvr.run.distributed import Dist
 from rlvr.train.batch import Batch, Sample
+from rlvr.train.overlap import Timing, generate_and_score, overlap_parts
 
 
 class PromptSampler:
@@ -242,36 +242,40 @@ def collect(
     buffer = DynamicSamplingBuffer(
         target, cfg.algo.max_gen_batches if cfg.algo.dynamic_sampling else 1
     )
-    tally, examples = Tally(), []
-    t_gen = t_score = 0.0
-    n_scored = 0
+    tally, examples, timing = Tally(), [], Timing()
+    parts = overlap_parts(cfg, scorer)
+    # overlapping parts sample each prompt from its own seed, so the parts draw what one
+    # whole batch would
+    per_prompt_seeds = per_prompt_seeds or parts > 1
     size = target  # prompts in this generation batch: a whole one first, then refills
     while not buffer.ready:
         batch = sampler.take(size)  # the same on every rank
         lo, hi = d.shard(size)
         mine = [prompts[i] for i in batch[lo:hi]]
-        seeds = [batch[g] for g in range(lo, hi)] if per_prompt_seeds else None
-        params = _sampling_params(cfg, step, buffer.num_gen_batches, seeds, lo)
-        t0 = time.perf_counter()
-        rollout = engine.generate([p.ids for p in mine], params)
-        t1 = time.perf_counter()
-        rows = [p for p in mine for _ in range(G)]
-        completions = decode_completions(tokenizer, rollout)  # logged, tool turns included
-        scored = decode_completions(tokenizer, rollout, model_only=True)  # the model's text
-        scores = scorer(rows, scored, rollout, step=step)
-        t_gen, t_score = t_gen + t1 - t0, t_score + time.perf_counter() - t1
-        n_scored += len(rows)
-        tally.add(rollout, scores, completions, G)
-        want = max(cfg.train.log_samples - len(examples), 0)
-        examples += _examples(rows[:want], completions, rollout, scores)
-        correct = torch.cat(d.gather(scores.correct))  # every group of the batch, in order
+        gen_batch = buffer.num_gen_batches
+
+        def params_for(a: int, b: int, lo=lo, batch=batch, gen_batch=gen_batch):
+            seeds = [batch[g] for g in range(lo + a, lo + b)] if per_prompt_seeds else None
+            return _sampling_params(cfg, step, gen_batch, seeds, lo + a)
+
+        done = generate_and_score(
+            engine, tokenizer, scorer, mine, params_for, step=step, parts=parts, timing=timing
+        )
+        groups: list[list[Sample]] = []
+        for part in done:
+            tally.add(part.rollout, part.scores, part.completions, G)
+            want = max(cfg.train.log_samples - len(examples), 0)
+            examples += _examples(part.rows[:want], part.completions, part.rollout, part.scores)
+            groups += _groups(part.rows, part.rollout, part.scores, G)
+        mine_correct = torch.cat([part.scores.correct for part in done])
+        correct = torch.cat(d.gather(mine_correct))  # every group of the batch, in order
         if cfg.algo.dynamic_sampling:
             keep = keep_groups(correct, G)
         else:
             keep = torch.ones(size, dtype=torch.bool)
         # one payload per group of the batch: this rank's samples of it (none: another rank's)
         others: list[list[Sample]] = [[] for _ in range(size - (hi - lo))]
-        buffer.add(others[:lo] + _groups(rows, rollout, scores, G) + others[lo:], keep)
+        buffer.add(others[:lo] + groups + others[lo:], keep)
         if algo.adaptive_refill:
             size = refill_size(target, len(buffer), buffer.num_groups_seen)
     result = buffer.pop()
@@ -282,12 +286,11 @@ def collect(
             "groups/gen_batches": result.num_gen_batches,
             "groups/generated": result.num_groups_seen,
             "groups/incomplete": float(not result.complete),
-            "time/generation": t_gen,
-            "time/scoring": t_score,
-            # the step waits for every score before the next generation batch or the update
-            # (scoring overlaps nothing yet), so the wait is all of time/scoring
-            "time/scoring_wait": t_score,
-            "time/programs_per_s": n_scored / max(t_score, 1e-9),  # completions scored /s
+            "time/generation": timing.generation,
+            "time/scoring": timing.scoring,
+            # what of time/scoring the step spent blocked (all of it unless parts overlap)
+            "time/scoring_wait": timing.wait,
+            "time/programs_per_s": timing.scored / max(timing.scoring, 1e-9),  # scored /s
         }
     )
     return Collected(batch=Batch.from_groups(result.groups), metrics=metrics, examples=examples)
