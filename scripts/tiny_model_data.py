@@ -16,7 +16,7 @@ from rlvr.tasks.calc import tool_call_text
 from rlvr.tasks.chain import chain_completion
 
 P_SLIP = {"arithmetic": 0.3, "chain": 0.2}  # per line of the <think> section
-P_CORRECT = 0.35  # sort
+P_CORRECT = 0.35  # sort, by default (a phase may set its own)
 # calc: one of these mistakes, or none with probability 1 - sum
 CALC_SLIPS = {
     "skip_tools": 0.15,  # no tool call, a guessed answer
@@ -37,12 +37,14 @@ def reference_target(task: Task, ex: Example) -> list[dict[str, str]]:
     return assistant(task.reference_completion(ex))
 
 
-def noisy_target(task: Task, ex: Example, rng: random.Random) -> list[dict[str, str]]:
+def noisy_target(
+    task: Task, ex: Example, rng: random.Random, sort_p_correct: float = P_CORRECT
+) -> list[dict[str, str]]:
     """A target with plausible slips (see the module docstring), per task.
 
     ``arithmetic`` and ``chain``: each line of the ``<think>`` section is off by 1 or 2 with
     probability ``P_SLIP[task]`` and every later line and the answer follow from what was written,
-    as a person's slip would propagate. ``sort``: with probability ``1 - P_CORRECT`` two
+    as a person's slip would propagate. ``sort``: with probability ``1 - sort_p_correct`` two
     neighbouring different digits of the answer are swapped. ``calc``: ``calc_target``.
     """
     m = ex.meta
@@ -59,7 +61,7 @@ def noisy_target(task: Task, ex: Example, rng: random.Random) -> list[dict[str, 
     if task.name == "sort":
         s = list(ex.answer)
         swaps = [i for i in range(len(s) - 1) if s[i] != s[i + 1]]
-        if rng.random() < P_CORRECT or not swaps:
+        if rng.random() < sort_p_correct or not swaps:
             return reference_target(task, ex)
         i = rng.choice(swaps)
         s[i], s[i + 1] = s[i + 1], s[i]

@@ -1,6 +1,7 @@
 """RL really learns every built-in task: `rlvr train --data.task=T` with the built-in model and
-the task's own defaults, shortened, lifts held-out accuracy by at least 30 points (the full
-default runs measure +40 or more; README, "The built-in model and tasks")."""
+the task's own defaults lifts held-out accuracy by at least 30 points, and the default runs of
+arithmetic and sort (whole) end at 0.85 / 0.88 or more (measured 0.92-0.945 and 0.969; README,
+"The built-in model and tasks"); chain and calc run shortened."""
 
 import json
 
@@ -9,8 +10,10 @@ import pytest
 from rlvr.cli import main
 from rlvr.tasks import TASKS
 
-# Steps per task: half to two thirds of each default run (TINY_TASK_DEFAULTS), a few minutes here.
-STEPS = {"arithmetic": 40, "chain": 120, "sort": 30, "calc": 40}
+# Steps per task: the whole default run (TINY_DEFAULTS, TINY_TASK_DEFAULTS) where it is short,
+# two thirds of it for chain and calc; a few minutes here.
+STEPS = {"arithmetic": 75, "chain": 120, "sort": 60, "calc": 40}
+FLOOR = {"arithmetic": 0.85, "sort": 0.88}  # held-out accuracy at the end, with a margin
 
 
 def test_every_built_in_task_has_a_learning_test():
@@ -30,4 +33,5 @@ def test_default_run_lifts_held_out_accuracy(task, tmp_path):
     assert last > first + 0.15, (task, first, last)
     summary = json.loads((run / "summary.json").read_text())
     before, after = summary["eval_before"]["accuracy"], summary["eval_after"]["accuracy"]
-    assert before <= 0.45 and after >= before + 0.30, (task, before, after)
+    assert before <= 0.50 and after >= before + 0.30, (task, before, after)
+    assert after >= FLOOR.get(task, 0.0), (task, before, after)
