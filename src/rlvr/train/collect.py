@@ -238,15 +238,14 @@ def collect(
     d = d or Dist()
     algo = algo or Algorithm.from_config(cfg)
     G, target = cfg.rollout.group_size, cfg.rollout.prompts_per_step
-    per_prompt_seeds = cfg.rollout.seed_per_prompt or d.enabled
+    parts = overlap_parts(cfg, scorer)
+    # overlapping parts sample each prompt from its own seed, so the parts draw what one
+    # whole batch would
+    per_prompt_seeds = cfg.rollout.seed_per_prompt or d.enabled or parts > 1
     buffer = DynamicSamplingBuffer(
         target, cfg.algo.max_gen_batches if cfg.algo.dynamic_sampling else 1
     )
     tally, examples, timing = Tally(), [], Timing()
-    parts = overlap_parts(cfg, scorer)
-    # overlapping parts sample each prompt from its own seed, so the parts draw what one
-    # whole batch would
-    per_prompt_seeds = per_prompt_seeds or parts > 1
     size = target  # prompts in this generation batch: a whole one first, then refills
     while not buffer.ready:
         batch = sampler.take(size)  # the same on every rank

@@ -82,7 +82,6 @@ def generate_and_score(
     """Generate `prompts`' groups in `parts` consecutive calls (`params_for(lo, hi)`: the
     sampling of prompts[lo:hi]) and score each; the parts come back in order."""
     bounds = part_bounds(len(prompts), parts)
-    G = params_for(*bounds[0]).n
     caller_state = _thread_state()
 
     def score(rows: list[Prompt], scored: list[str], rollout: Rollout) -> tuple[Scores, float]:
@@ -98,7 +97,7 @@ def generate_and_score(
             t0 = time.perf_counter()
             rollout = engine.generate([p.ids for p in prompts[lo:hi]], params_for(lo, hi))
             timing.generation += time.perf_counter() - t0
-            rows = [p for p in prompts[lo:hi] for _ in range(G)]
+            rows = [p for p in prompts[lo:hi] for _ in range(rollout.group_size)]
             completions = decode_completions(tokenizer, rollout)  # logged, tool turns included
             scored = decode_completions(tokenizer, rollout, model_only=True)  # the model's text
             job = (

@@ -21,10 +21,11 @@ steps work as root and as any other user, because the user namespace comes first
      the resource limits and PR_SET_NO_NEW_PRIVS, installs a seccomp filter refusing the
      keyring syscalls (add_key, request_key, keyctl: EPERM), makes itself non-dumpable (the
      program cannot ptrace it), reports "ready", and forks D, which runs the program with an
-     empty environment: in its own fresh process (`jail_zygote.run_here`; the zygote's interpreter, which
-     has run nothing else, so no second interpreter start) or by exec-ing one. C enforces the wall clock: when D outlives `timeout_s`, C exits,
-     and the kernel kills every process left in the namespace (setsid or double-forked
-     ones included); when D exits first, C reports its status and exits the same way.
+     empty environment: in its own fresh process (`jail_zygote.run_here`: the zygote's
+     interpreter, which has run nothing else, so no second interpreter starts) or by exec-ing
+     one. C enforces the wall clock: when D outlives `timeout_s`, C exits, and the kernel
+     kills every process left in the namespace (setsid or double-forked ones included); when
+     D exits first, C reports its status and exits the same way.
 
 Status lines (only this code writes the pipe; it is close-on-exec, and the program has no
 /proc to reopen it): "pid <C's pid>", "ready", then "exit <code>" (negative: killed by that signal) or

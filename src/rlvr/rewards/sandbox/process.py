@@ -17,7 +17,7 @@ from pathlib import Path
 
 from . import budget as budgets
 from .jail_config import _config
-from .reap import _kill_group, _kill_until_dead, _pids_of
+from .reap import _kill_group, _kill_until_dead, _pids_of, exited_within
 from .spec import _GRACE_S, SETUP_S, Limits, SandboxError, SandboxResult
 from .zygote import Launcher, zygote
 
@@ -202,21 +202,17 @@ class SandboxProcess:
         self.close()
 
 
-def _exited(proc: subprocess.Popen, timeout_s: float) -> bool:
+def _exited(proc: subprocess.Popen | Launcher, timeout_s: float) -> bool:
     """Whether `proc` exits within `timeout_s`, woken by its pidfd the moment it does
     (`Popen.wait(timeout)` polls, sleeping up to 50 ms between looks)."""
+    exited = exited_within(proc.pid, timeout_s)
+    if exited is not None:
+        return exited
     try:
-        fd = os.pidfd_open(proc.pid)
-    except (AttributeError, OSError):  # no pidfd (kernels before 5.3), or already reaped
-        try:
-            proc.wait(timeout=timeout_s)
-            return True
-        except subprocess.TimeoutExpired:
-            return False
-    try:
-        return bool(select.select([fd], [], [], timeout_s)[0])
-    finally:
-        os.close(fd)
+        proc.wait(timeout=timeout_s)
+        return True
+    except subprocess.TimeoutExpired:
+        return False
 
 
 @contextlib.contextmanager

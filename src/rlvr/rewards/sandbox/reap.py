@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import select
 import signal
 import time
 
@@ -58,3 +59,18 @@ def _pids_of(uid: int) -> list[int]:
                 if os.stat(f"/proc/{d}").st_uid == uid and _alive(int(d)):
                     out.append(int(d))
     return out
+
+
+def exited_within(pid: int, timeout_s: float | None) -> bool | None:
+    """Whether `pid` exits (or has exited) within `timeout_s` seconds (None: no limit), woken by
+    its pidfd the moment it does; None where no pidfd can be had (kernels before 5.3)."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:  # gone, and reaped
+        return True
+    except (AttributeError, OSError):
+        return None
+    try:
+        return bool(select.select([fd], [], [], timeout_s)[0])
+    finally:
+        os.close(fd)

@@ -13,7 +13,6 @@ import array
 import contextlib
 import json
 import os
-import select
 import socket
 import subprocess
 import sys
@@ -21,7 +20,7 @@ import threading
 import time
 from pathlib import Path
 
-from .reap import _alive
+from .reap import _alive, exited_within
 from .spec import SandboxError
 
 _SCRIPT = Path(__file__).with_name("jail_zygote.py")
@@ -90,31 +89,21 @@ class Launcher:
     `signal_group`."""
 
     def __init__(self, owner: Zygote, pid: int):
-        self.owner, self.pid, self.returncode = owner, pid, None
-        self.reaped = False
+        self.owner, self.pid, self.reaped = owner, pid, False
 
-    def wait(self, timeout: float | None = None) -> int | None:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        try:
-            fd = os.pidfd_open(self.pid)
-        except (AttributeError, OSError):
-            fd = None
-        try:
-            while not self.reaped and _alive(self.pid):
-                left = 0.05 if deadline is None else min(0.05, deadline - time.monotonic())
-                if left <= 0:
-                    raise subprocess.TimeoutExpired("sandbox launcher", timeout)
-                if fd is None:
-                    time.sleep(min(left, 0.005))
-                else:
-                    select.select([fd], [], [], left)
-        finally:
-            if fd is not None:
-                os.close(fd)
-        if not self.reaped:
-            self.owner.reap(self.pid)
-            self.reaped = True
-        return None
+    def wait(self, timeout: float | None = None) -> None:
+        if self.reaped:
+            return
+        exited = exited_within(self.pid, timeout)
+        if exited is None:  # no pidfd: look every 5 ms
+            deadline = None if timeout is None else time.monotonic() + timeout
+            while _alive(self.pid) and (deadline is None or time.monotonic() < deadline):
+                time.sleep(0.005)
+            exited = not _alive(self.pid)
+        if not exited:
+            raise subprocess.TimeoutExpired("sandbox launcher", timeout)
+        self.owner.reap(self.pid)
+        self.reaped = True
 
     def signal_group(self, sig: int) -> None:
         if not self.reaped:
