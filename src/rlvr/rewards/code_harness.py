@@ -77,21 +77,32 @@ def _forward(solution: SandboxProcess, replies: _Lines, request: bytes, deadline
         return _DEAD
 
 
-def run_assertions(code: str, tests: list[str], *, limits: Limits | None = None,
-                   isolation: str = "auto") -> int:  # fmt: skip
-    """How many of `tests` (Python snippets) pass against `code`, both sandboxed."""
-    lim = limits or Limits()
-    mode = resolve_isolation(isolation)
-    solution = SandboxProcess({"main.py": _SERVER, "solution.py": code}, ["main.py"], lim, mode,
-                              pipe_stdout=True)  # fmt: skip
-    checker = SandboxProcess({"main.py": _TESTS, "tests.json": json.dumps(tests)}, ["main.py"],
-                             lim, mode, pipe_stdout=True)  # fmt: skip
-    passed: set[int] = set()
-    with solution, checker:
-        solution.launch()
-        checker.launch()
+class AssertionRun:
+    """One sample's assertion tests: both sandboxes launched gated at construction (their
+    jails build while the caller finishes something else), run by `run()`, ended by
+    `close()`."""
+
+    def __init__(self, code: str, tests: list[str], lim: Limits, mode: str):
+        self.tests, self.lim = tests, lim
+        self.solution = SandboxProcess({"main.py": _SERVER, "solution.py": code}, ["main.py"],
+                                       lim, mode, pipe_stdout=True, gated=True)  # fmt: skip
+        self.checker = SandboxProcess({"main.py": _TESTS, "tests.json": json.dumps(tests)},
+                                      ["main.py"], lim, mode, pipe_stdout=True, gated=True)  # fmt: skip
+        try:
+            self.solution.launch()
+            self.checker.launch()
+        except BaseException:
+            self.close()
+            raise
+
+    def run(self) -> int:
+        """How many of the tests pass."""
+        solution, checker, lim = self.solution, self.checker, self.lim
         solution.wait_ready()
         checker.wait_ready()
+        solution.go()
+        checker.go()
+        passed: set[int] = set()
         deadline = time.monotonic() + lim.timeout_s
         cap = max(lim.max_output_bytes, 1 << 16)
         reports, replies = _Lines(checker.stdout, cap), _Lines(solution.stdout, cap)
@@ -106,9 +117,23 @@ def run_assertions(code: str, tests: list[str], *, limits: Limits | None = None,
                 if (
                     msg.get("ok") is True
                     and type(msg["result"]) is int
-                    and 0 <= msg["result"] < len(tests)
+                    and 0 <= msg["result"] < len(self.tests)
                 ):
                     passed.add(msg["result"])
             else:
                 break  # done
-    return len(passed)
+        return len(passed)
+
+    def close(self) -> None:
+        self.checker.close()
+        self.solution.close()
+
+
+def run_assertions(code: str, tests: list[str], *, limits: Limits | None = None,
+                   isolation: str = "auto") -> int:  # fmt: skip
+    """How many of `tests` (Python snippets) pass against `code`, both sandboxed."""
+    run = AssertionRun(code, tests, limits or Limits(), resolve_isolation(isolation))
+    try:
+        return run.run()
+    finally:
+        run.close()

@@ -26,11 +26,11 @@ from __future__ import annotations
 import json
 import os
 import re
-from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 
-from rlvr.rewards.code_harness import run_assertions
+from rlvr.rewards.code_harness import AssertionRun
 from rlvr.rewards.combine import completion_text
-from rlvr.rewards.sandbox import Limits, run_python
+from rlvr.rewards.sandbox import Limits, PythonRun, resolve_isolation, run_pipelined
 from rlvr.rewards.sandbox.budget import sandbox_bytes
 
 _FENCE = re.compile(r"```([A-Za-z0-9_+-]*)[ \t]*\n(.*?)```", re.DOTALL)
@@ -89,19 +89,36 @@ def _same_output(got: str, want: str) -> bool:
     return norm(got) == norm(want)
 
 
+class _StdioCase:
+    """One stdin/stdout case as a job (`run()`: 1 when it passes, else 0)."""
+
+    def __init__(self, code: str, stdin: str, want: str, lim: Limits, mode: str):
+        self.want = want
+        self.program = PythonRun({"main.py": code}, ["main.py"], stdin, lim, mode)
+
+    def run(self) -> int:
+        r = self.program.run()
+        return int(r.returncode == 0 and not r.timed_out and _same_output(r.stdout, self.want))
+
+    def close(self) -> None:
+        self.program.close()
+
+
+def _jobs(code: str, parsed, lim: Limits, mode: str) -> list:
+    """The sandboxed jobs that score `code` (each job's `run()`: how many tests it passed)."""
+    kind, cases = parsed
+    if kind == "stdio":
+        return [partial(_StdioCase, code, stdin, want, lim, mode) for stdin, want in cases]
+    return [partial(AssertionRun, code, cases, lim, mode)]
+
+
 def run_tests(code: str, tests, *, limits: Limits | None = None, isolation: str = "auto"):
     """(passed, total) for `code` against `tests` (either format above)."""
     parsed = _parse_tests(tests)
     if parsed is None:
         return 0, 0
-    kind, cases = parsed
-    if kind == "stdio":
-        passed = 0
-        for stdin, want in cases:
-            r = run_python(code, stdin=stdin, limits=limits, isolation=isolation)
-            passed += r.returncode == 0 and not r.timed_out and _same_output(r.stdout, want)
-        return passed, len(cases)
-    return run_assertions(code, cases, limits=limits, isolation=isolation), len(cases)
+    jobs = _jobs(code, parsed, limits or Limits(), resolve_isolation(isolation))
+    return sum(run_pipelined(jobs, 1)), len(parsed[1])
 
 
 def make_code_reward(
@@ -116,8 +133,10 @@ def make_code_reward(
     isolation: str = "auto",
 ):
     """Code reward (see the module docstring); `prefix_field` names the column of the code
-    a completion continues; `workers` samples run at once (default
-    min(4, CPUs)); limits apply to each sandboxed run. `isolation`: "auto" or "namespaces"
+    a completion continues; `workers` jobs (a sample's assertions, or one stdin/stdout case)
+    run at once, each worker building its next job's jails while one runs
+    (`rlvr.rewards.sandbox.pipeline`; default min(4, CPUs)); limits apply to each sandboxed
+    run. `isolation`: "auto" or "namespaces"
     (refuse to run where Linux namespaces fail) or "none" (the explicit opt-out); the trainer
     sets it from `reward.sandbox_isolation`."""
     limits = Limits(timeout_s=timeout_s, memory_mb=memory_mb, max_procs=max_procs)
@@ -130,18 +149,19 @@ def make_code_reward(
         completions = [completion_text(c) for c in completions]
         prefixes = kwargs.get(prefix_field) or [None] * len(completions)
 
-        def one(i: int) -> float | None:
-            parsed = _parse_tests(tests[i])
-            if parsed is None:
-                return None
-            program = extract_program(completions[i], prefixes[i], require_fence=require_fence)
-            if program is None or not program.strip():
-                return 0.0
-            passed, total = run_tests(program, tests[i], limits=limits, isolation=isolation)
-            return passed / total
-
-        with ThreadPoolExecutor(n_workers) as pool:
-            return list(pool.map(one, range(len(completions))))
+        mode = resolve_isolation(isolation)
+        parsed = [_parse_tests(t) for t in tests[: len(completions)]]
+        owners, jobs, passed = [], [], [0] * len(completions)
+        for i, c in enumerate(completions):
+            program = extract_program(c, prefixes[i], require_fence=require_fence)
+            if parsed[i] is not None and program is not None and program.strip():
+                for job in _jobs(program, parsed[i], limits, mode):
+                    owners.append(i)
+                    jobs.append(job)
+        for i, n in zip(owners, run_pipelined(jobs, n_workers)):
+            passed[i] += n
+        # a sample without tests: None; without code: 0
+        return [None if p is None else passed[i] / max(1, len(p[1])) for i, p in enumerate(parsed)]
 
     # what its sandboxes may hold at once, for the memory guard (rlvr.run.memory)
     code.sandbox_bytes = n_workers * sandbox_bytes(limits)

@@ -20,8 +20,9 @@ steps work as root and as any other user, because the user namespace comes first
      the host; no /proc), joins a session keyring of its own, drops every capability, sets
      the resource limits and PR_SET_NO_NEW_PRIVS, installs a seccomp filter refusing the
      keyring syscalls (add_key, request_key, keyctl: EPERM), makes itself non-dumpable (the
-     program cannot ptrace it), reports "ready", and forks D, which runs the program with an
-     empty environment: in its own fresh process (`jail_zygote.run_here`: the zygote's
+     program cannot ptrace it), reports "ready", waits for its gate if it has one (a jail
+     built ahead of its turn, `gate_fd`: "g" starts the program, EOF ends the jail), and
+     forks D, which runs the program with an empty environment: in its own fresh process (`jail_zygote.run_here`: the zygote's
      interpreter, which has run nothing else, so no second interpreter starts) or by exec-ing
      one. C enforces the wall clock: when D outlives `timeout_s`, C exits, and the kernel
      kills every process left in the namespace (setsid or double-forked ones included); when
@@ -33,7 +34,7 @@ Status lines (only this code writes the pipe; it is close-on-exec, and the progr
 program's exit status or output, to tell a failed jail from a failed program.
 
 mode "none" (explicit opt-out): A writes the files to a plain temporary directory, sets the
-limits, reports "ready" and execs the program itself.
+limits, reports "ready", waits for its gate if it has one, and execs the program itself.
 """
 
 import ctypes
@@ -304,12 +305,25 @@ def _init(cfg, files, lifeline):
         report(f"error {type(e).__name__}: {e}")
         os._exit(97)
     report("ready")
+    _wait_for_gate(cfg)
     pid = os.fork()
     if pid == 0:
         if RUN_HERE is not None:
             RUN_HERE(cfg["argv"][4:])
         _exec(cfg["argv"])
     _supervise(pid, cfg["timeout_s"])
+
+
+def _wait_for_gate(cfg):
+    """A gated sandbox (`gate_fd`) is built ahead of its turn: the program starts when the
+    trainer writes "g" on the gate; EOF (the trainer is gone or dropped it) ends the jail."""
+    gate = cfg.get("gate_fd")
+    if gate is None:
+        return
+    go = os.read(gate, 1) == b"g"
+    os.close(gate)
+    if not go:
+        os._exit(0)
 
 
 def _wait_exit(pid, timeout_s):
@@ -375,6 +389,8 @@ def launch(cfg):
     global STATUS
     STATUS = cfg["status_fd"]
     os.set_inheritable(STATUS, False)
+    if cfg.get("gate_fd") is not None:
+        os.set_inheritable(cfg["gate_fd"], False)
     parent = cfg["parent"]
     _join_cgroups(cfg.get("cgroups", []))
     _die_with_parent(lambda: os.getppid() == parent)
@@ -387,6 +403,7 @@ def launch(cfg):
         os.chdir(cfg["workdir"])
         _restrict(cfg["limits"])
         report("ready")
+        _wait_for_gate(cfg)
         _exec(cfg["argv"])
     _enter_namespaces(cfg)
     lifeline, keep = os.pipe()
@@ -395,6 +412,8 @@ def launch(cfg):
         os.close(keep)
         _init(cfg, files, lifeline)
     os.close(lifeline)
+    if cfg.get("gate_fd") is not None:
+        os.close(cfg["gate_fd"])  # C holds it
     report(f"pid {child}")  # for the trainer: when C is dead, so is every program process
     _watch(child, parent)
 

@@ -5,7 +5,7 @@ Started by `rlvr.rewards.sandbox` as `python -I -S -B jail_zygote.py FD`, FD one
 SOCK_SEQPACKET socket pair. Each request is a sandbox's configuration (JSON: paths, ids and
 limits, never a program's text, which the launcher reads from its files after the fork) with
 four descriptors attached: the program's stdin, stdout and stderr and the status pipe's write
-end. The zygote forks A, which takes those as its own, starts a session and runs
+end, and a fifth for a gated sandbox: its gate's read end (`jail_init`). The zygote forks A, which takes those as its own, starts a session and runs
 `jail_init.launch`, the same steps a freshly started launcher runs, except that D runs the
 program in its own fresh process instead of exec-ing another interpreter
 (`run_here`): every program still gets a process that ran nothing before it, forked
@@ -32,7 +32,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import jail_init
 
 # imported once here, not by each program: the code harness's own imports
-PRELOAD = ("builtins", "contextlib", "importlib", "json", "math", "runpy", "traceback")
+PRELOAD = ("builtins", "contextlib", "importlib", "json", "math", "pkgutil", "runpy", "traceback")
 
 
 def run_here(argv):
@@ -79,6 +79,7 @@ def _fork_launcher(sock, cfg, fds):
         for fd in set(fds[:3]) - {0, 1, 2}:
             os.close(fd)
         cfg["status_fd"] = status
+        cfg["gate_fd"] = fds[4] if len(fds) == 5 else None
         jail_init.RUN_HERE = run_here
         os.setsid()
         jail_init.launch(cfg)
@@ -91,7 +92,7 @@ def _fork_launcher(sock, cfg, fds):
 def serve(sock):
     while True:
         try:
-            msg, ancdata, _, _ = sock.recvmsg(1 << 20, socket.CMSG_SPACE(4 * 4))
+            msg, ancdata, _, _ = sock.recvmsg(1 << 20, socket.CMSG_SPACE(5 * 4))
         except OSError:
             return
         if not msg:
@@ -104,10 +105,10 @@ def serve(sock):
         for level, kind, data in ancdata:
             if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
                 fds.frombytes(data[: len(data) - len(data) % fds.itemsize])
-        if len(fds) != 4:
+        if len(fds) not in (4, 5):
             for fd in fds:
                 os.close(fd)
-            sock.send(b"error expected 4 descriptors")
+            sock.send(b"error expected 4 or 5 descriptors")
             continue
         try:
             pid = _fork_launcher(sock, json.loads(msg), list(fds))

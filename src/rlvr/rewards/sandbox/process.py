@@ -28,10 +28,14 @@ class SandboxProcess:
     """A program running in the sandbox. `stdin` is a pipe the caller writes (a pipe, not a
     file: nothing to seek back in); with `pipe_stdout` its stdout is a pipe too (`stdout`),
     else a file of at most `max_output_bytes`. Start with `start()` (waits for the jail),
-    end with `finish()` (waits for the program, at most its wall clock) and `close()`."""
+    end with `finish()` (waits for the program, at most its wall clock) and `close()`.
+
+    `gated`: the jail is built by `launch()` but the program starts only at `go()`, so a
+    caller builds the next program's jail while the current one runs; the wall clock starts
+    at `go()`."""
 
     def __init__(self, files: dict[str, str], argv_tail: list[str], limits: Limits,
-                 mode: str, *, pipe_stdout: bool = False):  # fmt: skip
+                 mode: str, *, pipe_stdout: bool = False, gated: bool = False):  # fmt: skip
         self.limits, self.mode = limits, mode
         self.tmp = tempfile.mkdtemp(prefix="rlvr-sandbox-")
         # the jail's init, under its own uid as root, must reach tmp/root to mount on it;
@@ -44,11 +48,22 @@ class SandboxProcess:
         self._cfg = (files, argv_tail)
         self._dead = False  # killed and awaited: its pids are never signalled again
         self.budget = budgets.Budget()
+        self.gated, self._gate = gated, None  # the gate's write end while it is shut
 
     def start(self) -> None:
-        """Launch the jail and wait until it is ready to run the program."""
+        """Launch the jail, wait until it is ready, and start the program."""
         self.launch()
         self.wait_ready()
+        self.go()
+
+    def go(self) -> None:
+        """Start the program (of a gated sandbox: open its gate); its wall clock starts now."""
+        if self._gate is not None:
+            with contextlib.suppress(OSError):  # the jail is gone: finish() reports it
+                os.write(self._gate, b"g")
+            os.close(self._gate)
+            self._gate = None
+        self.deadline = time.monotonic() + self.limits.timeout_s + _GRACE_S
 
     def launch(self) -> None:
         """Start building the jail (`wait_ready` waits for it: launch several, then wait)."""
@@ -58,6 +73,10 @@ class SandboxProcess:
         self.budget = budgets.create(self.limits)
         cfg = _config(self.mode, self.tmp, files, argv_tail, self.limits, status_w)
         cfg["cgroups"] = self.budget.dirs
+        gate_r = None
+        if self.gated:
+            gate_r, self._gate = os.pipe()
+            cfg["gate_fd"] = gate_r  # the number under Popen; the zygote renumbers it
         os.mkdir(cfg["root"])
         os.mkdir(cfg["workdir"])
         self.uid = cfg["outer_uid"] if self.mode != "none" and cfg["fresh_id"] else None
@@ -66,13 +85,14 @@ class SandboxProcess:
         private = os.O_WRONLY | os.O_CREAT | os.O_EXCL
         with open(os.open(self.err_path, private, 0o600), "wb") as e, \
                 open(os.open(self.out_path, private, 0o600), "wb") as o, \
-                _closing(status_w):  # fmt: skip
+                _closing(status_w), _closing(gate_r):  # fmt: skip
+            fds = [status_w] + ([] if gate_r is None else [gate_r])
             if self.mode == "none":
-                self._popen(cfg, o, e, status_w)
+                self._popen(cfg, o, e, fds)
             else:
-                self._fork(cfg, o, e, status_w)
+                self._fork(cfg, o, e, fds)
 
-    def _popen(self, cfg: dict, out, err, status_w: int) -> None:
+    def _popen(self, cfg: dict, out, err, fds: list[int]) -> None:
         """The launcher as an interpreter of its own (isolation "none")."""
         self.proc = subprocess.Popen(
             [sys.executable, "-I", "-S", str(_INIT), json.dumps(cfg)],
@@ -81,20 +101,18 @@ class SandboxProcess:
             stderr=err,
             env={"PATH": "/usr/bin:/bin"},
             start_new_session=True,
-            pass_fds=(status_w,),
+            pass_fds=tuple(fds),
             cwd=cfg["workdir"],
         )
         self.stdin, self.stdout = self.proc.stdin, self.proc.stdout
 
-    def _fork(self, cfg: dict, out, err, status_w: int) -> None:
+    def _fork(self, cfg: dict, out, err, fds: list[int]) -> None:
         """The launcher forked by this process's zygote (`zygote.py`)."""
         stdin_r, stdin_w = os.pipe()
         stdout_r, stdout_w = os.pipe() if self.pipe_stdout else (None, out.fileno())
         try:
             owner = zygote()
-            self.proc = Launcher(
-                owner, owner.spawn(cfg, [stdin_r, stdout_w, err.fileno(), status_w])
-            )
+            self.proc = Launcher(owner, owner.spawn(cfg, [stdin_r, stdout_w, err.fileno(), *fds]))
         except BaseException:
             for fd in (stdin_w, stdout_r):
                 if fd is not None:
@@ -114,7 +132,8 @@ class SandboxProcess:
             self.kill()
             why = self._line(b"error") or f"the jail was not ready within {SETUP_S:.0f} s"
             raise SandboxError(f"sandbox setup failed ({self.mode}): {why.removeprefix('error ')}")
-        self.deadline = time.monotonic() + self.limits.timeout_s + _GRACE_S
+        if not self.gated:
+            self.go()
 
     def _read_status(self, deadline: float, until: bytes | None = None) -> None:
         """Read status lines until `until` has arrived, EOF, or the deadline."""
@@ -178,13 +197,16 @@ class SandboxProcess:
             self._dead = True
             return
         init = re.search(rb"^pid (\d+)$", self.status, re.MULTILINE)
-        if init:
-            _kill_until_dead([int(init[1])])
-        if self.uid is not None:
+        if init:  # the kernel kills and reaps every process of a pid namespace before its
+            _kill_until_dead([int(init[1])])  # init's exit completes: init dead, all dead
+        elif self.uid is not None:  # no init reported: whatever runs under the jail's uid
             _kill_until_dead(_pids_of(self.uid), uid=self.uid)
         self._dead = True
 
     def close(self) -> None:
+        if self._gate is not None:  # never opened: the jail ends without running anything
+            os.close(self._gate)
+            self._gate = None
         self.kill()
         for f in (getattr(self, "stdin", None), getattr(self, "stdout", None)):
             with contextlib.suppress(OSError):
@@ -216,11 +238,12 @@ def _exited(proc: subprocess.Popen | Launcher, timeout_s: float) -> bool:
 
 
 @contextlib.contextmanager
-def _closing(fd: int):
+def _closing(fd: int | None):
     try:
         yield fd
     finally:
-        os.close(fd)
+        if fd is not None:
+            os.close(fd)
 
 
 def _read(path: str, cap: int) -> bytes:

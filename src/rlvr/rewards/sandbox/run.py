@@ -50,17 +50,42 @@ def resolve_isolation(isolation: str) -> str:
 
 
 def _run(mode: str, files: dict[str, str], argv_tail: list[str], stdin: str, lim: Limits):
-    data = stdin.encode()
-    with SandboxProcess(files, argv_tail, lim, mode) as p:
-        p.start()
-        if len(data) <= _PIPE_BUF:  # fits the pipe: written at once, no thread to start
-            _feed(p.stdin, data)
+    run = PythonRun(files, argv_tail, stdin, lim, mode)
+    try:
+        return run.run()
+    finally:
+        run.close()
+
+
+class PythonRun:
+    """One program, its jail launched gated at construction (built while the caller finishes
+    something else), run to its end by `run()`, ended by `close()`."""
+
+    def __init__(self, files: dict[str, str], argv_tail: list[str], stdin: str, lim: Limits,
+                 mode: str):  # fmt: skip
+        self.data = stdin.encode()
+        self.process = SandboxProcess(files, argv_tail, lim, mode, gated=True)
+        try:
+            self.process.launch()
+        except BaseException:
+            self.process.close()
+            raise
+
+    def run(self) -> SandboxResult:
+        p = self.process
+        p.wait_ready()
+        p.go()
+        if len(self.data) <= _PIPE_BUF:  # fits the pipe: written at once, no thread to start
+            _feed(p.stdin, self.data)
             return p.finish()
-        feeder = threading.Thread(target=_feed, args=(p.stdin, data), daemon=True)
+        feeder = threading.Thread(target=_feed, args=(p.stdin, self.data), daemon=True)
         feeder.start()
         result = p.finish()
         feeder.join(timeout=1.0)
         return result
+
+    def close(self) -> None:
+        self.process.close()
 
 
 def _feed(pipe, data: bytes) -> None:
@@ -84,6 +109,13 @@ def run_python(
     directory. Raises SandboxError when the jail fails; whatever the program does is in the
     result.
     """
-    mode = resolve_isolation(isolation)
-    files = {"main.py": source, **(extra_files or {})}
-    return _run(mode, files, ["main.py"], stdin, limits or Limits())
+    return _run(resolve_isolation(isolation), {"main.py": source, **(extra_files or {})},
+                ["main.py"], stdin, limits or Limits())  # fmt: skip
+
+
+def prepare_python(source: str, *, stdin: str = "", limits: Limits | None = None,
+                   isolation: str = "auto") -> PythonRun:  # fmt: skip
+    """`run_python`'s program with its jail launched now and its run left to the caller:
+    `.run()` (the `SandboxResult`), then `.close()`."""
+    return PythonRun({"main.py": source}, ["main.py"], stdin, limits or Limits(),
+                     resolve_isolation(isolation))  # fmt: skip
