@@ -20,7 +20,9 @@ solution mutated in place, fails.
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import marshal
 import os
 import select
 import time
@@ -29,9 +31,19 @@ from pathlib import Path
 from rlvr.rewards.sandbox import Limits, SandboxProcess, resolve_isolation
 
 _HERE = Path(__file__).parent
-_WIRE = (_HERE / "_code_wire.py").read_text()
-_SERVER = _WIRE + "\n" + (_HERE / "_code_server.py").read_text()
-_TESTS = _WIRE + "\n" + (_HERE / "_code_tests.py").read_text()
+
+
+def _compiled(*names: str) -> bytes:
+    """The harness program made of these files, compiled here once, as the bytes of a .pyc:
+    the sandbox's interpreter (this one) runs it without compiling it again (1.1 and 1.3 ms a
+    program for the two harness programs on the 2-core machine)."""
+    source = "\n".join((_HERE / name).read_text() for name in names)
+    code = compile(source, "main.py", "exec", dont_inherit=True)
+    return importlib.util.MAGIC_NUMBER + bytes(12) + marshal.dumps(code)
+
+
+_SERVER = _compiled("_code_wire.py", "_code_server.py")
+_TESTS = _compiled("_code_wire.py", "_code_tests.py")
 _DEAD = (json.dumps({"err": ["SolutionError", "the solution is not running"]}) + "\n").encode()
 
 

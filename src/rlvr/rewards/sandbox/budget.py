@@ -21,6 +21,7 @@ beyond it, and `max_procs` + 3 tasks (the launcher, its helper and the namespace
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import secrets
 import signal
@@ -216,6 +217,8 @@ def _make_v1(budget: Budget, mounts, own, name: str, lim: Limits) -> bool:
     return True
 
 
+# the mount table's cgroup entries and this process's cgroups, read once (0.1 ms a sandbox)
+@functools.cache
 def _mounts() -> dict[str, str]:
     """Mount points: "cgroup2" for the unified hierarchy, a v1 controller's name for its."""
     out: dict[str, str] = {}
@@ -233,6 +236,7 @@ def _mounts() -> dict[str, str]:
     return out
 
 
+@functools.cache
 def _own_cgroups() -> dict[str, str]:
     """This process's cgroup per hierarchy: "" for v2, the controller's name for v1."""
     out: dict[str, str] = {}

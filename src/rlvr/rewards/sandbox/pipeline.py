@@ -17,6 +17,9 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
+# jobs each worker keeps launched beside the one it runs (2 and 3 ran no faster on HumanEval)
+AHEAD = 1
+
 
 class Job(Protocol):
     def run(self) -> Any: ...
@@ -36,23 +39,21 @@ def run_pipelined(factories: Sequence[Callable[[], Job]], workers: int) -> list[
         return None if i is None else (i, factories[i]())
 
     def worker() -> None:
-        current = take()
-        while current is not None:
-            i, job = current
-            try:
-                upcoming = take()  # launched now: its jails build while `job` runs
-            except BaseException:
+        queue = []  # launched jobs, in order: the first runs while the rest build
+        try:
+            while True:
+                while len(queue) < 1 + AHEAD and (job := take()) is not None:
+                    queue.append(job)
+                if not queue:
+                    return
+                i, job = queue.pop(0)
+                try:
+                    results[i] = job.run()
+                finally:
+                    job.close()
+        finally:
+            for _, job in queue:
                 job.close()
-                raise
-            try:
-                results[i] = job.run()
-            except BaseException:
-                if upcoming is not None:
-                    upcoming[1].close()
-                raise
-            finally:
-                job.close()
-            current = upcoming
 
     n = max(1, min(workers, len(factories)))
     with ThreadPoolExecutor(n) as pool:

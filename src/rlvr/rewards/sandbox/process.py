@@ -34,7 +34,7 @@ class SandboxProcess:
     caller builds the next program's jail while the current one runs; the wall clock starts
     at `go()`."""
 
-    def __init__(self, files: dict[str, str], argv_tail: list[str], limits: Limits,
+    def __init__(self, files: dict[str, str | bytes], argv_tail: list[str], limits: Limits,
                  mode: str, *, pipe_stdout: bool = False, gated: bool = False):  # fmt: skip
         self.limits, self.mode = limits, mode
         self.tmp = tempfile.mkdtemp(prefix="rlvr-sandbox-")

@@ -49,7 +49,7 @@ def resolve_isolation(isolation: str) -> str:
     return "namespaces"
 
 
-def _run(mode: str, files: dict[str, str], argv_tail: list[str], stdin: str, lim: Limits):
+def _run(mode: str, files: dict[str, str | bytes], argv_tail: list[str], stdin: str, lim: Limits):
     run = PythonRun(files, argv_tail, stdin, lim, mode)
     try:
         return run.run()
@@ -61,7 +61,7 @@ class PythonRun:
     """One program, its jail launched gated at construction (built while the caller finishes
     something else), run to its end by `run()`, ended by `close()`."""
 
-    def __init__(self, files: dict[str, str], argv_tail: list[str], stdin: str, lim: Limits,
+    def __init__(self, files: dict[str, str | bytes], argv_tail: list[str], stdin: str, lim: Limits,
                  mode: str):  # fmt: skip
         self.data = stdin.encode()
         self.process = SandboxProcess(files, argv_tail, lim, mode, gated=True)
