@@ -43,10 +43,12 @@ can read its files and /proc and reach the network, and its setsid children can 
 The package imports only the standard library, so a copy of its directory runs on its own: the
 unprivileged tests load one as a user who cannot read the installed package. Its modules:
 `spec` (limits, result, errors), `jail_config` (what the jail binds, maps and limits),
-`jail_init.py` (the launcher that builds the jail), `jail_zygote.py` and `zygote` (the zygote
-the launchers are forked from, and its trainer side), `budget` (the whole sandbox's cgroup),
-`process` (`SandboxProcess`), `reap` (killing what is left), `run` (`run_python`, which
-isolation works here).
+`jail_init.py` (the launcher that builds the jail) and `jail_lockdown.py` (its last steps:
+capabilities, limits, keyring, seccomp), `jail_zygote.py` and `zygote` (the zygote the
+launchers are forked from, and its trainer side), `budget` (the whole sandbox's cgroup),
+`process` (`SandboxProcess`, gated or not), `reap` (killing what is left), `run`
+(`run_python`, `PythonRun`, which isolation works here), `pipeline` (`run_pipelined`: jobs on
+a few workers, each building its next job's jails while one runs).
 """
 
 from __future__ import annotations

@@ -42,11 +42,20 @@ import ctypes
 import json
 import os
 import platform
-import resource
 import select
 import signal
 import sys
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # run as a script under -I
+from jail_lockdown import (
+    _call,
+    _drop_capabilities,
+    _own_keyring,
+    _refuse_keyring_syscalls,
+    _restrict,
+    libc,
+)
 
 CLONE_NEWNS, CLONE_NEWCGROUP, CLONE_NEWUTS = 0x20000, 0x2000000, 0x4000000
 CLONE_NEWIPC, CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = (
@@ -61,28 +70,13 @@ MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT = 1, 2, 4, 8, 32
 MS_NOATIME, MS_NODIRATIME, MS_BIND, MS_REC = 1024, 2048, 4096, 16384
 MS_PRIVATE, MS_RELATIME, MS_STRICTATIME = 1 << 18, 1 << 21, 1 << 24
 MNT_DETACH = 2
-PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS = 1, 4, 24, 38
-PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 22, 2
-KEYCTL_JOIN_SESSION_KEYRING = 1
-# (audit arch, add_key, request_key, keyctl) per machine: the keyring syscalls refused
-KEYRING_SYSCALLS = {
-    "x86_64": (0xC000003E, 248, 249, 250),
-    "aarch64": (0xC00000B7, 217, 218, 219),
-}
-PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 47, 4
+PR_SET_PDEATHSIG, PR_SET_DUMPABLE = 1, 4
 SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "ppc64le": 203, "s390x": 217}
 INNER_ID = 1000  # the program's uid and gid inside the namespace
 
-libc = ctypes.CDLL(None, use_errno=True)
 STATUS = -1
 RUN_HERE = None  # set by the zygote: D runs the program in its own process, no exec
 WRITE_MAPS = None  # set by the zygote: it writes A's id maps, (pid, uid, gid, deny_setgroups)
-
-
-def _call(name, *args):
-    if getattr(libc, name)(*args) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"{name}{args!r}: {os.strerror(err)}")
 
 
 def report(line):
@@ -219,61 +213,6 @@ def _write_files(files, workdir):
     for name, data in files.items():
         with open(os.path.join(workdir, name), "wb") as f:
             f.write(data)
-
-
-def _drop_capabilities():
-    for cap in range(64):
-        if libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
-            break  # EINVAL past the last capability this kernel knows
-    _call("prctl", PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
-    header = (ctypes.c_uint32 * 2)(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, this thread
-    _call("capset", header, (ctypes.c_uint32 * 6)())
-
-
-def _restrict(lim):
-    for name, value in lim.items():
-        resource.setrlimit(getattr(resource, name), (value, value))
-    _call("prctl", PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
-
-
-def _own_keyring():
-    """A new anonymous session keyring: the one inherited from the trainer is no longer
-    reachable as @s (and the keys the program could add die with the sandbox)."""
-    numbers = KEYRING_SYSCALLS.get(platform.machine())
-    failed = numbers is not None and libc.syscall(numbers[3], KEYCTL_JOIN_SESSION_KEYRING, None) < 0
-    if failed and ctypes.get_errno() != 38:  # ENOSYS: a kernel without keyrings shares none
-        raise OSError(ctypes.get_errno(), "keyctl(JOIN_SESSION_KEYRING) failed")
-
-
-def _refuse_keyring_syscalls():
-    """A seccomp filter: add_key, request_key and keyctl fail with EPERM (the user keyring
-    @u is shared with every process of the same uid outside), x32 syscalls on x86_64 too,
-    everything else allowed; on a machine not listed here, no filter."""
-    numbers = KEYRING_SYSCALLS.get(platform.machine())
-    if numbers is None:
-        return
-    arch, *calls = numbers
-    ld_abs, jeq, jge, ret = 0x20, 0x15, 0x35, 0x06
-    allow, eperm = 0x7FFF0000, 0x00050000 | 1
-    prog = [(ld_abs, 0, 0, 4), (jeq, 1, 0, arch), (ret, 0, 0, allow), (ld_abs, 0, 0, 0)]
-    if arch == 0xC000003E:
-        prog.append((jge, len(calls) + 1, 0, 0x40000000))
-    for i, nr in enumerate(calls):
-        prog.append((jeq, len(calls) - i, 0, nr))
-    prog += [(ret, 0, 0, allow), (ret, 0, 0, eperm)]
-
-    class Filter(ctypes.Structure):
-        _fields_ = [("code", ctypes.c_uint16), ("jt", ctypes.c_uint8), ("jf", ctypes.c_uint8),
-                    ("k", ctypes.c_uint32)]  # fmt: skip
-
-    class Program(ctypes.Structure):
-        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(Filter))]
-
-    filters = (Filter * len(prog))(*[Filter(*f) for f in prog])
-    program = ctypes.byref(Program(len(prog), filters))
-    failed = libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, program, 0, 0) != 0
-    if failed and ctypes.get_errno() != 22:  # EINVAL: a kernel without seccomp filters
-        raise OSError(ctypes.get_errno(), "prctl(PR_SET_SECCOMP) failed")
 
 
 def _exec(argv):
