@@ -56,7 +56,7 @@ from __future__ import annotations
 from .jail_config import _fresh_id
 from .pipeline import run_pipelined
 from .process import SandboxProcess
-from .run import PythonRun, available_isolation, prepare_python, resolve_isolation, run_python
+from .run import PythonRun, available_isolation, resolve_isolation, run_python
 from .spec import ISOLATIONS, SETUP_S, Limits, SandboxError, SandboxResult, SandboxUnavailable
 
 __all__ = [
@@ -70,7 +70,6 @@ __all__ = [
     "SandboxUnavailable",
     "_fresh_id",
     "available_isolation",
-    "prepare_python",
     "resolve_isolation",
     "run_pipelined",
     "run_python",

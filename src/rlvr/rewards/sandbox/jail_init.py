@@ -11,8 +11,9 @@ steps work as root and as any other user, because the user namespace comes first
   A: unshare(user, mount, pid, network, IPC, UTS, cgroup); from the parent namespace, the
      zygote (asked over its id-map channel, `WRITE_MAPS`) or else a helper H that A forked
      before the unshare writes A's uid/gid maps (uid 1000 inside maps to a fresh uid as
-     root, to the caller's own uid otherwise); A then forks C, pid 1 of the new pid namespace, and watches:
-     when the trainer dies A kills C, and A's own parent-death signal does the same;
+     root, to the caller's own uid otherwise); A then forks C, pid 1 of the new pid
+     namespace, and watches: when the trainer dies A kills C, and A's own parent-death
+     signal does the same;
   C: re-arms the parent-death signal after each credential change, switches to uid/gid 1000
      (as root also clearing supplementary groups), forbids nested user namespaces, mounts a
      tmpfs root with the Python installation, /usr, /lib* and /dev/{null,zero,urandom} bound
@@ -23,9 +24,9 @@ steps work as root and as any other user, because the user namespace comes first
      keyring syscalls (add_key, request_key, keyctl: EPERM), makes itself non-dumpable (the
      program cannot ptrace it), reports "ready", waits for its gate if it has one (a jail
      built ahead of its turn, `gate_fd`: "g" starts the program, EOF ends the jail), and
-     forks D, which runs the program with an empty environment: in its own fresh process (`jail_zygote.run_here`: the zygote's
-     interpreter, which has run nothing else, so no second interpreter starts) or by exec-ing
-     one. C enforces the wall clock: when D outlives `timeout_s`, C exits, and the kernel
+     forks D, which runs the program with an empty environment: in its own fresh process
+     (`jail_zygote.run_here`: the zygote's interpreter, which has run nothing else, so no
+     second interpreter starts) or by exec-ing one. C enforces the wall clock: when D outlives `timeout_s`, C exits, and the kernel
      kills every process left in the namespace (setsid or double-forked ones included); when
      D exits first, C reports its status and exits the same way.
 
@@ -56,6 +57,7 @@ from jail_lockdown import (
     _restrict,
     libc,
 )
+from reap import exited_within
 
 CLONE_NEWNS, CLONE_NEWCGROUP, CLONE_NEWUTS = 0x20000, 0x2000000, 0x4000000
 CLONE_NEWIPC, CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = (
@@ -274,17 +276,15 @@ def _wait_for_gate(cfg):
 
 def _wait_exit(pid, timeout_s):
     """True when `pid` exited within `timeout_s` (it is then still unreaped)."""
-    try:
-        fd = os.pidfd_open(pid)
-    except (AttributeError, OSError):  # kernels before 5.3: poll
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT):
-                return True
-            time.sleep(0.005)
-        return False
-    ready, _, _ = select.select([fd], [], [], timeout_s)
-    return bool(ready)
+    exited = exited_within(pid, timeout_s)
+    if exited is not None:
+        return exited
+    deadline = time.monotonic() + timeout_s  # kernels before 5.3, no pidfd: poll
+    while time.monotonic() < deadline:
+        if os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT):
+            return True
+        time.sleep(0.005)
+    return False
 
 
 def _supervise(pid, timeout_s):

@@ -5,11 +5,11 @@ Started by `rlvr.rewards.sandbox` as `python -I -S -B jail_zygote.py FD`, FD one
 SOCK_SEQPACKET socket pair. Each request is a sandbox's configuration (JSON: paths, ids and
 limits, never a program's text, which the launcher reads from its files after the fork) with
 four descriptors attached: the program's stdin, stdout and stderr and the status pipe's write
-end, and a fifth for a gated sandbox: its gate's read end (`jail_init`). The zygote forks A, which takes those as its own, starts a session and runs
-`jail_init.launch`, the same steps a freshly started launcher runs, except that D runs the
-program in its own fresh process instead of exec-ing another interpreter
-(`run_here`): every program still gets a process that ran nothing before it, forked
-from a zygote that never ran any program.
+end, and a fifth for a gated sandbox: its gate's read end (`jail_init`). The zygote forks A,
+which takes those as its own, starts a session and runs `jail_init.launch`, the same steps a
+freshly started launcher runs, except that D runs the program in its own fresh process
+instead of exec-ing another interpreter (`run_here`): every program still gets a process
+that ran nothing before it, forked from a zygote that never ran any program.
 
 A launcher that has unshared its namespaces cannot write its own uid/gid maps; it asks the
 zygote over a second socket pair that only launchers hold (closed before the jail's init is

@@ -111,11 +111,3 @@ def run_python(
     """
     return _run(resolve_isolation(isolation), {"main.py": source, **(extra_files or {})},
                 ["main.py"], stdin, limits or Limits())  # fmt: skip
-
-
-def prepare_python(source: str, *, stdin: str = "", limits: Limits | None = None,
-                   isolation: str = "auto") -> PythonRun:  # fmt: skip
-    """`run_python`'s program with its jail launched now and its run left to the caller:
-    `.run()` (the `SandboxResult`), then `.close()`."""
-    return PythonRun({"main.py": source}, ["main.py"], stdin, limits or Limits(),
-                     resolve_isolation(isolation))  # fmt: skip
