@@ -19,6 +19,7 @@ from rlvr.models import progress_bars
 from rlvr.plots import cmd_plot
 from rlvr.rewards.combine import RewardError
 from rlvr.rm.command import cmd_rm
+from rlvr.rollout.server import ServerError
 from rlvr.run.checkpoint import CheckpointError
 from rlvr.run.distributed import torchrun_rank
 from rlvr.run.health import TrainingHealthError
@@ -207,7 +208,7 @@ def _main(argv: list[str] | None) -> int:
     except RewardError as e:  # under reward.on_error=raise; on_error=zero scores it 0
         sys.stderr.write(f"error: {e} (reward.on_error=zero scores such samples 0)\n")
         return 1
-    except TrainingHealthError as e:
+    except (TrainingHealthError, ServerError) as e:
         sys.stderr.write(f"error: {e}\n")
         return 1
     except OSError as e:  # a read-only or full output directory, a file removed mid-run

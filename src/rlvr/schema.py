@@ -111,6 +111,24 @@ class VLLMSettings:
 
 
 @dataclass(frozen=True)
+class ServerSettings:
+    """The rollout server (`rollout.server.KEY`, docs/async.md): the engine in a process of
+    its own, fed the policy's weights after each update, so that under train.max_staleness = k
+    > 0 the next batch is generated while the trainer updates.
+
+    enabled: run `rollout.engine` (fast or vllm) in the server process.
+    cpus: the CPUs the server process is pinned to (process affinity), e.g. "0" or "0-3,8"; empty
+        = all this process may use.
+    trainer_cpus: the CPUs the trainer process is pinned to, its torch threads one per CPU;
+        empty = left as they are.
+    """
+
+    enabled: bool = False
+    cpus: str = ""
+    trainer_cpus: str = ""
+
+
+@dataclass(frozen=True)
 class RolloutConfig:
     """Sampling: how many responses, how long, at what temperature.
 
@@ -126,6 +144,7 @@ class RolloutConfig:
     seed_per_prompt: draw each prompt's samples from its own seed, whatever else shares the batch
         (always on under torchrun, so N ranks sample what one process would).
     vllm: the vllm engine's settings, `rollout.vllm.KEY` (`VLLMSettings`).
+    server: the rollout server, `rollout.server.KEY` (`ServerSettings`).
     tools: tools the model may call inside a response (docs/tools.md): built-in names (calc,
         python), "module:function" or "path/file.py:function"; empty = the task's own tools.
     max_tool_calls: tool calls run per response; a call past it is left as plain text.
@@ -147,6 +166,7 @@ class RolloutConfig:
     min_new_tokens: int = 0
     seed_per_prompt: bool = False
     vllm: VLLMSettings = field(default_factory=VLLMSettings)
+    server: ServerSettings = field(default_factory=ServerSettings)
     tools: tuple[str, ...] = ()
     max_tool_calls: int = 4
     max_total_tokens: int | None = None

@@ -26,6 +26,7 @@ def validate(cfg: Config) -> None:
     """Range checks that need no model or data (those are checked at load, also before work)."""
     r, a, o, t = cfg.rollout, cfg.algo, cfg.optim, cfg.train
     _validate_staleness(cfg)  # before the algorithm: its engine checks would name another key
+    _validate_server(cfg)
     # The algorithm's settings and what its estimator asks of the rollout, checked once there.
     Algorithm.from_config(cfg)
     _check(r.prompts_per_step >= 1, "rollout.prompts_per_step", ">= 1", r.prompts_per_step)
@@ -169,6 +170,14 @@ def _validate_staleness(cfg: Config) -> None:
         f"a sample {k} versions old needs its behaviour log-probs in the loss",
         k,
     )
+
+
+def _validate_server(cfg: Config) -> None:
+    """The rollout server's CPU lists (docs/async.md); imported here, where it is used, so
+    reading a config does not load the rollout package."""
+    from rlvr.rollout.server import check_settings
+
+    check_settings(cfg)
 
 
 def _validate_ppo(cfg: Config) -> None:

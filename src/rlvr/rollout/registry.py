@@ -16,6 +16,7 @@ from rlvr.models import eos_ids
 from rlvr.rollout.base import EngineError, EngineSite, RolloutEngine
 from rlvr.rollout.fast import FastEngine
 from rlvr.rollout.hf import HFEngine
+from rlvr.rollout.server import ServerEngine
 from rlvr.rollout.vllm import VLLMEngine  # imports vllm only when constructed
 from rlvr.schema import ConfigError
 
@@ -28,11 +29,20 @@ ENGINES: dict[str, type[RolloutEngine]] = {"fast": FastEngine, "hf": HFEngine, "
 def build_engine(cfg: Config, model, tokenizer, site: EngineSite | None = None) -> RolloutEngine:
     """The engine `cfg.rollout.engine` names, on `model`, for the caller's `site`. An engine
     that cannot run here (`EngineError`, its message naming the key) or fails to build is
-    a `ConfigError` naming rollout.engine."""
-    cls = ENGINES[cfg.rollout.engine]
+    a `ConfigError` naming rollout.engine. Under rollout.server.enabled the engine runs in the
+    rollout server's process (`rlvr.rollout.server`)."""
     pad, eos = tokenizer.pad_token_id, eos_ids(tokenizer, model)
+    return engine_from_ids(cfg, model, pad, eos, site or EngineSite())
+
+
+def engine_from_ids(
+    cfg: Config, model, pad_id: int, eos: list[int], site: EngineSite
+) -> RolloutEngine:
+    """`build_engine` once the pad and EOS ids are known (the rollout server's process has
+    them from the trainer, not a tokenizer)."""
+    cls = ServerEngine if cfg.rollout.server.enabled else ENGINES[cfg.rollout.engine]
     try:
-        return cls.from_config(model, pad_id=pad, eos_ids=eos, cfg=cfg, site=site or EngineSite())
+        return cls.from_config(model, pad_id=pad_id, eos_ids=eos, cfg=cfg, site=site)
     except EngineError as e:  # no GPU, no or unsupported library, the engine failed to start
         raise ConfigError(str(e)) from None
     except RuntimeError as e:

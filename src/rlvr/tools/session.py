@@ -57,6 +57,13 @@ class Toolbox:
             raise ValueError(f"Toolbox: {self.fmt.call_close!r} encodes to no tokens")
         self.uses_template = self._template_suffix(_PROBE) is not None
 
+    def __reduce__(self):
+        """Pickled as what builds it (the rollout server's process builds its own): the
+        tools, the tokenizer and the limits; a tool's function pickles by reference."""
+        args = (self.tools, self.tokenizer)
+        limits = (self.max_calls, self.max_total_tokens, self.runner.timeout_s, self.fmt)
+        return _rebuild, (args, limits)
+
     @property
     def names(self) -> list[str]:
         return [t.name for t in self.tools]
@@ -128,3 +135,10 @@ class Toolbox:
             return None
         suffix = text[text.rindex(_MARK) + len(_MARK) :]
         return suffix if result in suffix else None
+
+
+def _rebuild(args, limits) -> Toolbox:
+    max_calls, max_total_tokens, timeout_s, fmt = limits
+    return Toolbox(
+        *args, max_calls=max_calls, max_total_tokens=max_total_tokens, timeout_s=timeout_s, fmt=fmt
+    )

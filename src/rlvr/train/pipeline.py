@@ -23,10 +23,20 @@ log-probs (a few MB at most), not a model. The batches ahead are part of the tra
 (`state`, plain lists, numbers and tensors: loaded with weights_only=True), so a resumed run
 trains on the very samples an uninterrupted one would. `produce` runs all its collectives
 (collect's gathers and sums) before `consume` starts any, on the one process group.
+
+With the rollout server (rollout.server.enabled, docs/async.md) the batch of step t+k is
+produced on a thread beside step t's update instead of before it: the server samples with the
+pinned weights of version t-1 while the trainer computes version t, and `settle`, after the
+update, waits for it. The schedule (which version samples which step) is the same, so the
+batches are too; only the wall clock differs. Each batch carries the wall-clock times its
+production started and ended (`time/gen_start`, `time/gen_end`), and `settle` reports the
+time the trainer waited for the batch (`time/gen_wait`) or the batch for the trainer
+(`time/train_wait`).
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import deque
 from dataclasses import dataclass, fields, replace
@@ -54,6 +64,8 @@ class Produced:
     metrics: dict[str, float]
     examples: list[dict]
     seconds: float
+    started: float = 0.0  # wall clock (time.time()) when its production began
+    ended: float = 0.0
 
     def state(self) -> dict[str, Any]:
         """Plain values and tensors only, for the checkpoint's trainer state."""
@@ -66,6 +78,8 @@ class Produced:
             "metrics": dict(self.metrics),
             "examples": list(self.examples),
             "seconds": self.seconds,
+            "started": self.started,
+            "ended": self.ended,
         }
 
     @classmethod
@@ -73,14 +87,15 @@ class Produced:
         batch = Batch([Sample(**s) for s in state["samples"]], state["num_groups"])
         return cls(
             state["step"], state["version"], batch, dict(state["metrics"]),
-            list(state["examples"]), state["seconds"],
+            list(state["examples"]), state["seconds"], state.get("started", 0.0),
+            state.get("ended", 0.0),
         )  # fmt: skip
 
 
 def produce(step: int, run: Run, version: int) -> Produced:
     """Step `step`'s batch, sampled by the current weights, which are policy `version`."""
     cfg, model = run.cfg, run.policy.model
-    t_start = time.perf_counter()
+    t_start, started = time.perf_counter(), time.time()
     # FSDP2: whole weights for the rollout (else a no-op); bf16 sampling when asked
     with gathered(model), autocast(cfg.model.autocast, run.device):
         got = collect(
@@ -93,7 +108,7 @@ def produce(step: int, run: Run, version: int) -> Produced:
             batch = behaviour_log_probs(batch, run)  # hf reports none: the weights that sampled
     batch = replace(batch, samples=[replace(s, version=version) for s in batch.samples])
     seconds = time.perf_counter() - t_start
-    return Produced(step, version, batch, got.metrics, got.examples, seconds)
+    return Produced(step, version, batch, got.metrics, got.examples, seconds, started, time.time())
 
 
 def behaviour_log_probs(batch: Batch, run: Run) -> Batch:
@@ -141,20 +156,40 @@ class Pipeline:
     def __init__(self, k: int, queue: list[Produced] | None = None):
         self.k = k
         self.queue: deque[Produced] = deque(queue or ())
+        self._beside: Beside | None = None
 
     def next(self, step: int, run: Run) -> Produced | None:
         """Step `step`'s batch (None when k = 0: the step produces its own), after producing
         the batches up to step + k (within train.max_steps) with the current weights,
-        version step - 1."""
+        version step - 1; with the rollout server, the last of them on a thread beside the
+        update (`settle` waits for it)."""
         if self.k == 0:
             return None
         last = self.queue[-1].step if self.queue else step - 1
-        for ahead in range(last + 1, min(step + self.k, run.cfg.train.max_steps) + 1):
+        todo = list(range(last + 1, min(step + self.k, run.cfg.train.max_steps) + 1))
+        # the rollout server: the last batch ahead is generated beside this step's update
+        beside = todo.pop() if todo and todo[-1] > step and hasattr(run.engine, "pinned") else None
+        for ahead in todo:
             self.queue.append(produce(ahead, run, version=step - 1))
+        if beside is not None:
+            if self._beside is not None:
+                raise RuntimeError(f"pipeline: step {step} began before the last one settled")
+            self._beside = Beside(beside, run, version=step - 1)
         got = self.queue.popleft()
         if got.step != step:
             raise RuntimeError(f"pipeline: the batch of step {got.step} came up at step {step}")
         return got
+
+    def settle(self) -> dict[str, float]:
+        """After the step's update: the batch produced beside it joins the queue. Returns
+        the seconds the trainer then waited for it (`time/gen_wait`) or it had waited for the
+        trainer (`time/train_wait`); nothing when no batch was produced beside the update."""
+        if self._beside is None:
+            return {}
+        beside, self._beside = self._beside, None
+        got, waited = beside.join()
+        self.queue.append(got)
+        return {"time/gen_wait": max(waited, 0.0), "time/train_wait": max(-waited, 0.0)}
 
     def state(self) -> list[dict[str, Any]]:
         return [p.state() for p in self.queue]
@@ -162,3 +197,34 @@ class Pipeline:
     @classmethod
     def from_state(cls, k: int, state: list[dict[str, Any]] | None) -> Pipeline:
         return cls(k, [Produced.from_state(p) for p in state or ()])
+
+
+class Beside:
+    """`produce(step, run, version)` on a thread, with the server's weights pinned to
+    `version` until it is joined (the trainer updates its own meanwhile)."""
+
+    def __init__(self, step: int, run: Run, version: int):
+        self._pin = run.engine.pinned()
+        self._pin.__enter__()  # the server receives version `version` now, in this thread
+        self._box: dict[str, Any] = {}
+        self._thread = threading.Thread(
+            target=self._work, args=(step, run, version), name=f"rlvr-produce-{step}", daemon=True
+        )
+        self._thread.start()
+
+    def _work(self, step: int, run: Run, version: int) -> None:
+        try:
+            self._box["got"] = produce(step, run, version)
+        except BaseException as e:  # raised in the trainer's thread by join
+            self._box["error"] = e
+        self._box["done"] = time.time()
+
+    def join(self) -> tuple[Produced, float]:
+        """The batch, and how long this call waited for it (negative: how long it had been
+        ready)."""
+        called = time.time()
+        self._thread.join()
+        self._pin.__exit__(None, None, None)
+        if "error" in self._box:
+            raise self._box["error"]
+        return self._box["got"], self._box["done"] - called

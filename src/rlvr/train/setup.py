@@ -21,6 +21,7 @@ from rlvr.prompts import PromptSource, load_prompts
 from rlvr.rewards.sandbox import SandboxUnavailable, resolve_isolation
 from rlvr.rewards.scoring import Scorer
 from rlvr.rollout import EngineSite, RolloutEngine, build_engine, longest_sequence
+from rlvr.rollout.server import pin_trainer
 from rlvr.run.checkpoint import (
     load_trainer_state,
     resume_checkpoint,
@@ -158,6 +159,7 @@ def setup(
     given = given or Given()
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
+    pin_trainer(cfg)  # rollout.server.trainer_cpus: the trainer's CPUs, one thread each
     d, device = init_distributed(resolve_device(cfg.model.device))
     if d.enabled and cfg.rollout.prompts_per_step % d.world_size:
         raise ConfigError(

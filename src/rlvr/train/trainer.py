@@ -22,6 +22,7 @@ temperature divides the logits before every log-softmax; top-p/top-k shape sampl
 from __future__ import annotations
 
 import json
+import os
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -62,7 +63,7 @@ def consume(produced: Produced, run: Run) -> tuple[dict[str, float], list[dict]]
     (docs/algorithms.md#bounded-staleness). Returns metrics and examples."""
     cfg, device, pad_id = run.cfg, run.device, run.tokenizer.pad_token_id
     model, algo, step = run.policy.model, run.algorithm, produced.step
-    t_start = time.perf_counter()
+    t_start, update_start = time.perf_counter(), time.time()
     batch = produced.batch  # this rank's share of the kept groups
     bound = cfg.train.max_staleness
     lags = check_staleness(batch, step - 1, bound)  # the trainer is version step - 1
@@ -111,6 +112,9 @@ def consume(produced: Produced, run: Run) -> tuple[dict[str, float], list[dict]]
     metrics["time/log_probs"] = t1 - t0
     metrics["time/update"] = t2 - t1
     metrics["time/step"] = produced.seconds + t2 - t_start  # its rollout and its update
+    # wall-clock timestamps (time.time()): when the batch was generated, when it was trained on
+    metrics["time/gen_start"], metrics["time/gen_end"] = produced.started, produced.ended
+    metrics["time/update_start"], metrics["time/update_end"] = update_start, time.time()
     metrics["tokens_per_s"] = metrics["generated_tokens"] / max(metrics["time/step"], 1e-9)
     return metrics, produced.examples
 
@@ -181,6 +185,8 @@ def train(
             discard_unstarted(run.run_dir)
         raise
     finally:  # the run directory's lock (rlvr.run.rundir), taken in setup by rank 0
+        if run is not None and hasattr(run.engine, "close"):
+            run.engine.close()  # the rollout server's process ends with the run
         locked = run.run_dir if run else cfg.train.output_dir or resume_dir
         if locked:
             unlock_run_dir(Path(locked))
@@ -236,6 +242,7 @@ def _train(
             step += 1
             memory.check(step)  # a clear error instead of the OOM killer
             metrics, examples = run_step(step, run, run.pipeline.next(step, run))
+            metrics.update(run.pipeline.settle())  # the batch produced beside the update
             if run.outer is not None:  # reference resets, the reward model's refresh
                 metrics.update(run.outer.after_step(step))
             asked_stop = False
@@ -280,6 +287,8 @@ def _train(
             "world_size": d.world_size,
             "parallel": cfg.train.parallel if d.enabled else "none",
             "engine": cfg.rollout.engine,
+            "rollout_server": cfg.rollout.server.enabled,
+            "trainer_cpus": sorted(os.sched_getaffinity(0)),  # rollout.server.trainer_cpus pins it
             # the CPU backend (rlvr.cpu): whether its C kernels ran, or why not
             "native_kernels": run.backend.kernels(),
             "malloc_tuning": run.backend.tune_malloc(),

@@ -1,0 +1,300 @@
+"""The rollout server (docs/async.md): `rollout.engine` in a process of its own, so that a
+batch ahead (train.max_staleness = k > 0) is generated while the trainer updates.
+
+    trainer process                               server process (rlvr.rollout.server_main)
+    ServerEngine.generate(prompts, params)  --->  its engine (fast or vllm) on its own model
+    weights written into shared memory      --->  copied into that model, engine.sync_weights()
+
+`ServerEngine` is a `RolloutEngine` like the others, so training, `rlvr eval` and tools work
+through it unchanged (a task's tools run in the server, inside the response, as they would in
+process). The two processes talk over one socket pair (pickled messages, this package's own
+types only); the server exits when the trainer's end closes, and is killed with it
+(PR_SET_PDEATHSIG) if the trainer is killed.
+
+Weights. One shared-memory file holds every weight the policy computes with, under the base
+model's names (`weight_sync.policy_weights`: LoRA merged into its targets, whole tensors).
+After an optimiser step `sync_weights` only marks them changed; they are written, only the
+ones training can change (`trainable_names`), before the next `generate` that is not
+`pinned`. The pipeline pins the weights of version t-1 while it produces a batch ahead beside
+step t's update: the update changes the trainer's weights, not the ones the server samples
+with. The server receives them only between two of its requests.
+
+A server that dies (a signal, an error) ends the run with `ServerError`, one line naming it and
+how it ended; the checkpoints are left as they were, and `--resume` continues the run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pickle
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+from dataclasses import replace
+from multiprocessing.connection import Connection
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from rlvr.rollout.base import EngineSite, Rollout, SamplingParams
+from rlvr.rollout.weight_sync import is_peft, policy_weights, trainable_names
+from rlvr.schema import ConfigError
+
+if TYPE_CHECKING:
+    from rlvr.config import Config
+
+_ALIGN = 64  # bytes: each weight starts on a cache line of the shared file
+# The CPUs this process could run on before `pin_trainer` narrowed them: the server may use any.
+_AVAILABLE = frozenset(os.sched_getaffinity(0))
+
+
+class ServerError(RuntimeError):
+    """The rollout server failed or exited; the message names how."""
+
+
+def parse_cpus(key: str, text: str) -> set[int]:
+    """The CPUs of a list like "0", "0-3,8" (`rollout.server.cpus`); ConfigError naming `key`
+    for anything else, or for a CPU this process may not run on."""
+    cpus: set[int] = set()
+    try:
+        for part in filter(None, (p.strip() for p in text.split(","))):
+            lo, _, hi = part.partition("-")
+            cpus.update(range(int(lo), int(hi or lo) + 1))
+    except ValueError:
+        raise ConfigError(f"{key}: got {text!r}, expected CPUs like 0 or 0-3,8") from None
+    if not cpus or not cpus <= _AVAILABLE:
+        raise ConfigError(
+            f"{key}: got {text!r}, expected CPUs among those this process may use "
+            f"({_cpu_text(_AVAILABLE)})"
+        )
+    return cpus
+
+
+def check_settings(cfg: Config) -> None:
+    """`rollout.server.*` before any work: CPU lists that parse, none set while the server
+    is off (they would do nothing)."""
+    server = cfg.rollout.server
+    for key in ("cpus", "trainer_cpus"):
+        text = getattr(server, key)
+        if text and not server.enabled:
+            raise ConfigError(
+                f"rollout.server.{key}: got {text!r}, but rollout.server.enabled is false "
+                "(it pins the server's processes): enable the server or leave it empty"
+            )
+        if text:
+            parse_cpus(f"rollout.server.{key}", text)
+
+
+def _cpu_text(cpus: set[int]) -> str:
+    return ",".join(map(str, sorted(cpus)))
+
+
+def pin_trainer(cfg: Config) -> None:
+    """The trainer's CPUs (`rollout.server.trainer_cpus`) and one torch thread per CPU."""
+    text = cfg.rollout.server.trainer_cpus
+    if cfg.rollout.server.enabled and text:
+        cpus = parse_cpus("rollout.server.trainer_cpus", text)
+        os.sched_setaffinity(0, cpus)
+        torch.set_num_threads(len(cpus))
+
+
+def _base(model: torch.nn.Module) -> torch.nn.Module:
+    return model.get_base_model() if is_peft(model) else model
+
+
+class SharedWeights:
+    """The policy's weights in one shared-memory file, laid out by name: the trainer writes
+    them, the server reads them (`views`)."""
+
+    def __init__(self, layout: list[tuple[str, str, tuple[int, ...], int]], path: str, size: int):
+        self.layout, self.path, self.size = layout, path, size
+        buffer = torch.from_file(path, shared=True, size=max(size, 1), dtype=torch.uint8)
+        self.views = {
+            name: buffer[offset : offset + _nbytes(dtype, shape)]
+            .view(getattr(torch, dtype))
+            .view(shape)
+            for name, dtype, shape, offset in layout
+        }
+
+    @classmethod
+    def create(cls, model: torch.nn.Module) -> SharedWeights:
+        """A new file (in /dev/shm where there is one) holding the policy's weights now."""
+        layout, size = [], 0
+        for name, tensor in policy_weights(model, device="cpu"):
+            dtype = str(tensor.dtype).removeprefix("torch.")
+            layout.append((name, dtype, tuple(tensor.shape), size))
+            size += -(-_nbytes(dtype, tensor.shape) // _ALIGN) * _ALIGN
+        shared = cls(layout, _reserve(size), size)
+        shared.write(model, None)
+        return shared
+
+    def write(self, model: torch.nn.Module, only: set[str] | None) -> list[str]:
+        """Copy the policy's weights (`only` these names) in; returns the names written."""
+        names = []
+        for name, tensor in policy_weights(model, only=only, device="cpu"):
+            self.views[name].copy_(tensor)
+            names.append(name)
+        return names
+
+    def unlink(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path)
+
+
+def _reserve(size: int) -> str:
+    """A new file of `size` bytes, its blocks allocated up front (so a full file system is an
+    error here, not a SIGBUS when a weight is written): in /dev/shm where it has the room (a
+    container's is often 64 MB), else in the temporary directory."""
+    tried = []
+    for where in ("/dev/shm", tempfile.gettempdir()):
+        if not os.access(where, os.W_OK):
+            continue
+        fd, path = tempfile.mkstemp(prefix="rlvr-weights-", dir=where)
+        try:
+            os.posix_fallocate(fd, 0, max(size, 1))
+            return path
+        except OSError as e:
+            tried.append(f"{where}: {e.strerror}")
+            os.unlink(path)
+        finally:
+            os.close(fd)
+    raise ServerError(
+        f"rollout server: no room for the {size / 2**20:.0f} MiB of shared weights "
+        f"({'; '.join(tried) or 'no writable /dev/shm or temporary directory'}); "
+        "set TMPDIR to a file system with room"
+    )
+
+
+def _nbytes(dtype: str, shape) -> int:
+    return torch.empty((), dtype=getattr(torch, dtype)).element_size() * int(
+        torch.Size(shape).numel()
+    )
+
+
+class ServerEngine:
+    """The engine `rollout.engine` names, run by the server process (the module docstring)."""
+
+    def __init__(self, model, *, pad_id: int, eos_ids: list[int], cfg: Config, site: EngineSite):
+        self.model = model
+        self.changing = trainable_names(model)
+        self._lock = threading.Lock()
+        self._stale = False  # the policy changed since the server last received its weights
+        self._pins = 0
+        self.shared = SharedWeights.create(model)
+        inner = replace(cfg, rollout=replace(cfg.rollout, server=replace(cfg.rollout.server, enabled=False)))  # fmt: skip
+        cpus = cfg.rollout.server.cpus
+        start = {
+            "cfg": inner,
+            "model_config": _base(model).config,
+            "layout": self.shared.layout,
+            "changing": sorted(self.changing),
+            "path": self.shared.path,
+            "size": self.shared.size,
+            "pad_id": pad_id,
+            "eos_ids": list(eos_ids),
+            "site": replace(site, backend=None),
+            "cpus": sorted(parse_cpus("rollout.server.cpus", cpus)) if cpus else None,
+            "threads": torch.get_num_threads(),  # without cpus: as many as the trainer's
+        }
+        ours, theirs = socket.socketpair()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "rlvr.rollout.server_main", str(theirs.fileno()), str(os.getpid())],
+            pass_fds=[theirs.fileno()],
+            stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+        theirs.close()
+        self.conn = Connection(ours.detach())
+        try:
+            ready = self._ask("start", start)
+        finally:
+            self.shared.unlink()  # both ends hold it mapped: the memory goes with the last
+        # the shared file and the server's own copy of the weights, with what its engine holds
+        self.resident_bytes = int(ready["resident_bytes"]) + 2 * self.shared.size
+        self.pid = self.proc.pid
+
+    @classmethod
+    def from_config(
+        cls, model, *, pad_id: int, eos_ids: list[int], cfg: Config, site: EngineSite
+    ) -> ServerEngine:
+        if cfg.rollout.engine == "hf":
+            raise ConfigError(
+                "rollout.server: rollout.engine=hf reports no sampling log-probs, which a batch "
+                "produced beside the update needs; use rollout.engine=fast or vllm"
+            )
+        if site.world_size > 1:
+            raise ConfigError(
+                f"rollout.server: one trainer process only (got {site.world_size} ranks under "
+                "torchrun); run without rollout.server.enabled"
+            )
+        return cls(model, pad_id=pad_id, eos_ids=eos_ids, cfg=cfg, site=site)
+
+    def _ask(self, kind: str, payload: Any = None) -> Any:
+        with self._lock:
+            try:
+                self.conn.send_bytes(pickle.dumps((kind, payload)))
+                status, value = pickle.loads(self.conn.recv_bytes())
+            except (EOFError, OSError):
+                raise ServerError(self._how_it_ended(kind)) from None
+        if status != "ok":
+            raise ServerError(f"rollout server: {kind} failed: {value}")
+        return value
+
+    def _how_it_ended(self, kind: str) -> str:
+        try:
+            code = self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            code = None
+        how = (
+            f"was killed by signal {-code}" if code is not None and code < 0
+            else f"exited with code {code}" if code is not None else "stopped answering"
+        )  # fmt: skip
+        return (
+            f"rollout server (pid {self.proc.pid}) {how} during {kind}; the checkpoints are "
+            "as they were: continue with rlvr train --resume RUN_DIR"
+        )
+
+    def sync_weights(self) -> None:
+        """After an optimiser step: the server receives the new weights before its next
+        request that is not pinned."""
+        self._stale = True
+
+    @contextlib.contextmanager
+    def pinned(self):
+        """The server keeps sampling with the weights it has (a batch ahead of the update)."""
+        self._push()
+        self._pins += 1
+        try:
+            yield
+        finally:
+            self._pins -= 1
+
+    def _push(self) -> None:
+        if self._stale:
+            names = self.shared.write(self.model, self.changing)
+            self._ask("weights", names)
+            self._stale = False
+
+    def generate(self, prompt_ids: list[list[int]], params: SamplingParams) -> Rollout:
+        if not self._pins:
+            self._push()
+        return self._ask("generate", (prompt_ids, params))
+
+    def release(self) -> None:
+        self._ask("release")
+
+    def close(self) -> None:
+        """End the server: it exits when its socket closes."""
+        with contextlib.suppress(OSError):
+            self.conn.close()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=10)
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def __del__(self):
+        with contextlib.suppress(Exception):
+            self.close()
