@@ -46,6 +46,14 @@ from rlvr.schema import ConfigError
 if TYPE_CHECKING:
     from rlvr.config import Config
 
+_LAUNCH_VARS = (
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+)
 _ALIGN = 64  # bytes: each weight starts on a cache line of the shared file
 # The CPUs this process could run on before `pin_trainer` narrowed them: the server may use any.
 _AVAILABLE = frozenset(os.sched_getaffinity(0))
@@ -200,10 +208,14 @@ class ServerEngine:
             "threads": torch.get_num_threads(),  # without cpus: as many as the trainer's
         }
         ours, theirs = socket.socketpair()
+        # a process of its own, not a rank of the trainer's group: none of torchrun's (or an
+        # earlier in-process vLLM's) rendezvous variables, whose port is taken
+        env = {k: v for k, v in os.environ.items() if k not in _LAUNCH_VARS}
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "rlvr.rollout.server_main", str(theirs.fileno()), str(os.getpid())],
             pass_fds=[theirs.fileno()],
             stdin=subprocess.DEVNULL,
+            env=env,
         )  # fmt: skip
         theirs.close()
         self.conn = Connection(ours.detach())
