@@ -227,7 +227,7 @@ def test_trainer_cpus_pin_the_trainer(tiny_model_dir, tmp_path):
 def test_cpu_lists_without_the_server_are_refused():
     from rlvr.validate import validate
 
-    for key in ("cpus", "trainer_cpus"):
+    for key in ("cpus", "trainer_cpus", "device"):
         with pytest.raises(ConfigError, match=rf"rollout\.server\.{key}: got '0', but rollout\.server\.enabled is false"):  # fmt: skip
             validate(load_config(None, {"rollout": {f"server.{key}": "0"}}))
 
@@ -239,3 +239,13 @@ def test_no_room_for_the_weights_is_one_error_not_a_sigbus():
         ServerError, match=r"no room for the \d+ MiB of shared weights .*set TMPDIR"
     ):
         _reserve(2**62)  # more than any file system here holds
+
+
+def test_a_missing_device_is_named():
+    from rlvr.validate import validate
+
+    asked = {"server.enabled": "true", "server.device": "cuda:7"}
+    with pytest.raises(ConfigError, match=r"rollout\.server\.device: 'cuda:7' asked for, but this machine has \d+ CUDA"):  # fmt: skip
+        validate(load_config(None, {"rollout": asked}))
+    with pytest.raises(ConfigError, match=r"rollout\.server\.device: got 'gpu', expected a torch device"):  # fmt: skip
+        validate(load_config(None, {"rollout": {**asked, "server.device": "gpu"}}))

@@ -121,11 +121,14 @@ class ServerSettings:
         = all this process may use.
     trainer_cpus: the CPUs the trainer process is pinned to, its torch threads one per CPU;
         empty = left as they are.
+    device: the server's device, e.g. "cuda:1" for generation on a GPU of its own; empty = the
+        trainer's.
     """
 
     enabled: bool = False
     cpus: str = ""
     trainer_cpus: str = ""
+    device: str = ""
 
 
 @dataclass(frozen=True)

@@ -85,15 +85,37 @@ def check_settings(cfg: Config) -> None:
     """`rollout.server.*` before any work: CPU lists that parse, none set while the server
     is off (they would do nothing)."""
     server = cfg.rollout.server
-    for key in ("cpus", "trainer_cpus"):
+    for key in ("cpus", "trainer_cpus", "device"):
         text = getattr(server, key)
         if text and not server.enabled:
             raise ConfigError(
                 f"rollout.server.{key}: got {text!r}, but rollout.server.enabled is false "
-                "(it pins the server's processes): enable the server or leave it empty"
+                "(it places the server's process): enable the server or leave it empty"
             )
-        if text:
-            parse_cpus(f"rollout.server.{key}", text)
+    for key in ("cpus", "trainer_cpus"):
+        if getattr(server, key):
+            parse_cpus(f"rollout.server.{key}", getattr(server, key))
+    if server.device:
+        _check_device(server.device)
+
+
+def _check_device(name: str) -> None:
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ConfigError(
+            f"rollout.server.device: got {name!r}, expected a torch device such as cpu or cuda:1"
+        ) from None
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if device.type == "cuda" and (device.index or 0) >= count:
+        raise ConfigError(
+            f"rollout.server.device: {name!r} asked for, but this machine has {count} CUDA devices"
+        )
+
+
+def _server_device(cfg: Config, site: EngineSite) -> torch.device | None:
+    """`rollout.server.device`, else the trainer's."""
+    return torch.device(cfg.rollout.server.device) if cfg.rollout.server.device else site.device
 
 
 def _cpu_text(cpus: set[int]) -> str:
@@ -203,7 +225,7 @@ class ServerEngine:
             "size": self.shared.size,
             "pad_id": pad_id,
             "eos_ids": list(eos_ids),
-            "site": replace(site, backend=None),
+            "site": replace(site, backend=None, device=_server_device(cfg, site)),
             "cpus": sorted(parse_cpus("rollout.server.cpus", cpus)) if cpus else None,
             "threads": torch.get_num_threads(),  # without cpus: as many as the trainer's
         }
