@@ -199,9 +199,7 @@ def _reserve(size: int) -> str:
 
 
 def _nbytes(dtype: str, shape) -> int:
-    return torch.empty((), dtype=getattr(torch, dtype)).element_size() * int(
-        torch.Size(shape).numel()
-    )
+    return getattr(torch, dtype).itemsize * torch.Size(shape).numel()
 
 
 class ServerEngine:
@@ -247,7 +245,6 @@ class ServerEngine:
             self.shared.unlink()  # both ends hold it mapped: the memory goes with the last
         # the shared file and the server's own copy of the weights, with what its engine holds
         self.resident_bytes = int(ready["resident_bytes"]) + 2 * self.shared.size
-        self.pid = self.proc.pid
 
     @classmethod
     def from_config(
