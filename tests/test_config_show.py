@@ -39,13 +39,13 @@ def test_config_show_prints_the_default_runs_values_not_the_schemas(capsys):
     run = load_config(None)
     schema = Config()
     for section, key in [("optim", "lr"), ("algo", "clip_low"), ("algo", "clip_high"),
-                         ("algo", "dynamic_sampling"), ("train", "max_steps")]:  # fmt: skip
+                         ("algo", "dynamic_sampling"), ("train", "threads")]:  # fmt: skip
         assert shown[section][key] == getattr(getattr(run, section), key)
     # the values the default run uses differ from the dataclass defaults in these keys
     assert shown["optim"]["lr"] != schema.optim.lr
     assert shown["algo"]["clip_high"] != schema.algo.clip_high
     assert shown["algo"]["dynamic_sampling"] != schema.algo.dynamic_sampling
-    assert shown["train"]["max_steps"] != schema.train.max_steps
+    assert shown["train"]["threads"] != schema.train.threads
     assert shown == yaml.safe_load(yaml.safe_dump(to_dict(run)))
 
 

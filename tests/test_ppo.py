@@ -190,10 +190,9 @@ def test_ppo_preset_takes_one_sample_per_prompt():
 
 @pytest.mark.slow
 def test_default_ppo_run_learns_and_its_critic_explains_the_return(tmp_path):
-    """`rlvr train --preset ppo` as a user runs it, on the built-in model and task: 0.367 ->
-    0.902 held-out in 200 steps (200 s on the 2-core machine), the critic's explained
-    variance 0.157 over the last quarter (the policy is near-deterministic by then: little
-    return variance is left to explain). Margins for a noisy machine."""
+    """`rlvr train --preset ppo` as a user runs it, on the built-in model and task: 0.406 ->
+    0.914 held-out in 200 steps (136 s on the 2-core machine), the critic's explained
+    variance 0.24 over the last quarter. Margins for a noisy machine."""
     from rlvr.cli import main
 
     run = tmp_path / "run"
@@ -201,6 +200,6 @@ def test_default_ppo_run_learns_and_its_critic_explains_the_return(tmp_path):
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert len(rows) == 200
     ev = [r["critic/explained_variance"] for r in rows[150:]]
-    assert sum(ev) / len(ev) > 0.1, ev
+    assert sum(ev) / len(ev) > 0.15, ev
     summary = json.loads((run / "summary.json").read_text())
-    assert summary["eval_after"]["accuracy"] >= 0.80, summary["eval_after"]
+    assert summary["eval_after"]["accuracy"] >= 0.85, summary["eval_after"]

@@ -1,7 +1,8 @@
 """RL really learns every built-in task: `rlvr train --data.task=T` with the built-in model and
-the task's own defaults lifts held-out accuracy by at least 30 points, and the default runs of
-arithmetic and sort (whole) end at 0.85 / 0.88 or more (measured 0.92-0.945 and 0.969; README,
-"The built-in model and tasks"); chain and calc run shortened."""
+the task's own defaults lifts held-out accuracy by at least 30 points (calc 25); the default
+runs of arithmetic and sort (whole) end at 0.85 / 0.88 or more (measured 0.887-0.926 over 3
+seeds and 0.961; README, "The built-in model and tasks"), chain after 120 of its 280 steps at
+0.78 or more (measured 0.859 at step 120, 256 prompts); calc runs whole (0.363 -> 0.719)."""
 
 import json
 
@@ -11,9 +12,11 @@ from rlvr.cli import main
 from rlvr.tasks import TASKS
 
 # Steps per task: the whole default run (TINY_DEFAULTS, TINY_TASK_DEFAULTS) where it is short,
-# two thirds of it for chain and calc; a few minutes here.
-STEPS = {"arithmetic": 75, "chain": 120, "sort": 60, "calc": 40}
-FLOOR = {"arithmetic": 0.85, "sort": 0.88}  # held-out accuracy at the end, with a margin
+# 120 of chain's 280; a few minutes here.
+STEPS = {"arithmetic": 100, "chain": 120, "sort": 60, "calc": 60}
+# held-out accuracy at the end, and its rise from the start, with a margin
+FLOOR = {"arithmetic": 0.85, "chain": 0.78, "sort": 0.88}
+RISE = {"calc": 0.25}
 
 
 def test_every_built_in_task_has_a_learning_test():
@@ -33,5 +36,5 @@ def test_default_run_lifts_held_out_accuracy(task, tmp_path):
     assert last > first + 0.15, (task, first, last)
     summary = json.loads((run / "summary.json").read_text())
     before, after = summary["eval_before"]["accuracy"], summary["eval_after"]["accuracy"]
-    assert before <= 0.50 and after >= before + 0.30, (task, before, after)
+    assert before <= 0.50 and after >= before + RISE.get(task, 0.30), (task, before, after)
     assert after >= FLOOR.get(task, 0.0), (task, before, after)
