@@ -252,24 +252,33 @@ PHASES = (
 )
 
 
-def smoothed_positions(tokenizer, task: Task, ids: list[int], in_loss: list[bool]) -> list[bool]:
-    """The loss positions that a smoothing phase smooths: every one, or for a task in
-    ``DIGITS_ONLY`` only those whose target is a digit."""
-    if task.name not in DIGITS_ONLY:
+def smoothing_support(tokenizer, task: Task) -> list[int] | None:
+    """The ids a smoothing phase spreads ``task``'s ``eps`` over: the digits for a task in
+    ``DIGITS_ONLY``, else None (the whole vocabulary)."""
+    return tokenizer.convert_tokens_to_ids(list("0123456789")) if task.name in DIGITS_ONLY else None
+
+
+def smoothed_positions(
+    ids: list[int], in_loss: list[bool], support: list[int] | None
+) -> list[bool]:
+    """The loss positions that a smoothing phase smooths: every one, or with a ``support``
+    (``smoothing_support``) only those whose target is in it."""
+    if support is None:
         return in_loss
-    digits = set(tokenizer.convert_tokens_to_ids(list("0123456789")))
-    return [m and i in digits for i, m in zip(ids, in_loss)]
+    keep = set(support)
+    return [m and i in keep for i, m in zip(ids, in_loss)]
 
 
 def smoothing_eps(tokenizer, task: Task, smooth_to: float, seed: int) -> float:
     """The per-token label smoothing ``eps`` at which a mean reference target is sampled whole
     with probability ``smooth_to``: ``(1 - eps) ** L = smooth_to`` for ``L`` smoothed tokens
     (the mean over 64 training problems)."""
+    support = smoothing_support(tokenizer, task)
     rows = [
         encode(tokenizer, task, ex, reference_target(task, ex))
         for ex in task.make_examples("train", 64, seed)
     ]
-    length = sum(sum(smoothed_positions(tokenizer, task, *row)) for row in rows) / len(rows)
+    length = sum(sum(smoothed_positions(*row, support)) for row in rows) / len(rows)
     return 1 - smooth_to ** (1 / length)
 
 
@@ -314,7 +323,7 @@ def train_phase(model, tokenizer, phase: Phase, rng: random.Random, seed: int, e
         lambda s: min(1.0, (s + 1) / phase.warmup) * max(0.1, 1 - s / phase.horizon),
     )
     eps = {n: smoothing_eps(tokenizer, TASKS[n], p, seed) for n, p in phase.smooth_to}
-    digit_ids = torch.tensor(tokenizer.convert_tokens_to_ids(list("0123456789")))
+    support = {n: smoothing_support(tokenizer, TASKS[n]) for n in eps}
     model.train()
     t0 = time.time()
     for step in range(phase.steps):
@@ -333,11 +342,11 @@ def train_phase(model, tokenizer, phase: Phase, rng: random.Random, seed: int, e
         input_ids, attention_mask, labels = make_batch(tokenizer, rows)
         logits = model(input_ids=input_ids, attention_mask=attention_mask).logits
         if task.name in eps:
+            ids_in = support[task.name]
             smoothed = torch.zeros_like(labels, dtype=torch.bool)
             for i, (ids, in_loss) in enumerate(rows):
-                where = smoothed_positions(tokenizer, task, ids, in_loss)
-                smoothed[i, : len(ids)] = torch.tensor(where)
-            smooth_ids = digit_ids if task.name in DIGITS_ONLY else None
+                smoothed[i, : len(ids)] = torch.tensor(smoothed_positions(ids, in_loss, ids_in))
+            smooth_ids = None if ids_in is None else torch.tensor(ids_in)
             loss = smoothed_loss(logits, labels, smoothed, eps[task.name], smooth_ids)
         else:
             loss = F.cross_entropy(

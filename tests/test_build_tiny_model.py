@@ -88,7 +88,8 @@ def test_smoothing_eps_samples_a_mean_target_with_the_chosen_probability(build, 
         build.encode(tok, t, ex, build.reference_target(t, ex))
         for ex in t.make_examples("train", 64, 0)
     ]
-    length = sum(sum(build.smoothed_positions(tok, t, *row)) for row in rows) / len(rows)
+    support = build.smoothing_support(tok, t)
+    length = sum(sum(build.smoothed_positions(*row, support)) for row in rows) / len(rows)
     assert length > 0
     eps = build.smoothing_eps(tok, t, 0.38, 0)
     assert 0 < eps < 1 and (1 - eps) ** length == pytest.approx(0.38)
