@@ -14,7 +14,8 @@ between a rollout's optimiser steps and clipping, gating and the covariance sele
 something to act on (with one optimiser step per rollout rho = 1 at every loss and most of
 these objectives reduce to the same policy gradient). The entropy controls are DAPO with one
 change each. `default-*` are the presets' own default runs (lr 4e-4, one mini-batch, 60
-steps): the README preset table's default runs (the cispo preset learns as DAPO's does).
+steps): the default runs of the preset table in docs/guides/datasets.md (the cispo preset
+learns as DAPO's does).
 
 Resumable: a run with a summary.json is done; an interrupted one continues with
 `rlvr train --resume`; the table is rewritten from every finished run each time.

