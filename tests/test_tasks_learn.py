@@ -1,8 +1,8 @@
 """RL really learns every built-in task: `rlvr train --data.task=T` with the built-in model and
-the task's own defaults lifts held-out accuracy by at least 30 points (calc 25); the default
-runs of arithmetic and sort (whole) end at 0.85 / 0.88 or more (measured 0.887-0.926 over 3
-seeds and 0.961; README, "The built-in model and tasks"), chain after 120 of its 280 steps at
-0.78 or more (measured 0.859 at step 120, 256 prompts); calc runs whole (0.363 -> 0.719)."""
+the task's own defaults lifts held-out accuracy by at least 30 points; the default runs of
+arithmetic, sort and calc (whole) end at 0.85 / 0.88 / 0.72 or more (measured 0.887-0.926 over
+3 seeds, 0.961 and 0.820; docs/guides/quickstart.md, "The built-in model and tasks"), chain
+after 120 of its 280 steps at 0.78 or more (measured 0.859 at step 120, 256 prompts)."""
 
 import json
 
@@ -13,10 +13,9 @@ from rlvr.tasks import TASKS
 
 # Steps per task: the whole default run (TINY_DEFAULTS, TINY_TASK_DEFAULTS) where it is short,
 # 120 of chain's 280; a few minutes here.
-STEPS = {"arithmetic": 100, "chain": 120, "sort": 60, "calc": 60}
+STEPS = {"arithmetic": 100, "chain": 120, "sort": 60, "calc": 100}
 # held-out accuracy at the end, and its rise from the start, with a margin
-FLOOR = {"arithmetic": 0.85, "chain": 0.78, "sort": 0.88}
-RISE = {"calc": 0.25}
+FLOOR = {"arithmetic": 0.85, "chain": 0.78, "sort": 0.88, "calc": 0.72}
 
 
 def test_every_built_in_task_has_a_learning_test():
@@ -36,5 +35,5 @@ def test_default_run_lifts_held_out_accuracy(task, tmp_path):
     assert last > first + 0.15, (task, first, last)
     summary = json.loads((run / "summary.json").read_text())
     before, after = summary["eval_before"]["accuracy"], summary["eval_after"]["accuracy"]
-    assert before <= 0.50 and after >= before + RISE.get(task, 0.30), (task, before, after)
+    assert before <= 0.50 and after >= before + 0.30, (task, before, after)
     assert after >= FLOOR.get(task, 0.0), (task, before, after)
