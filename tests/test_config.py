@@ -82,6 +82,13 @@ def test_tiny_task_defaults_follow_the_task(tmp_path):
     calc = load_config(None, ["--data.task=calc"], preset="grpo")
     assert (calc.rollout.max_new_tokens, calc.rollout.max_total_tokens) == (160, 224)
     assert calc.rollout.tools == ()  # the task's own tool
+    dapo_calc = load_config(None, ["--data.task=calc"])  # derailed calls are not masked away
+    assert (dapo_calc.algo.overlong_filter, dapo_calc.optim.lr) == (False, 2e-4)
+    assert (dapo_calc.train.max_steps, dapo_calc.train.entropy_floor) == (100, 0.003)
+    assert load_config(
+        None, ["--data.task=calc", "--algo.overlong_filter=true"]
+    ).algo.overlong_filter
+    assert load_config(None, ["--data.task=arithmetic"]).algo.overlong_filter  # dapo's own
     f = tmp_path / "c.yaml"
     f.write_text("data:\n  task: chain\nrollout:\n  max_new_tokens: 40\n")
     assert load_config(f).rollout.max_new_tokens == 40  # the user's value wins
