@@ -13,8 +13,8 @@ process with one thread (OMP_NUM_THREADS=1), with the ablation page's update
 between a rollout's optimiser steps and clipping, gating and the covariance selections have
 something to act on (with one optimiser step per rollout rho = 1 at every loss and most of
 these objectives reduce to the same policy gradient). The entropy controls are DAPO with one
-change each. `default-*` are the presets' own default runs (lr 4e-4, one mini-batch, 60
-steps): the default runs of the preset table in docs/guides/datasets.md (the cispo preset
+change each. `default-*` are the presets' own default runs (lr 4e-4, one mini-batch, the
+preset's length on the built-in model, 100 steps; held-out every 12 steps): the default runs of the preset table in docs/guides/datasets.md (the cispo preset
 learns as DAPO's does).
 
 Resumable: a run with a summary.json is done; an interrupted one continues with
@@ -87,6 +87,7 @@ def _job(name: str, seed: int, a: argparse.Namespace) -> tuple[Path, list[str]]:
     preset, changes = VARIANTS[name]
     steps = [] if name.startswith("default-") else [f"--max-steps={a.steps}"]
     args = ["--preset", preset, f"--data.task={a.task}", *changes, *steps, f"--train.seed={seed}"]
+    # a default run is evaluated every 12 steps whatever its length (the page's runs used this)
     return run, train_command(run, args, every=max(1, (60 if not steps else a.steps) // 5))
 
 
