@@ -5,7 +5,7 @@ generation beside training at staleness 1 and 2, in one interleaved measurement.
     python bench/async_server.py --engine vllm --seeds 1 --steps 20   # in the vLLM CPU venv
     python bench/async_server.py --report-only
 
-Arms, each the default run (`rlvr train`: rlvr-tiny, arithmetic, dapo, 75 steps) with
+Arms, each the default run (`rlvr train`: rlvr-tiny, arithmetic, dapo, 100 steps) with
 held-out accuracy every `--every` steps:
 
     sync          in process, train.max_staleness=0, the trainer's 2 threads
@@ -15,8 +15,8 @@ held-out accuracy every `--every` steps:
 Staleness > 0 with token-level importance weights (algo.rollout_correction=token). The runs
 go one at a time (the whole machine each), seed by seed and arm by arm in turn. Per run: wall
 time of the process (start-up, evaluations and all), time to the last step and to the first
-held-out evaluation at or above `--target` (from the first step's generation; an
-evaluation's own time included), the median step (one update_end to the next, evaluation
+held-out evaluation at or above `--target` (from the first step's generation to the end of
+that step's update; the earlier evaluations' time included, that one's not), the median step (one update_end to the next, evaluation
 steps left out) and the median seconds the trainer waited for generation and generation for
 the trainer. Resumable: a run whose directory holds summary.json is read, not rerun.
 Output: OUT/<engine>/<arm>-s<seed>/, OUT/<engine>/table.md (OUT: runs/async), and the table
@@ -51,7 +51,7 @@ def _args() -> argparse.Namespace:
     p.add_argument("--engine", choices=["fast", "vllm"], default="fast")
     p.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
     p.add_argument("--seeds", type=int, default=3)
-    p.add_argument("--steps", type=int, default=None, help="steps (default: the run's 75)")
+    p.add_argument("--steps", type=int, default=None, help="steps (default: the run's, 100)")
     p.add_argument("--every", type=int, default=15, help="held-out evaluation every N steps")
     p.add_argument("--target", type=float, default=0.85)
     p.add_argument("--out", type=Path, default=ROOT / "runs" / "async")
