@@ -88,11 +88,24 @@ def test_smoothing_eps_samples_a_mean_target_with_the_chosen_probability(build, 
         build.encode(tok, t, ex, build.reference_target(t, ex))
         for ex in t.make_examples("train", 64, 0)
     ]
-    support = build.smoothing_support(tok, t)
-    length = sum(sum(build.smoothed_positions(*row, support)) for row in rows) / len(rows)
+    support, last = build.smoothing_support(tok, t), build.DIGITS_ONLY.get(task)
+    length = sum(sum(build.smoothed_positions(*row, support, last)) for row in rows) / len(rows)
     assert length > 0
     eps = build.smoothing_eps(tok, t, 0.38, 0)
     assert 0 < eps < 1 and (1 - eps) ** length == pytest.approx(0.38)
-    # calc is smoothed at its digits only: fewer positions than are in its loss
+    # calc is smoothed at the digits of its last turns only: fewer positions than in its loss
     in_loss = sum(sum(m) for _, m in rows) / len(rows)
     assert (length < in_loss) == (task in build.DIGITS_ONLY)
+
+
+def test_smoothed_positions_by_hand(build):
+    # three model turns (runs of loss positions) with context between them; support {1, 2}
+    ids = [9, 1, 5, 9, 2, 1, 9, 9, 2, 5]
+    in_loss = [False, True, True, False, True, True, False, False, True, True]
+    assert build.model_turns(in_loss) == [-1, 0, 0, -1, 1, 1, -1, -1, 2, 2]
+    assert build.smoothed_positions(ids, in_loss, None) == in_loss
+    every = [False, True, False, False, True, True, False, False, True, False]
+    assert build.smoothed_positions(ids, in_loss, [1, 2]) == every
+    last_two = [False, False, False, False, True, True, False, False, True, False]
+    assert build.smoothed_positions(ids, in_loss, [1, 2], 2) == last_two
+    assert build.smoothed_positions(ids, in_loss, [1, 2], 3) == every
