@@ -84,7 +84,7 @@ def test_tiny_task_defaults_follow_the_task(tmp_path):
     assert calc.rollout.tools == ()  # the task's own tool
     dapo_calc = load_config(None, ["--data.task=calc"])  # derailed calls are not masked away
     assert (dapo_calc.algo.overlong_filter, dapo_calc.optim.lr) == (False, 2e-4)
-    assert (dapo_calc.train.max_steps, dapo_calc.train.entropy_floor) == (100, 0.003)
+    assert (dapo_calc.train.max_steps, dapo_calc.train.entropy_floor) == (150, 0.003)
     assert load_config(
         None, ["--data.task=calc", "--algo.overlong_filter=true"]
     ).algo.overlong_filter

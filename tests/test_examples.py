@@ -73,9 +73,9 @@ def test_readme_python_example_runs_as_written(tmp_path):
     out = _run([sys.executable, "example.py"], cwd=tmp_path)
     run_dir, before, after, steps, model = out.stdout.split()
     assert (tmp_path / run_dir).is_dir() and model == "LlamaForCausalLM"
-    # Two-digit additions: measured 0.414 -> 0.938, stopped at step 80 by the callback (held-out
-    # 0.76-0.90 at steps 10-70, 128 prompts).
-    assert float(after) - float(before) >= 0.3 and float(after) >= 0.85 and 1 <= int(steps) <= 150
+    # Two-digit additions: measured 0.391 -> 0.945, stopped at step 20 by the callback (held-out
+    # 0.867 at step 10, 128 prompts).
+    assert float(after) - float(before) >= 0.3 and float(after) >= 0.88 and 1 <= int(steps) <= 150
 
 
 @pytest.mark.slow

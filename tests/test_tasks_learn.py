@@ -1,8 +1,8 @@
 """RL really learns every built-in task: `rlvr train --data.task=T` with the built-in model and
 the task's own defaults lifts held-out accuracy by at least 30 points; the default runs of
-arithmetic, sort and calc (whole) end at 0.85 / 0.88 / 0.72 or more (measured 0.887-0.926 over
-3 seeds, 0.961 and 0.820; docs/guides/quickstart.md, "The built-in model and tasks"), chain
-after 120 of its 280 steps at 0.78 or more (measured 0.859 at step 120, 256 prompts)."""
+arithmetic, sort and calc (whole) end at 0.90 / 0.88 / 0.85 or more (measured 0.949-0.973 over
+3 seeds, 0.934 and 0.934; docs/guides/quickstart.md, "The built-in model and tasks"), chain
+after 120 of its 280 steps at 0.85 or more (measured 0.898 at step 120, 256 prompts)."""
 
 import json
 
@@ -12,10 +12,10 @@ from rlvr.cli import main
 from rlvr.tasks import TASKS
 
 # Steps per task: the whole default run (TINY_DEFAULTS, TINY_TASK_DEFAULTS) where it is short,
-# 120 of chain's 280; a few minutes here.
-STEPS = {"arithmetic": 100, "chain": 120, "sort": 60, "calc": 100}
+# 120 of chain's 280; about 10 minutes here, calc's 150 steps the most.
+STEPS = {"arithmetic": 100, "chain": 120, "sort": 60, "calc": 150}
 # held-out accuracy at the end, and its rise from the start, with a margin
-FLOOR = {"arithmetic": 0.85, "chain": 0.78, "sort": 0.88, "calc": 0.72}
+FLOOR = {"arithmetic": 0.90, "chain": 0.85, "sort": 0.88, "calc": 0.85}
 
 
 def test_every_built_in_task_has_a_learning_test():
