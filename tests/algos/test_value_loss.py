@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from torch.testing import assert_close
 
-from rlvr.algos import explained_variance, value_loss
+from rlvr.algos import explained_from_parts, explained_variance, value_loss, variance_parts
 
 from .helpers import PROPS, loop_aggregate, with_garbage
 
@@ -121,3 +121,27 @@ def test_explained_variance():
     # Undefined (constant returns, no tokens): NaN, never a made-up number.
     assert torch.isnan(torch.tensor(explained_variance(ret, torch.ones_like(ret), mask)))
     assert torch.isnan(torch.tensor(explained_variance(ret, ret, torch.zeros(1, 4))))
+
+
+def test_variance_parts_by_hand_and_pooled_over_steps():
+    ret = torch.tensor([[1.0, 2.0, 3.0, 99.0]], dtype=torch.float64)
+    mask = torch.tensor([[1, 1, 1, 0]])
+    v = torch.tensor([[1.5, 2.0, 2.5, 7.0]], dtype=torch.float64)
+    # n 3, Var(R) = 2/3, residuals [-0.5, 0, 0.5]: Var = 1/6
+    n, var_r, var_e = variance_parts(v, ret, mask)
+    assert (n, var_r, var_e) == (3.0, pytest.approx(2 / 3), pytest.approx(1 / 6))
+    assert explained_from_parts(n, var_r, var_e) == explained_variance(v, ret, mask)
+    assert variance_parts(v, ret, torch.zeros(1, 4)) == (0.0, 0.0, 0.0)
+    # two steps with the same mean return pool into the EV of their tokens taken together
+    g = torch.Generator().manual_seed(0)
+    rets, vals = (
+        torch.rand(2, 1, 6, generator=g).double(),
+        torch.rand(2, 1, 6, generator=g).double(),
+    )
+    rets[1] += rets[0].mean() - rets[1].mean()
+    vals[1] += (rets[1] - vals[1]).mean() - (rets[0] - vals[0]).mean()
+    ones = torch.ones(1, 6)
+    parts = [variance_parts(vals[k], rets[k], ones) for k in range(2)]
+    pooled = 1 - sum(n * e for n, _, e in parts) / sum(n * r for n, r, _ in parts)
+    whole = explained_variance(vals.reshape(1, 12), rets.reshape(1, 12), torch.ones(1, 12))
+    assert pooled == pytest.approx(whole)

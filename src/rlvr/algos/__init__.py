@@ -38,7 +38,7 @@ from .losses import LossOutput, Ratio, policy_loss
 from .objectives import OBJECTIVES, LossInputs, LossSettings, Objective, register_objective
 from .sampling import DynamicSamplingBuffer, DynamicSamplingResult, keep_groups, refill_size
 from .shaping import overlong_filter_mask, soft_overlong_penalty
-from .value import explained_variance, value_loss
+from .value import explained_from_parts, explained_variance, value_loss, variance_parts
 
 __all__ = [
     "ADVANTAGES",
@@ -66,6 +66,7 @@ __all__ = [
     "discounted_returns",
     "dr_grpo_advantages",
     "equal_reward_groups",
+    "explained_from_parts",
     "explained_variance",
     "gae",
     "gae_advantages",
@@ -90,4 +91,5 @@ __all__ = [
     "token_mean",
     "token_sum_norm",
     "value_loss",
+    "variance_parts",
 ]

@@ -73,13 +73,12 @@ def value_loss(
     return LossOutput(loss=loss, metrics=metrics)
 
 
-def explained_variance(
+def variance_parts(
     values: Tensor, returns: Tensor, mask: Tensor, *, global_sum: GlobalSum | None = None
-) -> float:
-    """1 - Var(R - V) / Var(R) over the valid tokens of the batch (all ranks with
-    `global_sum`; float64 sums). 1: V predicts R exactly; 0: no better than predicting the
-    mean return; negative: worse than that. NaN when Var(R) is 0 or there are no tokens
-    (the quantity is undefined, and a logged NaN says so rather than a made-up number)."""
+) -> tuple[float, float, float]:
+    """(n, Var(R), Var(R - V)) over the n valid tokens of the batch (all ranks with
+    `global_sum`; float64 sums; variances 0 when n is 0). Steps pool by their n-weighted
+    variances: over a window, 1 - sum(n Var(R - V)) / sum(n Var(R))."""
     m, (v, ret) = _prepare(mask, ("values", values), ("returns", returns))
     r64, e64 = ret.double(), (ret - v).double()
     total = global_sum or (lambda vals: vals)
@@ -88,9 +87,20 @@ def explained_variance(
          float(e64.square().sum())]
     )  # fmt: skip
     if n < 1:
-        return float("nan")
-    var_r = sr2 / n - (sr / n) ** 2
-    var_e = se2 / n - (se / n) ** 2
-    if var_r <= 0:
-        return float("nan")
-    return 1.0 - var_e / var_r
+        return n, 0.0, 0.0
+    return n, sr2 / n - (sr / n) ** 2, se2 / n - (se / n) ** 2
+
+
+def explained_variance(
+    values: Tensor, returns: Tensor, mask: Tensor, *, global_sum: GlobalSum | None = None
+) -> float:
+    """1 - Var(R - V) / Var(R) over the valid tokens of the batch (all ranks with
+    `global_sum`; float64 sums). 1: V predicts R exactly; 0: no better than predicting the
+    mean return; negative: worse than that. NaN when Var(R) is 0 or there are no tokens
+    (the quantity is undefined, and a logged NaN says so rather than a made-up number)."""
+    return explained_from_parts(*variance_parts(values, returns, mask, global_sum=global_sum))
+
+
+def explained_from_parts(n: float, var_r: float, var_e: float) -> float:
+    """1 - var_e / var_r from `variance_parts`; NaN with no tokens or Var(R) = 0."""
+    return 1.0 - var_e / var_r if n >= 1 and var_r > 0 else float("nan")

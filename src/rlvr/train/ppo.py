@@ -22,10 +22,11 @@ from rlvr.algos import (
     AdvantageInputs,
     FixedKLController,
     KLController,
-    explained_variance,
+    explained_from_parts,
     gae,
     kl_penalized_rewards,
     overlong_filter_mask,
+    variance_parts,
 )
 from rlvr.config import Config
 from rlvr.run.distributed import Dist
@@ -109,7 +110,8 @@ def token_advantages(
         v_sum, r_sum = d.sum([float(values[mask].sum()), float(returns[mask].sum())])
         metrics["critic/value_mean"] = v_sum / max(n_tok, 1.0)
         metrics["critic/return_mean"] = r_sum / max(n_tok, 1.0)
-        metrics["critic/explained_variance"] = explained_variance(
-            values, returns, mask, global_sum=d.sum
-        )
+        n, var_r, var_e = variance_parts(values, returns, mask, global_sum=d.sum)
+        metrics["critic/explained_variance"] = explained_from_parts(n, var_r, var_e)
+        # a window's explained variance pools steps: 1 - sum(n var_e) / sum(n var_r)
+        metrics["critic/return_var"], metrics["critic/error_var"] = var_r, var_e
     return TokenAdvantages(advantages.float(), targets, metrics)
