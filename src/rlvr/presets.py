@@ -111,19 +111,21 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
 TINY_DEFAULTS: dict[str, dict[str, Any]] = {
     "optim": {"lr": 4e-4, "warmup_steps": 5},
     # PPO's critic (algo.advantage=gae), 5x the ppo preset's policy lr of 2e-4: in the ppo
-    # default run it explains 0.24 of the return's variance over the last quarter (critic EV
-    # per step and per seed in docs/ppo_vs_grpo.md).
+    # default run it explains 0.19 of the return's variance over the first quarter and 0.10
+    # over the last (pooled over the quarter's steps), where 95% of the responses are right and
+    # the wrong ones are single slipped digits; at critic lr 3e-4 / 1e-4, or 20 critic-only
+    # warm-up steps, the last quarter's mean step EV is 0.08 / -0.07 / -0.33 (one thread; per
+    # step and per seed in docs/ppo_vs_grpo.md).
     "critic": {"lr": 1e-3},
     "train": {"max_steps": 100, "threads": 2},
 }
 
 # Per preset, on top of TINY_DEFAULTS (rlvr-tiny under that preset). The one-sample presets
 # take half the policy lr and a longer run: with no per-prompt baseline, PPO at lr 4e-4
-# sharpens onto wrong answers before its critic can tell them apart (held-out 0.406 -> 0.867 at
-# step 75, then 0.785 at step 200; docs/ppo_vs_grpo.md); at 2e-4 its default run ends at 0.914
-# in 200 steps, the critic's explained variance 0.24 over the last quarter. REINFORCE++ shares
-# PPO's batch and per-token KL reward, so it shares these sizes: its default run ends at 0.930
-# (200 steps, 68 s).
+# sharpens onto whatever it sampled, right or wrong, before its critic can tell them apart
+# (held-out 0.398 -> 0.863 at step 200; docs/ppo_vs_grpo.md); at 2e-4 its default run ends at
+# 0.938 in 200 steps. REINFORCE++ shares PPO's batch and per-token KL reward, so it shares
+# these sizes: its default run ends at 0.957 (200 steps, 62 s).
 TINY_PRESET_DEFAULTS: dict[str, dict[str, dict[str, Any]]] = {
     "ppo": {"optim": {"lr": 2e-4}, "train": {"max_steps": 200}},
     "reinforce_pp": {"optim": {"lr": 2e-4}, "train": {"max_steps": 200}},
