@@ -33,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _runs import run_missing, train_command
 
+from rlvr.algos import pooled_explained_variance
 from rlvr.plots import load_run as load_metrics
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -92,8 +93,8 @@ def load_run(run: Path) -> dict | None:
         time_s += r["time/step"]
         if "eval/accuracy" in r:
             curve.append((samples, time_s, r["eval/accuracy"]))
-    ev = [r["critic/explained_variance"] for r in rows if "critic/explained_variance" in r]
-    last_q = ev[len(ev) * 3 // 4 :]
+    critic = [r for r in rows if "critic/return_var" in r]
+    last_q = critic[len(critic) * 3 // 4 :]
     peak = json.loads((run / "peak_rss.json").read_text())["peak_rss_mb"]
     return {
         "curve": curve,
@@ -105,7 +106,10 @@ def load_run(run: Path) -> dict | None:
         "step_time_s": time_s / max(len(rows), 1),
         "update_time_s": sum(r["time/update"] + r["time/log_probs"] for r in rows) / len(rows),
         "peak_rss_mb": peak,
-        "ev_last_quarter": sum(last_q) / len(last_q) if last_q else None,
+        "ev_last_quarter": pooled_explained_variance(last_q) if last_q else None,
+        "ev_first_quarter": pooled_explained_variance(critic[: len(critic) // 4])
+        if critic
+        else None,
     }
 
 
@@ -182,7 +186,7 @@ def report(a: argparse.Namespace) -> None:
     table = "\n".join(
         [
             "| algorithm | seeds | held-out before | held-out after (min-max) | steps | "
-            "responses | s/step | train s | peak RSS MB | critic EV, last quarter |",
+            "responses | s/step | train s | peak RSS MB | critic EV, last quarter (pooled) |",
             "|---|---|---|---|---|---|---|---|---|---|",
             *rows,
         ]

@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
 from torch.testing import assert_close
 
-from rlvr.algos import explained_from_parts, explained_variance, value_loss, variance_parts
+from rlvr.algos import (
+    explained_from_parts,
+    explained_variance,
+    pooled_explained_variance,
+    value_loss,
+    variance_parts,
+)
 
 from .helpers import PROPS, loop_aggregate, with_garbage
 
@@ -145,3 +153,15 @@ def test_variance_parts_by_hand_and_pooled_over_steps():
     pooled = 1 - sum(n * e for n, _, e in parts) / sum(n * r for n, r, _ in parts)
     whole = explained_variance(vals.reshape(1, 12), rets.reshape(1, 12), torch.ones(1, 12))
     assert pooled == pytest.approx(whole)
+
+
+def test_pooled_explained_variance_of_logged_steps():
+    # step 1: 10 tokens, Var(R) 0.2, Var(R - V) 0.1; step 2: 30 tokens, 0.02 and 0.03
+    # 1 - (10 * 0.1 + 30 * 0.03) / (10 * 0.2 + 30 * 0.02) = 1 - 1.9 / 2.6
+    rows = [
+        {"loss_tokens": 10, "critic/return_var": 0.2, "critic/error_var": 0.1},
+        {"loss_tokens": 30, "critic/return_var": 0.02, "critic/error_var": 0.03},
+        {"loss_tokens": 5, "loss": 1.0},  # a step without a critic is not in the window
+    ]
+    assert pooled_explained_variance(rows) == pytest.approx(1 - 1.9 / 2.6)
+    assert math.isnan(pooled_explained_variance(rows[2:]))

@@ -38,7 +38,13 @@ from .losses import LossOutput, Ratio, policy_loss
 from .objectives import OBJECTIVES, LossInputs, LossSettings, Objective, register_objective
 from .sampling import DynamicSamplingBuffer, DynamicSamplingResult, keep_groups, refill_size
 from .shaping import overlong_filter_mask, soft_overlong_penalty
-from .value import explained_from_parts, explained_variance, value_loss, variance_parts
+from .value import (
+    explained_from_parts,
+    explained_variance,
+    pooled_explained_variance,
+    value_loss,
+    variance_parts,
+)
 
 __all__ = [
     "ADVANTAGES",
@@ -82,6 +88,7 @@ __all__ = [
     "masked_whiten",
     "overlong_filter_mask",
     "policy_loss",
+    "pooled_explained_variance",
     "refill_size",
     "register_objective",
     "reinforce_pp_advantages",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
+
 import torch
 from torch import Tensor
 
@@ -104,3 +106,13 @@ def explained_variance(
 def explained_from_parts(n: float, var_r: float, var_e: float) -> float:
     """1 - var_e / var_r from `variance_parts`; NaN with no tokens or Var(R) = 0."""
     return 1.0 - var_e / var_r if n >= 1 and var_r > 0 else float("nan")
+
+
+def pooled_explained_variance(steps: Iterable[Mapping[str, float]]) -> float:
+    """One explained variance for a window of logged PPO steps (metrics.jsonl rows):
+    1 - sum(n Var(R - V)) / sum(n Var(R)), n = `loss_tokens`, from `critic/error_var` and
+    `critic/return_var`; NaN when the window has no such step or no spread."""
+    rows = [r for r in steps if "critic/return_var" in r]
+    spread = sum(r["loss_tokens"] * r["critic/return_var"] for r in rows)
+    error = sum(r["loss_tokens"] * r["critic/error_var"] for r in rows)
+    return 1.0 - error / spread if spread > 0 else float("nan")
