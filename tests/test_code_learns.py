@@ -17,8 +17,7 @@ from rlvr.models import ASSETS_DIR, TINY_MODEL_NAME, build_tokenizer, load_model
 from rlvr.rewards.sandbox import available_isolation
 
 WORDS = {"+": "plus", "-": "minus", "*": "times"}
-# measured on the shipped rlvr-tiny: held-out pass rate 0.016 -> 0.672 (64 problems); 60 warm-up
-# steps start higher (0.31) but rise less (0.59 after 20 RL steps, 0.63 after 30)
+# measured on the shipped rlvr-tiny: held-out pass rate 0.547 -> 0.781 (64 problems)
 SFT_STEPS, SFT_LR, SFT_BATCH = 30, 1e-3, 32
 RL_STEPS, RL_LR = 40, 4e-4
 
