@@ -13,7 +13,7 @@ def _run(tmp_path, refill: str) -> list[dict]:
         [
             "train",
             "--max-steps",
-            "4",
+            "8",
             "--output-dir",
             str(run),
             "--train.eval_size=0",
@@ -26,9 +26,10 @@ def _run(tmp_path, refill: str) -> list[dict]:
 
 
 def test_adaptive_refills_generate_less_for_the_same_batches(tmp_path):
+    # 8 steps: the default run's first refill is at step 6 (a step's 16 groups all mixed before)
     adaptive, full = _run(tmp_path, "adaptive"), _run(tmp_path, "full")
     for rows in (adaptive, full):
-        assert [r["groups/kept"] for r in rows] == [16] * 4
+        assert [r["groups/kept"] for r in rows] == [16] * 8
         assert all(r["groups/incomplete"] == 0 for r in rows)
     assert any(r["groups/gen_batches"] > 1 for r in adaptive), "no refill: nothing tested"
     for r in full:  # whole batches: 16 prompts each
