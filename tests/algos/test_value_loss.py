@@ -159,8 +159,8 @@ def test_pooled_explained_variance_of_logged_steps():
     # step 1: 10 tokens, Var(R) 0.2, Var(R - V) 0.1; step 2: 30 tokens, 0.02 and 0.03
     # 1 - (10 * 0.1 + 30 * 0.03) / (10 * 0.2 + 30 * 0.02) = 1 - 1.9 / 2.6
     rows = [
-        {"loss_tokens": 10, "critic/return_var": 0.2, "critic/error_var": 0.1},
-        {"loss_tokens": 30, "critic/return_var": 0.02, "critic/error_var": 0.03},
+        {"critic/tokens": 10, "critic/return_var": 0.2, "critic/error_var": 0.1},
+        {"critic/tokens": 30, "critic/return_var": 0.02, "critic/error_var": 0.03},
         {"loss_tokens": 5, "loss": 1.0},  # a step without a critic is not in the window
     ]
     assert pooled_explained_variance(rows) == pytest.approx(1 - 1.9 / 2.6)

@@ -110,9 +110,10 @@ def explained_from_parts(n: float, var_r: float, var_e: float) -> float:
 
 def pooled_explained_variance(steps: Iterable[Mapping[str, float]]) -> float:
     """One explained variance for a window of logged PPO steps (metrics.jsonl rows):
-    1 - sum(n Var(R - V)) / sum(n Var(R)), n = `loss_tokens`, from `critic/error_var` and
-    `critic/return_var`; NaN when the window has no such step or no spread."""
+    1 - sum(n Var(R - V)) / sum(n Var(R)), from each step's `critic/tokens` (n),
+    `critic/error_var` and `critic/return_var` (`variance_parts`; logged in the critic's
+    warm-up steps too); NaN when the window has no such step or no spread."""
     rows = [r for r in steps if "critic/return_var" in r]
-    spread = sum(r["loss_tokens"] * r["critic/return_var"] for r in rows)
-    error = sum(r["loss_tokens"] * r["critic/error_var"] for r in rows)
+    spread = sum(r["critic/tokens"] * r["critic/return_var"] for r in rows)
+    error = sum(r["critic/tokens"] * r["critic/error_var"] for r in rows)
     return 1.0 - error / spread if spread > 0 else float("nan")

@@ -113,5 +113,6 @@ def token_advantages(
         n, var_r, var_e = variance_parts(values, returns, mask, global_sum=d.sum)
         metrics["critic/explained_variance"] = explained_from_parts(n, var_r, var_e)
         # a window's explained variance pools steps: 1 - sum(n var_e) / sum(n var_r)
+        metrics["critic/tokens"] = n
         metrics["critic/return_var"], metrics["critic/error_var"] = var_r, var_e
     return TokenAdvantages(advantages.float(), targets, metrics)
