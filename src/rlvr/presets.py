@@ -127,7 +127,7 @@ TINY_DEFAULTS: dict[str, dict[str, Any]] = {
 # 0.938 in 200 steps. REINFORCE++ shares PPO's batch and per-token KL reward, so it shares
 # these sizes: its default run ends at 0.957 (200 steps, 62 s).
 TINY_PRESET_DEFAULTS: dict[str, dict[str, dict[str, Any]]] = {
-    "ppo": {"optim": {"lr": 2e-4}, "train": {"max_steps": 200}},
+    "ppo": {"optim": {"lr": 2e-4}, "train": {"max_steps": 200}, "critic": {"arch": "surprise"}},
     "reinforce_pp": {"optim": {"lr": 2e-4}, "train": {"max_steps": 200}},
 }
 

@@ -294,6 +294,11 @@ class CriticConfig:
     warmup_steps: the first rollout steps train only the critic (the policy is not updated).
     max_grad_norm: the critic's gradient clipping by global norm (0 = off).
     value_clip: c of the clipped value loss: V kept within V_old +- c (none = unclipped).
+    arch: head = V_t = w . h_t + b, a linear head on the backbone's hidden state; surprise =
+        that plus a . (the lowest, the mean log-probability the reference model gives the
+        response's own tokens before t) (`rlvr.algos.surprise_features`): a slip the policy
+        sampled shows in the reference's log-prob of it, which the head alone learns slowly
+        (docs/ppo_vs_grpo.md). a starts at 0. Needs algo.kl_coef > 0 (the reference).
     """
 
     model: str | None = None
@@ -302,6 +307,7 @@ class CriticConfig:
     warmup_steps: int = 0
     max_grad_norm: float = 1.0
     value_clip: float | None = 0.5
+    arch: Literal["head", "surprise"] = "head"
 
 
 @dataclass(frozen=True)

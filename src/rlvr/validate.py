@@ -207,6 +207,12 @@ def _validate_ppo(cfg: Config) -> None:
     _check(
         c.value_clip is None or c.value_clip > 0, "critic.value_clip", "none or > 0", c.value_clip
     )
+    _check(
+        c.arch == "head" or a.advantage != "gae" or a.kl_coef > 0,
+        "critic.arch",
+        "'head' when algo.kl_coef is 0 ('surprise' reads the reference model's log-probs)",
+        c.arch,
+    )
 
 
 def _validate_reference(cfg: Config) -> None:

@@ -42,6 +42,7 @@ from .value import (
     explained_from_parts,
     explained_variance,
     pooled_explained_variance,
+    surprise_features,
     value_loss,
     variance_parts,
 )
@@ -95,6 +96,7 @@ __all__ = [
     "rloo_advantages",
     "sample_mean",
     "soft_overlong_penalty",
+    "surprise_features",
     "token_mean",
     "token_sum_norm",
     "value_loss",

@@ -117,3 +117,27 @@ def pooled_explained_variance(steps: Iterable[Mapping[str, float]]) -> float:
     spread = sum(r["critic/tokens"] * r["critic/return_var"] for r in rows)
     error = sum(r["critic/tokens"] * r["critic/error_var"] for r in rows)
     return 1.0 - error / spread if spread > 0 else float("nan")
+
+
+SURPRISE_FLOOR = -10.0  # nats: a stray token's log-prob (-15 and below) caps here
+
+
+def surprise_features(log_probs: Tensor, mask: Tensor, *, floor: float = SURPRISE_FLOOR) -> Tensor:
+    """(N, T, 2) what `critic.arch=surprise` adds to the value head's input at response
+    position t: the lowest and the mean of `log_probs` (the reference model's, floored at
+    `floor`) over the valid tokens j < t of the row, (0, 0) before the first. V_t is read
+    before token t is generated, so token t's own log-prob is not in it.
+
+    On the built-in task these two numbers from the starting model explain 0.43 of the
+    return's variance on the ppo run's late responses (a ridge fit; the critic's own hidden
+    state: 0.04; docs/ppo_vs_grpo.md)."""
+    m = mask.bool()
+    lp = torch.where(m, log_probs.float().clamp(min=floor), torch.zeros_like(log_probs.float()))
+    zero = torch.zeros_like(lp[:, :1])
+    before = torch.cat([zero, lp[:, :-1]], 1)
+    seen = torch.cat([torch.zeros_like(m[:, :1]), m[:, :-1]], 1)
+    n = seen.cumsum(1)
+    low = torch.where(seen, before, torch.full_like(before, float("inf"))).cummin(1).values
+    low = torch.where(n > 0, low, torch.zeros_like(low))
+    mean = before.cumsum(1) / n.clamp(min=1)
+    return torch.stack([low, mean], -1)

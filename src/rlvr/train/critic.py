@@ -5,7 +5,9 @@ The backbone is a copy of the policy's starting weights (`model.name_or_path`) b
 the causal LM at `critic.model`; its language-model head is dropped and a Linear(hidden, 1)
 head (fp32) predicts V for every response token. V_t is read from the hidden state at the
 position whose logits score token t (the state before token t was generated), as verl and
-OpenRLHF do. Under LoRA the backbone gets adapters with the policy's LoRA settings and only
+OpenRLHF do. `critic.arch=surprise` adds a Linear(2, 1) (fp32, starting at 0) over the
+reference model's lowest and mean log-prob of the response's own tokens before t
+(`surprise_features`, from the step's reference log-probs). Under LoRA the backbone gets adapters with the policy's LoRA settings and only
 they and the head train. The critic has its own AdamW (`critic.lr`, `critic.weight_decay`),
 gradient clipping (`critic.max_grad_norm`), and the policy's mu x mini-batch x micro-batch
 schedule with losses normalised by the whole step's token count, so N ranks and any
@@ -22,7 +24,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from rlvr.algos import value_loss
+from rlvr.algos import surprise_features, value_loss
 from rlvr.config import Config, ConfigError
 from rlvr.models import load_model
 from rlvr.run.distributed import (
@@ -33,16 +35,21 @@ from rlvr.run.distributed import (
     load_optimizer_state,
     wrap,
 )
-from rlvr.train.batch import Sample, collate
+from rlvr.train.batch import Batch, Sample, collate
 
 
 class ValueModel(nn.Module):
-    """A transformer backbone (no LM head) and a scalar value head."""
+    """A transformer backbone (no LM head), a scalar value head and, for
+    `critic.arch=surprise`, a linear readout of `surprise_features`."""
 
-    def __init__(self, backbone: nn.Module, hidden_size: int, seed: int):
+    def __init__(self, backbone: nn.Module, hidden_size: int, seed: int, surprise: bool = False):
         super().__init__()
         self.backbone = backbone
         self.value_head = nn.Linear(hidden_size, 1, dtype=torch.float32)
+        self.surprise = nn.Linear(2, 1, dtype=torch.float32) if surprise else None
+        if self.surprise is not None:  # starts as the plain head: a = 0, no bias of its own
+            nn.init.zeros_(self.surprise.weight)
+            nn.init.zeros_(self.surprise.bias)
         # Its own generator: the head's initialisation leaves the run's RNG streams alone.
         # Small weights (OpenRLHF's std 1 / (H + 1)) and a zero bias: V starts near 0.
         g = torch.Generator().manual_seed(seed)
@@ -58,8 +65,10 @@ class ValueModel(nn.Module):
         position_ids: torch.Tensor,
         prompt_width: int,
         width: int,
+        features: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """(B, width) fp32 values of the response tokens of a `collate`d micro-batch."""
+        """(B, width) fp32 values of the response tokens of a `collate`d micro-batch;
+        `features`: (B, width, 2) `surprise_features` (with `critic.arch=surprise`)."""
         hidden = self.backbone(
             input_ids=input_ids,
             attention_mask=attention_mask,
@@ -67,7 +76,12 @@ class ValueModel(nn.Module):
             use_cache=False,
         ).last_hidden_state
         states = hidden[:, prompt_width - 1 : prompt_width - 1 + width]  # (B, T, H)
-        return self.value_head(states.float()).squeeze(-1)
+        values = self.value_head(states.float()).squeeze(-1)
+        if self.surprise is None:
+            return values
+        if features is None:
+            raise RuntimeError("critic.arch=surprise: the value model needs surprise_features")
+        return values + self.surprise(features.float()).squeeze(-1)
 
 
 def _backbone(name: str, cfg: Config, device: torch.device) -> tuple[nn.Module, int]:
@@ -129,7 +143,8 @@ def build_critic(
     checkpoint's `state` (`Critic.state`)."""
     name = cfg.critic.model or cfg.model.name_or_path
     backbone, hidden = _backbone(name, cfg, device)
-    model = ValueModel(backbone, hidden, seed=cfg.train.seed).to(device)
+    surprise = cfg.critic.arch == "surprise"
+    model = ValueModel(backbone, hidden, seed=cfg.train.seed, surprise=surprise).to(device)
     if state is not None:
         _load_weights(model, state["weights"])
     model.eval()  # dropout off, as the policy (train mode only inside the update)
@@ -164,22 +179,52 @@ def _micro_batches(rows: list[int], samples: list[Sample], size: int) -> list[li
     return [order[i : i + size] for i in range(0, len(order), size)]
 
 
-def _forward(module: nn.Module, samples: list[Sample], pad_id: int, device) -> torch.Tensor:
+def _forward(
+    module: nn.Module,
+    samples: list[Sample],
+    pad_id: int,
+    device,
+    features: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Values of `samples` (collated here); `features`: their rows of the step's
+    (N, T, 2) `surprise_features`, cut to the micro-batch's width."""
     mb = collate(samples, pad_id, device)
     width = mb.response_mask.shape[1]
-    return module(mb.input_ids, mb.attention_mask, mb.position_ids, mb.prompt_width, width)
+    if features is not None:
+        features = features[:, :width].to(device)
+    return module(mb.input_ids, mb.attention_mask, mb.position_ids, mb.prompt_width, width,
+                  features)  # fmt: skip
+
+
+def critic_features(batch: Batch, cfg: Config) -> torch.Tensor | None:
+    """(N, T, 2) `surprise_features` of the batch's reference log-probs over each
+    response's own tokens, for `critic.arch=surprise`; None for the plain head."""
+    if cfg.critic.arch != "surprise":
+        return None
+    if batch.ref_log_probs is None:
+        raise RuntimeError("critic.arch=surprise: the step has no reference log-probs")
+    ref = batch.ref_log_probs
+    return surprise_features(ref, batch.model_mask(ref.shape[1]))
 
 
 @torch.no_grad()
 def predict_values(
-    critic: Critic, samples: list[Sample], width: int, cfg: Config, pad_id: int, device
+    critic: Critic,
+    samples: list[Sample],
+    width: int,
+    cfg: Config,
+    pad_id: int,
+    device,
+    features: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """(N, width) V of every response token at rollout time (V_old), 0 past each length."""
+    """(N, width) V of every response token at rollout time (V_old), 0 past each length;
+    `features`: (N, width, 2) from `critic_features` (critic.arch=surprise)."""
     out = torch.zeros(len(samples), width)
     size = cfg.optim.micro_batch_sequences
     with gathered(critic.model):  # FSDP2: whole weights, so ranks may run different counts
         for rows in _micro_batches(list(range(len(samples))), samples, size):
-            v = _forward(critic.model, [samples[i] for i in rows], pad_id, device).float()
+            f = None if features is None else features[rows]
+            v = _forward(critic.model, [samples[i] for i in rows], pad_id, device, f).float()
             for k, i in enumerate(rows):
                 n = len(samples[i].completion_ids)
                 out[i, :n] = v[k, :n].cpu()
@@ -189,11 +234,12 @@ def predict_values(
 @dataclass(frozen=True)
 class CriticTargets:
     """Per-row tensors of the step, (N, T) on the CPU: V at rollout time, the GAE returns and
-    the tokens that train the critic."""
+    the tokens that train the critic; (N, T, 2) `surprise_features` for critic.arch=surprise."""
 
     old_values: torch.Tensor
     returns: torch.Tensor
     mask: torch.Tensor
+    features: torch.Tensor | None = None
 
 
 def critic_update(
@@ -261,9 +307,12 @@ def _micro_loss(critic, samples, micro, targets, clip, n_tok, pad_id, device):
     """The micro-batch's value loss normalised by the mini-batch's global token count."""
     rows = micro or [0]
     batch = [samples[i] for i in micro] if micro else [Sample.placeholder(pad_id)]
-    values = _forward(critic.module, batch, pad_id, device)
-    T = values.shape[1]
     idx = torch.tensor(rows, dtype=torch.long)
+    features = targets.features
+    if features is not None:
+        features = features[idx] if micro else torch.zeros(1, 1, features.shape[-1])
+    values = _forward(critic.module, batch, pad_id, device, features)
+    T = values.shape[1]
 
     def cut(t: torch.Tensor) -> torch.Tensor:
         out = t[idx, :T] if len(t) else torch.zeros(1, T)

@@ -39,7 +39,7 @@ from rlvr.run.metrics import NullLogger, RunLogger
 from rlvr.run.rundir import discard_unstarted, started, unlock_run_dir
 from rlvr.run.signals import StopSignal
 from rlvr.train.batch import Batch
-from rlvr.train.critic import CriticTargets, critic_update, predict_values
+from rlvr.train.critic import CriticTargets, critic_features, critic_update, predict_values
 from rlvr.train.pipeline import Produced, check_staleness, produce, staleness_metrics
 from rlvr.train.ppo import token_advantages
 from rlvr.train.setup import Given, Run, resolve_device, setup
@@ -126,12 +126,16 @@ def _advantages(run: Run, batch: Batch) -> tuple[Batch, dict[str, float], Critic
     cfg = run.cfg
     if not run.algorithm.token_level:
         return replace(batch, advantages=advantages(batch, cfg)), {}, None
-    values = None
+    values = features = None
     if run.critic is not None:
-        pad_id = run.tokenizer.pad_token_id
-        values = predict_values(run.critic, batch.samples, batch.width, cfg, pad_id, run.device)
+        pad_id, features = run.tokenizer.pad_token_id, critic_features(batch, cfg)
+        values = predict_values(run.critic, batch.samples, batch.width, cfg, pad_id, run.device,
+                                features)  # fmt: skip
     got = token_advantages(batch, cfg, run.kl_ctl, run.d, values)
-    return replace(batch, advantages=got.advantages), got.metrics, got.critic_targets
+    targets = got.critic_targets
+    if targets is not None and features is not None:
+        targets = replace(targets, features=features)
+    return replace(batch, advantages=got.advantages), got.metrics, targets
 
 
 def _accuracy_line(when: str, ev: dict, cfg: Config) -> str:
