@@ -190,10 +190,10 @@ def test_ppo_preset_takes_one_sample_per_prompt():
 
 @pytest.mark.slow
 def test_default_ppo_run_learns_and_its_critic_explains_the_return(tmp_path):
-    """`rlvr train --preset ppo` as a user runs it, on the built-in model and task: 0.398 ->
-    0.938 held-out in 200 steps (135 s on the 2-core machine); the critic explains 0.14 of the
-    return's variance over the run, pooled over its steps (0.19 over the first quarter, 0.10
-    over the last, where the policy is right 95% of the time). Margins for a noisy machine."""
+    """`rlvr train --preset ppo` as a user runs it, on the built-in model and task (its critic
+    `critic.arch=surprise`): 0.398 -> 0.973 held-out in 200 steps; the critic explains 0.56 of
+    the return's variance over the last quarter, pooled over its steps (one thread; the plain
+    head explains 0.10 there, docs/ppo_vs_grpo.md). Margins for a noisy machine."""
     from rlvr.algos import pooled_explained_variance
     from rlvr.cli import main
 
@@ -201,6 +201,7 @@ def test_default_ppo_run_learns_and_its_critic_explains_the_return(tmp_path):
     assert main(["train", "--preset", "ppo", "--output-dir", str(run), "--no-progress"]) == 0
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert len(rows) == 200
-    assert pooled_explained_variance(rows) > 0.05, [r["critic/error_var"] for r in rows]
+    last = rows[150:]
+    assert pooled_explained_variance(last) > 0.25, [r["critic/explained_variance"] for r in last]
     summary = json.loads((run / "summary.json").read_text())
     assert summary["eval_after"]["accuracy"] >= 0.85, summary["eval_after"]

@@ -110,12 +110,8 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
 # 0.930 at steps 25 / 50 / 75; the model's greedy accuracy, 99.8%, is the ceiling.
 TINY_DEFAULTS: dict[str, dict[str, Any]] = {
     "optim": {"lr": 4e-4, "warmup_steps": 5},
-    # PPO's critic (algo.advantage=gae), 5x the ppo preset's policy lr of 2e-4: in the ppo
-    # default run it explains 0.19 of the return's variance over the first quarter and 0.10
-    # over the last (pooled over the quarter's steps), where 95% of the responses are right and
-    # the wrong ones are single slipped digits; at critic lr 3e-4 / 1e-4, or 20 critic-only
-    # warm-up steps, the last quarter's mean step EV is 0.08 / -0.07 / -0.33 (one thread; per
-    # step and per seed in docs/ppo_vs_grpo.md).
+    # PPO's critic (algo.advantage=gae), 5x the ppo preset's policy lr of 2e-4 (its readout,
+    # critic.arch, is set per preset below).
     "critic": {"lr": 1e-3},
     "train": {"max_steps": 100, "threads": 2},
 }
@@ -123,9 +119,13 @@ TINY_DEFAULTS: dict[str, dict[str, Any]] = {
 # Per preset, on top of TINY_DEFAULTS (rlvr-tiny under that preset). The one-sample presets
 # take half the policy lr and a longer run: with no per-prompt baseline, PPO at lr 4e-4
 # sharpens onto whatever it sampled, right or wrong, before its critic can tell them apart
-# (held-out 0.398 -> 0.863 at step 200; docs/ppo_vs_grpo.md); at 2e-4 its default run ends at
-# 0.938 in 200 steps. REINFORCE++ shares PPO's batch and per-token KL reward, so it shares
-# these sizes: its default run ends at 0.957 (200 steps, 62 s).
+# (held-out 0.398 -> 0.863 at step 200 with the plain head; docs/ppo_vs_grpo.md). PPO's critic
+# reads the reference's surprise at the response (critic.arch=surprise): once 95% of the
+# responses are right, the wrong ones are single slipped digits, which the plain head explains
+# 0.10 of (the return's variance over the last quarter, pooled) and this readout 0.55, and
+# the default run ends at 0.953 (0.938 with the plain head). REINFORCE++ shares PPO's batch
+# and per-token KL reward, so it shares these sizes: its default run ends at 0.957 (200
+# steps, 62 s).
 TINY_PRESET_DEFAULTS: dict[str, dict[str, dict[str, Any]]] = {
     "ppo": {"optim": {"lr": 2e-4}, "train": {"max_steps": 200}, "critic": {"arch": "surprise"}},
     "reinforce_pp": {"optim": {"lr": 2e-4}, "train": {"max_steps": 200}},
