@@ -19,7 +19,7 @@ as `critic/explained_variance` is computed:
 - `surprise`: a ridge regression of R on what the policy thought of the tokens it sampled
   before t: the lowest log-probability among them (raw, floored at -3, below -0.7, below
   -1.5), how many fell below -0.7 (capped at 3, and whether any did) and t / 20.
-- `critic`: the critic as `rlvr train --preset ppo` builds and trains it (`build_critic`,
+- `critic`: the critic (the plain head, `critic.arch=head`) as `rlvr train --preset ppo` builds and trains it (`build_critic`,
   `critic_update` with the preset's lr, clip and mini-batches), fed the training rollouts once
   in steps of `rollout.prompts_per_step`, as a run with a fixed policy would be.
 - `control`: the same critic fed the same rollouts with the return 1 when the prompt is an
@@ -198,6 +198,7 @@ def main() -> None:
     cfg = load_config(overrides=overrides, preset="ppo")
     t0 = time.perf_counter()
     samples = _rollouts(cfg, a.rollouts + a.test)
+    overrides["critic"] = {"arch": "head"}  # the plain head: no reference log-probs here
     for section, changes in parse_overrides([f"--{x}" for x in a.set]).items():
         overrides.setdefault(section, {}).update(changes)
     cfg = load_config(overrides=overrides, preset="ppo")  # the critic's settings
