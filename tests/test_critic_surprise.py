@@ -124,7 +124,7 @@ def test_micro_batches_cut_the_features_by_row(tiny_model_dir, tokenizer):
 
 
 def test_surprise_needs_the_reference():
-    with pytest.raises(ConfigError, match="critic.arch"):
+    with pytest.raises(ConfigError, match=r"critic\.arch"):
         load_config(overrides={"critic": {"arch": "surprise"}, "algo": {"kl_coef": 0.0}},
                     preset="ppo")  # fmt: skip
 
