@@ -42,9 +42,7 @@ def _loop(lp: list[float], mask: list[int], floor: float = -10.0) -> list[tuple[
 
 @settings(max_examples=60, deadline=None)
 @given(
-    st.lists(
-        st.tuples(st.floats(-40, 0, allow_nan=False), st.booleans()), min_size=1, max_size=12
-    ),
+    st.lists(st.tuples(st.floats(-40, 0, allow_nan=False), st.booleans()), min_size=1, max_size=12),
     st.integers(1, 3),
 )
 def test_features_match_a_plain_loop(tokens, rows):
