@@ -266,11 +266,22 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="engines_") as work:
         for model_name in args.models.split(","):
             model_rounds(model_name, args, Path(work), results)
+    results = _kept(path, results) + results
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w") as f:
         for rec in results:
             f.write(json.dumps(rec) + "\n")
     print("\n" + table(results))
+
+
+def _kept(path: Path, measured: list[dict]) -> list[dict]:
+    """The results file's records of the shapes this invocation did not measure: a run of
+    `--models tiny` replaces the tiny rows and keeps the 27.6M model's and the probe's."""
+    if not path.exists():
+        return []
+    shapes = {r["shape"] for r in measured}
+    old = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    return [r for r in old if r["shape"] not in shapes]
 
 
 if __name__ == "__main__":
