@@ -7,8 +7,8 @@ head (fp32) predicts V for every response token. V_t is read from the hidden sta
 position whose logits score token t (the state before token t was generated), as verl and
 OpenRLHF do. `critic.arch=surprise` adds a Linear(2, 1) (fp32, starting at 0) over the
 reference model's lowest and mean log-prob of the response's own tokens before t
-(`surprise_features`, from the step's reference log-probs). Under LoRA the backbone gets adapters with the policy's LoRA settings and only
-they and the head train. The critic has its own AdamW (`critic.lr`, `critic.weight_decay`),
+(`surprise_features`, from the step's reference log-probs). Under LoRA the backbone gets
+adapters with the policy's LoRA settings and only they and the heads train. The critic has its own AdamW (`critic.lr`, `critic.weight_decay`),
 gradient clipping (`critic.max_grad_norm`), and the policy's mu x mini-batch x micro-batch
 schedule with losses normalised by the whole step's token count, so N ranks and any
 micro-batching compute the same update.
@@ -47,7 +47,7 @@ class ValueModel(nn.Module):
         self.backbone = backbone
         self.value_head = nn.Linear(hidden_size, 1, dtype=torch.float32)
         self.surprise = nn.Linear(2, 1, dtype=torch.float32) if surprise else None
-        if self.surprise is not None:  # starts as the plain head: a = 0, no bias of its own
+        if self.surprise is not None:  # a = 0, b = 0: it starts as the plain head
             nn.init.zeros_(self.surprise.weight)
             nn.init.zeros_(self.surprise.bias)
         # Its own generator: the head's initialisation leaves the run's RNG streams alone.
