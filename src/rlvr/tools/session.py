@@ -55,7 +55,10 @@ class Toolbox:
         self.close_ids: list[int] = tokenizer.encode(self.fmt.call_close, add_special_tokens=False)
         if not self.close_ids:
             raise ValueError(f"Toolbox: {self.fmt.call_close!r} encodes to no tokens")
-        self.uses_template = self._template_suffix(_PROBE) is not None
+        self._frame = self._probe_frame()
+        self.uses_template = self._frame is not None
+        _, head, tail = self._frame or ("", self.fmt.response_open, self.fmt.response_close)
+        self._head_ids, self._tail_ids = self._encode(head), self._encode(tail)
 
     def __reduce__(self):
         """Pickled as what builds it (the rollout server's process builds its own): the
@@ -91,35 +94,37 @@ class Toolbox:
 
     def reply_ids(self, result: str) -> list[int]:
         """The ids of the tool's turn holding `result`, up to the next assistant generation.
-        The turn's frame (the template's role markers, or the response tags) is encoded as
-        written, the result's text with special-token parsing off: a result holding
-        `<|im_end|>` or `<|im_start|>assistant` stays text and can never end the tool's turn
-        or open a turn of its own (the python tool's output is the model's to choose)."""
-        head, body, tail = self._split(result)
-        return self._encode(head) + self._encode(body, literal=True) + self._encode(tail)
+        The turn's frame (the template's role markers, or the response tags) is the ids
+        learned once from a fixed probe, the result's text is encoded with special-token
+        parsing off: a result holding `<|im_end|>`, `<|im_start|>assistant` or the probe's
+        own marker stays text inside the tool's turn and can never end it, open a turn of
+        its own or move where the frame is cut (the python tool's output is the model's to
+        choose)."""
+        return self._head_ids + self._encode(self._body(result), literal=True) + self._tail_ids
 
-    def _split(self, result: str) -> tuple[str, str, str]:
-        """(frame before, the result as rendered, frame after) of the tool's turn."""
-        suffix = self._template_suffix(result) if self.uses_template else None
-        if suffix is not None:
-            head, tail = self._template_suffix(_PROBE).split(_PROBE, 1)
-            if (
-                suffix.startswith(head)
-                and suffix.endswith(tail)
-                and len(suffix) >= len(head + tail)
-            ):
-                return head, suffix[len(head) : len(suffix) - len(tail)], tail
-        return self.fmt.response_open, result, self.fmt.response_close
+    def _body(self, result: str) -> str:
+        """`result` as the template renders it inside the tool's turn (a template may escape
+        or trim it): cut from the whole conversation's render at the frame's fixed lengths,
+        never by searching the result's text; the result as written where that render does
+        not hold the probe's frame around it (or there is no template)."""
+        if self._frame is None:
+            return result
+        _, head, tail = self._frame
+        suffix = self._template_suffix(result)
+        framed = suffix is not None and suffix.startswith(head) and suffix.endswith(tail)
+        if not framed or len(suffix) < len(head) + len(tail):
+            return result
+        return suffix[len(head) : len(suffix) - len(tail)]
 
     def _encode(self, piece: str, *, literal: bool = False) -> list[int]:
         if not piece:
             return []
         return self.tokenizer.encode(piece, add_special_tokens=False, split_special_tokens=literal)
 
-    def _template_suffix(self, result: str) -> str | None:
-        """What the chat template renders after an assistant turn when a tool message holding
-        `result` follows and the next assistant turn is prompted; None where it has no tool
-        role (it fails, or the result does not appear)."""
+    def _render(self, result: str) -> str | None:
+        """The chat template's text of a user turn, an assistant turn holding `_MARK`, a tool
+        turn holding `result` and the next assistant turn's prompt; None where the template
+        is missing or refuses the tool role."""
         messages = [
             {"role": "user", "content": "?"},
             {"role": "assistant", "content": _MARK},
@@ -131,10 +136,31 @@ class Toolbox:
             )
         except Exception:  # no template, or one that refuses the tool role
             return None
-        if not isinstance(text, str) or _MARK not in text:
+        return text if isinstance(text, str) else None
+
+    def _probe_frame(self) -> tuple[str, str, str] | None:
+        """(the render up to the assistant's content, the tool turn's frame before its
+        content, the frame after it up to the next assistant generation), learned from a tool
+        turn holding `_PROBE`; None where the template has no tool role (it fails, or drops
+        the content)."""
+        text = self._render(_PROBE)
+        if text is None or _MARK not in text:
             return None
-        suffix = text[text.rindex(_MARK) + len(_MARK) :]
-        return suffix if result in suffix else None
+        lead = text[: text.index(_MARK) + len(_MARK)]
+        rest = text[len(lead) :]
+        if rest.count(_PROBE) != 1:
+            return None
+        head, tail = rest.split(_PROBE)
+        return lead, head, tail
+
+    def _template_suffix(self, result: str) -> str | None:
+        """What the chat template renders after the assistant's turn when a tool message
+        holding `result` follows and the next assistant turn is prompted: the render past the
+        probe's `lead`, cut at its length (whatever `result` holds, `_MARK` included); None
+        where the template has no tool role or renders the turns before it differently."""
+        text = self._render(result) if self._frame is not None else None
+        lead = self._frame[0] if self._frame is not None else ""
+        return text[len(lead) :] if text is not None and text.startswith(lead) else None
 
 
 def _rebuild(args, limits) -> Toolbox:
