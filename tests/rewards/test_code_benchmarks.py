@@ -146,3 +146,24 @@ def test_humaneval_wrong_solutions_fail():
     shifted = solutions[1:] + solutions[:1]
     got = score(rows, shifted)
     assert got == [0.0] * 164, [rows[i].columns["task_id"] for i, v in enumerate(got) if v]
+
+
+# Wrong programs that redefine the helper the tests call (each scored 1.0 while the tests took
+# every top-level name of the solution)
+HELPER_GAMES = {
+    "HumanEval/32": "def poly(xs, x):\n    return 0\n\ndef find_zero(xs):\n    return 0.0\n",
+    "HumanEval/38": "def encode_cyclic(s):\n    return s\n\ndef decode_cyclic(s):\n    return s\n",
+    "HumanEval/50": "def encode_shift(s):\n    return s\n\ndef decode_shift(s):\n    return s\n",
+}
+
+
+@needs_sandbox
+@needs_humaneval
+def test_humaneval_helpers_come_from_the_prompt():
+    rows, solutions = _humaneval()
+    picked = [i for i, r in enumerate(rows) if r.columns["task_id"] in HELPER_GAMES]
+    examples = [rows[i] for i in picked]
+    games = [fenced(HELPER_GAMES[e.columns["task_id"]]) for e in examples]
+    assert score(examples, games) == [0.0] * 3
+    # the canonical bodies, which call the prompt's helper (find_zero calls poly), still pass
+    assert score(examples, [solutions[i] for i in picked]) == [1.0] * 3

@@ -165,3 +165,40 @@ def test_the_stop_iteration_control():
         raise StopIteration
 
     exec(STOP[0], {"inc": inc})  # no AssertionError: map ended, all() of nothing is True
+
+
+# A prompt whose code prefix defines a helper the tests call (HumanEval/32's `poly`, /38's
+# `encode_cyclic` in miniature) and the function the completion writes.
+PREFIX = (
+    'def square(x):\n    return x * x\n\n\ndef root(y):\n    """The x >= 0 whose square is y."""\n'
+)
+HELPER_TESTS = ["for y in (0, 1, 4, 49):\n    assert square(root(y)) == y"]
+
+
+@pytest.mark.parametrize(
+    ("completion", "want"),
+    [
+        # the right answer, calling the prefix's helper from the solution's own process
+        (
+            "```python\ndef root(y):\n    return next(x for x in range(y + 1) if square(x) == y)\n```",
+            1.0,
+        ),
+        ("    return round(y ** 0.5)\n", 1.0),  # a continuation of the prefix
+        # wrong answers that redefine the helper so the tests' check holds for them
+        ("```python\ndef square(x):\n    return x\n\ndef root(y):\n    return y\n```", 0.0),
+        ("    return y\nsquare = lambda x: x\n", 0.0),  # rebinds it past the stop sequences
+        (
+            "```python\nimport builtins\nbuiltins.square = lambda x: x\ndef root(y):\n    return y\n```",
+            0.0,
+        ),
+    ],
+)
+def test_the_prefix_helpers_the_tests_call_are_the_datasets(completion, want):
+    """The tests read the names the prompt's code prefix defines from the prefix itself,
+    run in their own sandbox; the solution supplies only the function it completes (and
+    helpers of its own), so a wrong answer cannot pass by redefining the helper that checks
+    it."""
+    from rlvr.rewards.code_reward import make_code_reward
+
+    reward = make_code_reward(timeout_s=3.0, workers=1)
+    assert reward([completion], answer=[""], tests=[HELPER_TESTS], code_prefix=[PREFIX]) == [want]

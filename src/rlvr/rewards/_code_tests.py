@@ -1,12 +1,15 @@
 # ruff: noqa: F821  (encode, decode, dumps, loads, EXCEPTIONS: _code_wire, prepended)
 # The tests' side of the code reward (runs in its own sandbox, after _code_wire's text):
-# runs each snippet of tests.json in a namespace with the solution's top-level names (see
-# _names): values rebuilt here by _code_wire.decode, or a `Remote` that forwards calls to
-# the solution's sandbox. A test passes only when it runs to completion; a StopIteration
-# the solution raises reaches the tests as RuntimeError, so it cannot end an iteration the
-# tests drive and skip their checks. Reports {"result": i, "ok": bool} per test, then
-# {"done": true}. The solution never runs in this process, so it cannot reach the tests,
-# their frames, the comparisons or this report.
+# runs the dataset's code of tests.json ("given": the code prefix's helpers, imports and
+# constants) in the tests' namespace, adds each top-level name of the solution it does not
+# bind (see _names: values rebuilt here by _code_wire.decode, or a `Remote` that forwards
+# calls to the solution's sandbox), then runs each snippet of "tests" there. So a helper the
+# prompt defines and the tests call is the dataset's, whatever the solution redefines. A
+# test passes only when it runs to completion; a StopIteration the solution raises reaches
+# the tests as RuntimeError, so it cannot end an iteration the tests drive and skip their
+# checks. Reports {"result": i, "ok": bool} per test, then {"done": true}. The solution
+# never runs in this process, so it cannot reach the tests, their frames, the comparisons
+# or this report.
 import builtins
 import contextlib
 import importlib
@@ -95,12 +98,15 @@ def _names():
 
 def _main():
     with open("tests.json") as f:
-        tests = loads(f.read())
+        spec = loads(f.read())
+    tests = spec["tests"]
+    g = {"__name__": "__main__", "__builtins__": builtins}
     try:
-        names = _names()
+        exec(compile(spec["given"], "<prefix>", "exec"), g)
+        names = {k: v for k, v in _names().items() if k not in g}
     except BaseException:
         names = None
-    g = {"__name__": "__main__", "__builtins__": builtins, **(names or {})}
+    g.update(names or {})
     for i, test in enumerate(tests):  # one namespace: a test may define what later ones use
         ok = False
         if names is not None:

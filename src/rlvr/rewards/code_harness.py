@@ -2,10 +2,12 @@
 
 Two sandboxes per sample: the solution runs alone in one (`_code_server`), the test
 snippets in the other (`_code_tests`), and this process relays one JSON line at a time
-between them. In the tests' sandbox each top-level name of the solution is either a value
-rebuilt from plain JSON (`_code_wire.decode`: exact builtin types, so no object of the
-solution's, such as one whose __eq__ is always True, is ever compared) or a proxy whose
-calls travel to the solution as values and come back as values. The verdicts come from the
+between them. The tests' sandbox first runs the dataset's own code the tests may read (the
+helpers of the prompt's code prefix, `given`), then takes each top-level name of the
+solution that code does not bind, as either a value rebuilt from plain JSON
+(`_code_wire.decode`: exact builtin types, so no object of the solution's, such as one
+whose __eq__ is always True, is ever compared) or a proxy whose calls travel to the
+solution as values and come back as values. The verdicts come from the
 tests' sandbox on a pipe only it holds. So the solution cannot see the tests (not in its
 files, memory, frames or stdin, which is a pipe of call requests), cannot replace the
 harness's exec, compile, json or comparisons (they live in another process), and cannot
@@ -94,11 +96,12 @@ class AssertionRun:
     jails build while the caller finishes something else), run by `run()`, ended by
     `close()`."""
 
-    def __init__(self, code: str, tests: list[str], lim: Limits, mode: str):
+    def __init__(self, code: str, tests: list[str], lim: Limits, mode: str, given: str = ""):
         self.tests, self.lim = tests, lim
+        spec = json.dumps({"given": given, "tests": tests})
         self.solution = SandboxProcess({"main.py": _SERVER, "solution.py": code}, ["main.py"],
                                        lim, mode, pipe_stdout=True, gated=True)  # fmt: skip
-        self.checker = SandboxProcess({"main.py": _TESTS, "tests.json": json.dumps(tests)},
+        self.checker = SandboxProcess({"main.py": _TESTS, "tests.json": spec},
                                       ["main.py"], lim, mode, pipe_stdout=True, gated=True)  # fmt: skip
         try:
             self.solution.launch()
@@ -141,10 +144,11 @@ class AssertionRun:
         self.solution.close()
 
 
-def run_assertions(code: str, tests: list[str], *, limits: Limits | None = None,
+def run_assertions(code: str, tests: list[str], *, given: str = "", limits: Limits | None = None,
                    isolation: str = "auto") -> int:  # fmt: skip
-    """How many of `tests` (Python snippets) pass against `code`, both sandboxed."""
-    run = AssertionRun(code, tests, limits or Limits(), resolve_isolation(isolation))
+    """How many of `tests` (Python snippets) pass against `code`, both sandboxed; `given`:
+    the dataset's code the tests run first, whose names the solution cannot replace."""
+    run = AssertionRun(code, tests, limits or Limits(), resolve_isolation(isolation), given)
     try:
         return run.run()
     finally:

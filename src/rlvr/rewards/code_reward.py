@@ -11,7 +11,11 @@ no code scores 0; a sample without tests gets None.
 Tests come from the dataset column `tests_field` (default "tests"), or, when that column is
 absent, from the reference `answer` parsed as JSON. Two formats:
   - assertions: a list of Python snippets (MBPP, HumanEval "check(...)"), or one snippet;
-    the snippets see the solution's top-level names, and one passes when it raises nothing;
+    one passes when it raises nothing. The snippets see the prefix's own names, run in
+    their sandbox, then those of the solution's top-level names the prefix does not bind
+    (see `split_prefix`): the helpers a prompt defines and its tests call (HumanEval/32's
+    `poly`, /38's `encode_cyclic`) are the dataset's, so a wrong answer cannot pass by
+    redefining the helper that checks it;
   - stdin/stdout: {"inputs": [...], "outputs": [...]} (APPS, CodeContests) or a list of
     {"input": ..., "output": ...}; each case is its own sandboxed run, and passes when the
     output equals the expected one up to trailing whitespace on each line and at the end.
@@ -62,6 +66,20 @@ def extract_program(completion: str, prefix: str | None = None, *,
     return prefix + body if body.strip() else None
 
 
+# a top-level def or class (with its decorators): the prefix's last one is the function the
+# completion writes
+_DEFINITION = re.compile(r"^(?:@.*\n)*(?:async[ \t]+)?(?:def|class)[ \t]+\w+", re.MULTILINE)
+
+
+def split_prefix(prefix: str | None) -> str:
+    """The part of `prefix` that is the dataset's: its code before its last top-level def or
+    class, the function the completion continues (HumanEval's prompt ends with its entry
+    point in all 164 problems). Imports, constants and helpers before it come from the
+    dataset when the tests run; the function itself comes from the solution."""
+    starts = [m.start() for m in _DEFINITION.finditer(prefix or "")]
+    return (prefix or "")[: starts[-1]] if starts else prefix or ""
+
+
 def _parse_tests(tests):
     """("asserts", [snippets]) or ("stdio", [(input, output)]) or None."""
     if tests is None:
@@ -104,20 +122,25 @@ class _StdioCase:
         self.program.close()
 
 
-def _jobs(code: str, parsed, lim: Limits, mode: str) -> list:
-    """The sandboxed jobs that score `code` (each job's `run()`: how many tests it passed)."""
+def _jobs(code: str, parsed, lim: Limits, mode: str, given: str = "") -> list:
+    """The sandboxed jobs that score `code` (each job's `run()`: how many tests it passed);
+    `given`: the dataset's code the assertions run before taking the solution's names."""
     kind, cases = parsed
     if kind == "stdio":
         return [partial(_StdioCase, code, stdin, want, lim, mode) for stdin, want in cases]
-    return [partial(AssertionRun, code, cases, lim, mode)]
+    return [partial(AssertionRun, code, cases, lim, mode, given)]
 
 
-def run_tests(code: str, tests, *, limits: Limits | None = None, isolation: str = "auto"):
-    """(passed, total) for `code` against `tests` (either format above)."""
+def run_tests(code: str, tests, *, prefix: str | None = None, limits: Limits | None = None,
+              isolation: str = "auto"):  # fmt: skip
+    """(passed, total) for the program `code` against `tests` (either format above);
+    `prefix`: the code prefix `code` begins with, whose helpers the assertions take from
+    the dataset."""
     parsed = _parse_tests(tests)
     if parsed is None:
         return 0, 0
-    jobs = _jobs(code, parsed, limits or Limits(), resolve_isolation(isolation))
+    mode = resolve_isolation(isolation)
+    jobs = _jobs(code, parsed, limits or Limits(), mode, split_prefix(prefix))
     return sum(run_pipelined(jobs, 1)), len(parsed[1])
 
 
@@ -155,7 +178,7 @@ def make_code_reward(
         for i, c in enumerate(completions):
             program = extract_program(c, prefixes[i], require_fence=require_fence)
             if parsed[i] is not None and program is not None and program.strip():
-                for job in _jobs(program, parsed[i], limits, mode):
+                for job in _jobs(program, parsed[i], limits, mode, split_prefix(prefixes[i])):
                     owners.append(i)
                     jobs.append(job)
         for i, n in zip(owners, run_pipelined(jobs, n_workers)):
