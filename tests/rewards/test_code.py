@@ -81,3 +81,18 @@ def test_batch_runs_in_parallel_with_per_sample_results():
     assert fn(
         prompts=["q"] * 4, completions=[good, bad, good, bad], answer=[""] * 4, tests=tests
     ) == [1.0, 0.0, 1.0, 0.0]
+
+
+@pytest.mark.parametrize(
+    ("tests", "message"),
+    [
+        ({"inputs": ["1\n", "2\n", "3\n"], "outputs": ["7\n"]}, "3 inputs but 1 outputs"),
+        ({"inputs": ["1\n"], "outputs": "7\n"}, "must be lists"),
+        ([{"input": "1\n", "output": "7\n"}, {"input": "2\n"}], 'needs "input" and "output"'),
+    ],
+)
+def test_unpaired_stdio_cases_are_refused_not_scored_on_the_overlap(tests, message):
+    """A constant program would score 1.0 on the one case that has an output."""
+    constant = "```python\nprint(7)\n```"
+    with pytest.raises(ValueError, match=message):
+        REWARDS["code"](prompts=["q"], completions=[constant], answer=[""], tests=[tests])

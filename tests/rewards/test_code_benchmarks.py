@@ -167,3 +167,57 @@ def test_humaneval_helpers_come_from_the_prompt():
     assert score(examples, games) == [0.0] * 3
     # the canonical bodies, which call the prompt's helper (find_zero calls poly), still pass
     assert score(examples, [solutions[i] for i in picked]) == [1.0] * 3
+
+
+def _apps_row(inputs, outputs=None) -> dict:
+    io = {"inputs": inputs} if outputs is None else {"inputs": inputs, "outputs": outputs}
+    return {"question": "Print 7.", "input_output": json.dumps(io), "solutions": "[]"}
+
+
+def _cc_row(public, private=None) -> dict:
+    return {"description": "Print 7.", "public_tests": public,
+            "private_tests": private or {"input": [], "output": []}}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("preset", "row", "message"),
+    [
+        ("apps", _apps_row(["1\n", "2\n", "3\n"], ["7\n"]),
+         "field 'input_output': 3 inputs but 1 outputs: each input needs its expected output"),
+        ("apps", _apps_row(["1\n"]), "field 'input_output': expected {\"inputs\""),
+        ("apps", _apps_row([], []), "field 'input_output': no test cases"),
+        ("apps", _apps_row(["1\n", 2], ["7\n", "7\n"]),
+         "field 'input_output': inputs[1]: expected a string or a list of lines, got int"),
+        ("codecontests", _cc_row({"input": ["1\n"], "output": ["7\n"]},
+                                 {"input": ["1\n", "2\n"], "output": ["7\n"]}),
+         "field 'private_tests': 2 input but 1 output"),
+        ("codecontests", _cc_row({"input": [], "output": []}),
+         "field 'public_tests': no test cases"),
+        ("codecontests", _cc_row({"input": ["1\n"], "output": [None]}),
+         "field 'public_tests': output[0]: expected a string or a list of lines, got NoneType"),
+        ("mbpp", {"text": "t", "code": "c", "test_list": []},
+         "field 'test_list': expected a non-empty list of assertion strings"),
+        ("mbpp", {"text": "t", "code": "c", "test_list": ["assert f()", 3]},
+         "field 'test_list': expected a non-empty list of assertion strings"),
+        ("humaneval", {"prompt": "def f():\n    '''x'''\n", "test": "def check(c): pass",
+                       "entry_point": "g"},
+         "field 'entry_point': 'g': the prompt's last function is 'f'"),
+    ],
+)  # fmt: skip
+def test_code_rows_are_checked_at_load(tmp_path, preset, row, message):
+    """A row whose tests cannot all be scored is refused at load, naming the file, the line
+    and the field: an APPS row with fewer outputs than inputs was scored on the overlap (a
+    constant program scored 1.0 on 1 of its 3 cases), one with no cases had no tests."""
+    path = tmp_path / f"{preset}.jsonl"
+    path.write_text(json.dumps(row) + "\n")
+    with pytest.raises(DatasetError) as e:
+        load_prompt_dataset(path, preset=preset)
+    assert str(e.value).startswith(f"{preset}.jsonl:1, {message}"), str(e.value)
+
+
+def test_stdio_cases_as_lists_of_lines_are_joined(tmp_path):
+    """APPS stores some cases as lists of lines; its own evaluator joins them with newlines."""
+    path = tmp_path / "apps.jsonl"
+    path.write_text(json.dumps(_apps_row([["2", "3 4"]], [["7", "12"]])) + "\n")
+    tests = load_prompt_dataset(path, preset="apps")[0].columns["tests"]
+    assert tests == {"inputs": ["2\n3 4"], "outputs": ["7\n12"]}

@@ -13,7 +13,7 @@ absent, from the reference `answer` parsed as JSON. Two formats:
   - assertions: a list of Python snippets (MBPP, HumanEval "check(...)"), or one snippet;
     one passes when it raises nothing. The snippets see the prefix's own names, run in
     their sandbox, then those of the solution's top-level names the prefix does not bind
-    (see `split_prefix`): the helpers a prompt defines and its tests call (HumanEval/32's
+    (`rlvr.code_data.prefix_parts`): the helpers a prompt defines and its tests call (HumanEval/32's
     `poly`, /38's `encode_cyclic`) are the dataset's, so a wrong answer cannot pass by
     redefining the helper that checks it;
   - stdin/stdout: {"inputs": [...], "outputs": [...]} (APPS, CodeContests) or a list of
@@ -66,18 +66,12 @@ def extract_program(completion: str, prefix: str | None = None, *,
     return prefix + body if body.strip() else None
 
 
-# a top-level def or class (with its decorators): the prefix's last one is the function the
-# completion writes
-_DEFINITION = re.compile(r"^(?:@.*\n)*(?:async[ \t]+)?(?:def|class)[ \t]+\w+", re.MULTILINE)
+def _given(prefix: str | None) -> str:
+    """The dataset's part of a code prefix: its code before the function the completion
+    writes (`rlvr.code_data.prefix_parts`)."""
+    from rlvr.code_data import prefix_parts
 
-
-def split_prefix(prefix: str | None) -> str:
-    """The part of `prefix` that is the dataset's: its code before its last top-level def or
-    class, the function the completion continues (HumanEval's prompt ends with its entry
-    point in all 164 problems). Imports, constants and helpers before it come from the
-    dataset when the tests run; the function itself comes from the solution."""
-    starts = [m.start() for m in _DEFINITION.finditer(prefix or "")]
-    return (prefix or "")[: starts[-1]] if starts else prefix or ""
+    return prefix_parts(prefix)[0] if prefix else ""
 
 
 def _parse_tests(tests):
@@ -92,8 +86,16 @@ def _parse_tests(tests):
         if isinstance(tests, str):
             return ("asserts", [tests])
     if isinstance(tests, dict) and "inputs" in tests and "outputs" in tests:
-        return ("stdio", [(str(i), str(o)) for i, o in zip(tests["inputs"], tests["outputs"])])
+        inputs, outputs = tests["inputs"], tests["outputs"]
+        if not (isinstance(inputs, list) and isinstance(outputs, list)):
+            raise ValueError('code reward: tests {"inputs": ..., "outputs": ...} must be lists')
+        if len(inputs) != len(outputs):
+            raise ValueError(f"code reward: tests hold {len(inputs)} inputs but {len(outputs)} "
+                             "outputs; each input needs its expected output")  # fmt: skip
+        return ("stdio", [(str(i), str(o)) for i, o in zip(inputs, outputs, strict=True)])
     if isinstance(tests, list) and tests and all(isinstance(t, dict) for t in tests):
+        if not all("input" in t and "output" in t for t in tests):
+            raise ValueError('code reward: each stdin/stdout case needs "input" and "output"')
         return ("stdio", [(str(t["input"]), str(t["output"])) for t in tests])
     if isinstance(tests, list) and all(isinstance(t, str) for t in tests):
         return ("asserts", list(tests)) if tests else None
@@ -140,7 +142,7 @@ def run_tests(code: str, tests, *, prefix: str | None = None, limits: Limits | N
     if parsed is None:
         return 0, 0
     mode = resolve_isolation(isolation)
-    jobs = _jobs(code, parsed, limits or Limits(), mode, split_prefix(prefix))
+    jobs = _jobs(code, parsed, limits or Limits(), mode, _given(prefix))
     return sum(run_pipelined(jobs, 1)), len(parsed[1])
 
 
@@ -178,7 +180,7 @@ def make_code_reward(
         for i, c in enumerate(completions):
             program = extract_program(c, prefixes[i], require_fence=require_fence)
             if parsed[i] is not None and program is not None and program.strip():
-                for job in _jobs(program, parsed[i], limits, mode, split_prefix(prefixes[i])):
+                for job in _jobs(program, parsed[i], limits, mode, _given(prefixes[i])):
                     owners.append(i)
                     jobs.append(job)
         for i, n in zip(owners, run_pipelined(jobs, n_workers)):
