@@ -3,8 +3,9 @@ an unprivileged user (and by the root test suite as root). Stdlib only: it loads
 the sandbox package from the directory in argv[1] (a world-readable copy of
 rlvr/rewards/sandbox as its `sandbox/`), so it needs neither the venv nor the rlvr package's dependencies.
 
-argv: SANDBOX_DIR PORT DECOY_PID WRITABLE_DIR ISOLATION. Prints one JSON object: for each
-attack, the program's stdout (and, for "setsid", whether its child outlived the run).
+argv: SANDBOX_DIR PORT DECOY_PID WRITABLE_DIR ISOLATION [ATTACK ...] (none named: every
+attack). Prints one JSON object: for each attack, the program's stdout (and, for "setsid",
+whether its child outlived the run).
 """
 
 import importlib.util
@@ -82,6 +83,32 @@ print("READ" if got >= 0 else "denied %d" % ctypes.get_errno())
 r = libc.syscall(add_key, b"user", b"{key}", b"x" * 64, 64, -3)
 print("ADDED" if r >= 0 else "denied %d" % ctypes.get_errno())
 """,
+    "kernel_surface": """
+import ctypes, platform
+libc = ctypes.CDLL(None, use_errno=True)
+numbers = {{"x86_64": (425, 426, 427, 321, 298), "aarch64": (425, 426, 427, 280, 241)}}
+names = ("io_uring_setup", "io_uring_enter", "io_uring_register", "bpf", "perf_event_open")
+# arguments the kernel refuses with its own errno (EFAULT: a NULL struct; EBADF: fd -1;
+# EINVAL: no such bpf command), so EPERM can only be the filter's
+m1 = ctypes.c_long(-1)
+args = ((8, None), (m1, 0, 0, 0, None, 0), (m1, 0, None, 0), (0xFFFF, None, 0), (None, 0, m1, m1, 0))
+for name, nr, a in zip(names, numbers[platform.machine()], args):
+    r = libc.syscall(nr, *a)
+    print(name, "denied %d" % ctypes.get_errno() if r < 0 and ctypes.get_errno() == 1 else "REACHED %d" % ctypes.get_errno())
+""",
+    "i386_keyctl": """
+import ctypes, mmap, platform
+# x86_64 machine code: keyctl(KEYCTL_GET_KEYRING_ID, @s, 0) through the i386 ABI (int 0x80,
+# keyctl is 288 there), whose numbers a filter written for x86_64's would not match
+code = bytes.fromhex("b820010000" "bb00000000" "b9fdffffff" "31d2" "cd80" "c3")
+if platform.machine() != "x86_64":
+    print("x86_64 only")
+else:
+    page = mmap.mmap(-1, 4096, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
+    page.write(code)
+    r = ctypes.CFUNCTYPE(ctypes.c_int)(ctypes.addressof(ctypes.c_char.from_buffer(page)))()
+    print("denied %d" % -r if r < 0 else "CALLED")
+""",
     "ptrace_init": """
 import ctypes
 libc = ctypes.CDLL(None, use_errno=True)
@@ -122,6 +149,7 @@ def setsid_children():
 
 def main():
     where, port, decoy, writable, isolation = sys.argv[1:6]
+    only = set(sys.argv[6:]) or set(ATTACKS)
     package = os.path.join(where, "sandbox")
     spec = importlib.util.spec_from_file_location(
         "sandbox", os.path.join(package, "__init__.py"), submodule_search_locations=[package]
@@ -135,6 +163,8 @@ def main():
     _keyctl(1, None)  # a session keyring of this script's own, as a trainer's login session has
     out = {"uid": os.getuid(), "isolation": sandbox.available_isolation()}
     for name, src in ATTACKS.items():
+        if name not in only:
+            continue
         if name == "kill" and isolation == "none":  # the control would kill this script
             src = src.replace("({trainer}, {decoy})", "({decoy},)")
         r = sandbox.run_python(src.format(**fill), isolation=isolation,

@@ -265,3 +265,22 @@ def test_own_keyring_and_a_non_dumpable_init():
         assert r.stdout == expected and key_in_session(key) is left, (isolation, r)
     r = run_python(ATTACKS["ptrace_init"], limits=FAST)
     assert r.stdout == "denied 1\n", r
+
+
+def test_kernel_surface_syscalls_and_other_abis_are_refused():
+    """As whoever runs the suite (root in CI): io_uring_setup, io_uring_enter,
+    io_uring_register, bpf and perf_event_open fail with the seccomp filter's EPERM, and so
+    does keyctl called through the i386 ABI (`int 0x80`, x86_64 only). The control,
+    isolation="none": the kernel sees each call and answers its deliberately bad arguments
+    with its own errno (EFAULT, EBADF, EINVAL), and the i386 keyctl runs."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    from sandbox_attacks import ATTACKS
+
+    names = ["io_uring_setup", "io_uring_enter", "io_uring_register", "bpf", "perf_event_open"]
+    for isolation, verdict, abi in (("auto", "denied", "denied 1\n"), ("none", "REACHED", "CALLED\n")):  # fmt: skip
+        r = run_python(ATTACKS["kernel_surface"].format(), isolation=isolation, limits=FAST)
+        lines = [line.split() for line in r.stdout.splitlines()]
+        assert [line[:2] for line in lines] == [[n, verdict] for n in names], (isolation, r)
+        assert all((line[2] == "1") is (verdict == "denied") for line in lines), (isolation, r)
+        r = run_python(ATTACKS["i386_keyctl"].format(), isolation=isolation, limits=FAST)
+        assert r.stdout in (abi, "x86_64 only\n"), (isolation, r)

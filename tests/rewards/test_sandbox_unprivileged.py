@@ -75,13 +75,14 @@ def copy():
     pytest.fail(f"no Python >= 3.9 that uid {_user()} can run: {tried}")
 
 
-def _attack(copy, port: int, isolation: str) -> tuple[dict, bool]:
-    """Run every attack as the unprivileged user; (results, whether the decoy survived)."""
+def _attack(copy, port: int, isolation: str, *names: str) -> tuple[dict, bool]:
+    """Run the attacks `names` (none: every attack) as the unprivileged user; (results,
+    whether the decoy survived)."""
     d, exe = copy
     decoy = _spawn(["sleep", "60"])
     try:
         argv = [exe, "-I", str(d / "sandbox_attacks.py"), str(d), str(port), str(decoy.pid),
-                str(d / "writable"), isolation]  # fmt: skip
+                str(d / "writable"), isolation, *names]  # fmt: skip
         env = {"PATH": "/usr/bin:/bin", "RLVR_SECRET": "hunter2"}
         p = _spawn(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         out, err = p.communicate(timeout=120)
@@ -123,6 +124,23 @@ def test_the_same_attacks_succeed_without_isolation(copy, server):
     assert "KILLED" in r["kill"] and not decoy_alive
     assert r["setsid_left"] == 1
     assert r["keyring"] == "READ\nADDED\n" and r["keyring_left"]
+
+
+def test_unprivileged_kernel_surface_and_other_abis_are_refused(copy, server):
+    """As uid 65534: io_uring, bpf and perf_event_open fail with the filter's EPERM inside the
+    sandbox, and so does keyctl through the i386 ABI. The control, isolation "none": the
+    kernel sees each call (its own errno for the deliberately bad arguments; bpf's may be
+    EPERM where unprivileged bpf is off) and the i386 keyctl runs."""
+    port, _ = server
+    r, _ = _attack(copy, port, "auto", "kernel_surface", "i386_keyctl")
+    lines = r["kernel_surface"].splitlines()
+    assert len(lines) == 5 and all(line.endswith(" denied 1") for line in lines), lines
+    assert r["i386_keyctl"] in ("denied 1\n", "x86_64 only\n"), r["i386_keyctl"]
+    control, _ = _attack(copy, port, "none", "kernel_surface", "i386_keyctl")
+    reached = [line for line in control["kernel_surface"].splitlines() if "REACHED" in line]
+    assert {line.split()[0] for line in reached} >= {"io_uring_setup", "io_uring_enter",
+                                                      "io_uring_register", "perf_event_open"}  # fmt: skip
+    assert control["i386_keyctl"] in ("CALLED\n", "x86_64 only\n"), control["i386_keyctl"]
 
 
 TRAINER = """

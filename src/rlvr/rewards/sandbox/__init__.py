@@ -23,9 +23,12 @@ steps) guarantees:
   - a process of its own: each sandbox's launcher is forked from a zygote (`jail_zygote.py`),
     an interpreter that imported the launcher's code once and never runs a program; the
     launcher builds a fresh jail and the program runs in a new process inside it, so no
-    process ever runs two programs and nothing one program leaves reaches another.
-Limits of the guarantee: it is not a VM, and its seccomp filter refuses only the keyring
-syscalls: it shares the kernel, it can read the system's Python standard library and /usr, and
+    process ever runs two programs and nothing one program leaves reaches another;
+  - a seccomp filter refusing (EPERM) the keyring syscalls (add_key, request_key, keyctl),
+    io_uring (io_uring_setup, io_uring_enter, io_uring_register), bpf and perf_event_open,
+    and every syscall of another ABI (x32, i386's `int 0x80`).
+Limits of the guarantee: it is not a VM, and its seccomp filter refuses only those syscalls:
+it shares the kernel, it can read the system's Python standard library and /usr, and
 a kernel bug could break out. Memory is one budget for the whole sandbox where a cgroup can be
 made (`budget.py`), else per process (N processes may hold N times `memory_mb`, within the
 bound `budget.per_process_bound` states); CPU time is per process.

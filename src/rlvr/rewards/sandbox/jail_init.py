@@ -21,7 +21,8 @@ steps work as root and as any other user, because the user namespace comes first
      files there, pivots into the new root and detaches the old one (no path leads back to
      the host; no /proc), joins a session keyring of its own, drops every capability, sets
      the resource limits and PR_SET_NO_NEW_PRIVS, installs a seccomp filter refusing the
-     keyring syscalls (add_key, request_key, keyctl: EPERM), makes itself non-dumpable (the
+     keyring syscalls (add_key, request_key, keyctl), io_uring, bpf, perf_event_open and
+     every syscall of another ABI (x32, i386) with EPERM, makes itself non-dumpable (the
      program cannot ptrace it), reports "ready", waits for its gate if it has one (a jail
      built ahead of its turn, `gate_fd`: "g" starts the program, EOF ends the jail), and
      forks D, which runs the program with an empty environment: in its own fresh process
@@ -53,7 +54,7 @@ from jail_lockdown import (
     _call,
     _drop_capabilities,
     _own_keyring,
-    _refuse_keyring_syscalls,
+    _refuse_syscalls,
     _restrict,
     libc,
 )
@@ -245,7 +246,7 @@ def _init(cfg, files, lifeline):
         _jail(cfg, files, sources)
         _drop_capabilities()
         _restrict(cfg["limits"])
-        _refuse_keyring_syscalls()
+        _refuse_syscalls()
         # not dumpable: the program (same uid, no capabilities) cannot ptrace this init or
         # write on its status descriptor; its exec makes the program itself dumpable again
         _call("prctl", PR_SET_DUMPABLE, 0, 0, 0, 0)

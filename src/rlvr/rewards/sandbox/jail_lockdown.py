@@ -1,6 +1,7 @@
 """The jail's last steps before the program, for `jail_init.py` (standard library only):
 drop every capability, set the resource limits and PR_SET_NO_NEW_PRIVS, join a keyring of
-its own and refuse the keyring syscalls with a seccomp filter."""
+its own and refuse, with a seccomp filter, the keyring syscalls and the kernel interfaces a
+program has no use for."""
 
 import ctypes
 import os
@@ -14,6 +15,12 @@ KEYCTL_JOIN_SESSION_KEYRING = 1
 KEYRING_SYSCALLS = {
     "x86_64": (0xC000003E, 248, 249, 250),
     "aarch64": (0xC00000B7, 217, 218, 219),
+}
+# io_uring_setup, io_uring_enter, io_uring_register, bpf, perf_event_open per machine: large
+# kernel surfaces (the source of many local privilege escalations) no program here needs
+KERNEL_SURFACE_SYSCALLS = {
+    "x86_64": (425, 426, 427, 321, 298),
+    "aarch64": (425, 426, 427, 280, 241),
 }
 PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 47, 4
 
@@ -50,17 +57,20 @@ def _own_keyring():
         raise OSError(ctypes.get_errno(), "keyctl(JOIN_SESSION_KEYRING) failed")
 
 
-def _refuse_keyring_syscalls():
-    """A seccomp filter: add_key, request_key and keyctl fail with EPERM (the user keyring
-    @u is shared with every process of the same uid outside), x32 syscalls on x86_64 too,
-    everything else allowed; on a machine not listed here, no filter."""
-    numbers = KEYRING_SYSCALLS.get(platform.machine())
-    if numbers is None:
+def _refuse_syscalls():
+    """A seccomp filter: the keyring syscalls (add_key, request_key, keyctl: the user keyring
+    @u is shared with every process of the same uid outside) and KERNEL_SURFACE_SYSCALLS
+    fail with EPERM, and so does every syscall of another ABI (x32 on x86_64, and the i386
+    ABI's `int 0x80`, which a program reaches through ctypes and machine code and whose
+    numbers differ); everything else is allowed. On a machine not listed here, no filter."""
+    machine = platform.machine()
+    if machine not in KEYRING_SYSCALLS:
         return
-    arch, *calls = numbers
+    arch, *calls = KEYRING_SYSCALLS[machine]
+    calls += KERNEL_SURFACE_SYSCALLS[machine]
     ld_abs, jeq, jge, ret = 0x20, 0x15, 0x35, 0x06
     allow, eperm = 0x7FFF0000, 0x00050000 | 1
-    prog = [(ld_abs, 0, 0, 4), (jeq, 1, 0, arch), (ret, 0, 0, allow), (ld_abs, 0, 0, 0)]
+    prog = [(ld_abs, 0, 0, 4), (jeq, 1, 0, arch), (ret, 0, 0, eperm), (ld_abs, 0, 0, 0)]
     if arch == 0xC000003E:
         prog.append((jge, len(calls) + 1, 0, 0x40000000))
     for i, nr in enumerate(calls):
