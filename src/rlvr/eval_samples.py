@@ -5,8 +5,11 @@ The file has one JSON object a line: "completion" (a string), and which problem 
 either "task_id" (matched to the dataset's `task_id` column, as HumanEval's own sample files
 do) or "prompt_index" (0-based, in the evaluated dataset, as `rlvr eval --output` writes).
 Other fields are ignored; `rlvr eval --output` files score as they are (their "greedy" rows
-are left out when "sampled" ones are present). A problem may have any number of samples; pass@k
-is reported for each k that every problem with samples reaches (`rlvr.passk`). The
+are left out when "sampled" ones are present). A problem may have any number of samples, but
+every problem of the dataset needs one: pass@k over the problems a file chose to answer is not
+the benchmark's (one right answer to 1 of HumanEval's 164 would read pass@1 1.0), so such a file is
+refused unless `--partial` says it is meant, and the report then says "k of N problems".
+pass@k is reported for each k that every problem with samples reaches (`rlvr.passk`). The
 samples carry text only: rewards see empty `completion_ids`, `completion_lengths` 0 and
 `truncated` False.
 """
@@ -94,15 +97,30 @@ def _index(prompts, samples) -> list[int]:
     return out
 
 
-def score_samples(cfg, path: str | Path) -> tuple[list[dict], list]:
+def _check_answered(path: str | Path, prompts, index: list[int]) -> None:
+    """DatasetError naming the samples file when a problem of the dataset has no sample."""
+    missing = sorted(set(range(len(prompts))) - set(index))
+    if missing:
+        first = prompts[missing[0]].columns.get("task_id")
+        first = f"task_id {first}" if first is not None else f"prompt_index {missing[0]}"
+        answered = len(prompts) - len(missing)
+        raise DatasetError(Path(path).name, None, f"answers {answered} of the {len(prompts)} "
+                           f"problems ({len(missing)} missing, the first {first}); pass@k over "
+                           "some problems is not the benchmark's: answer every problem, or "
+                           f"--partial to score these {answered} alone")  # fmt: skip
+
+
+def score_samples(cfg, path: str | Path, partial: bool = False) -> tuple[list[dict], list]:
     """(one record per sample, the prompts) for the samples in `path`, scored by `cfg`'s
-    accuracy reward."""
+    accuracy reward; a file that leaves a problem unanswered is refused unless `partial`."""
     from rlvr.rewards.scoring import Scorer
     from rlvr.rollout import Rollout
 
     samples = read_samples(path)
     prompts = _prompts(cfg)
     index = _index(prompts, samples)
+    if not partial:
+        _check_answered(path, prompts, index)
     scorer = Scorer.build(cfg, None, has_answer=any(p.answer is not None for p in prompts))
     records = []
     for start in range(0, len(samples), CHUNK):
@@ -165,11 +183,13 @@ def eval_samples(cfg, args) -> dict:
         raise ConfigError("--samples: scores a dataset's problems; set --data.path or a "
                           "--data.preset that has its own data (humaneval)")  # fmt: skip
     ks = _ks(args.pass_k)
-    records, prompts = score_samples(cfg, args.samples)
+    records, prompts = score_samples(cfg, args.samples, partial=args.partial)
     result = {"samples": str(args.samples), "data": cfg.data.eval_path or cfg.data.path,
               "num_samples": len(records), "num_problems": len(prompts),
               "accuracy": sum(r["correct"] for r in records) / len(records),
               **passk_report(records, prompts, ks, args.per_problem)}  # fmt: skip
+    if args.partial:
+        result["partial"] = f"{result['problems_scored']} of {len(prompts)} problems"
     if args.output:
         out = Path(args.output)
         out.parent.mkdir(parents=True, exist_ok=True)

@@ -40,6 +40,12 @@ def _parser() -> argparse.ArgumentParser:
         help="score these completions (jsonl: completion + task_id or "
         "prompt_index) instead of sampling a model (rlvr.eval_samples)",
     )
+    p.add_argument(
+        "--partial",
+        action="store_true",
+        help="--samples: score a file that answers only some of the dataset's problems (the "
+        "report says 'k of N problems'); without it such a file is refused",
+    )
     p.add_argument("--pass-k", default="1,10,100", help="k values of the unbiased pass@k")
     p.add_argument("--per-problem", help="write n, correct and pass@k per problem (jsonl)")
     p.add_argument("--task", help="built-in task name (default: the run's data, else arithmetic)")
@@ -139,6 +145,8 @@ def cmd_eval(argv: list[str]) -> int:
 
     over_argv, rest = split_overrides(argv)
     args, unknown = _parser().parse_known_args(rest)
+    if args.partial and not args.samples:
+        raise ConfigError("--partial: applies to --samples (a file of completions) only")
     if args.samples:
         cfg = _config(args, parse_overrides(over_argv + unknown), None, "rlvr-tiny")
         print(json.dumps(eval_samples(cfg, args), indent=2))
