@@ -148,8 +148,8 @@ def test_humaneval_wrong_solutions_fail():
     assert got == [0.0] * 164, [rows[i].columns["task_id"] for i, v in enumerate(got) if v]
 
 
-# Wrong programs that redefine the helper the tests call (each scored 1.0 while the tests took
-# every top-level name of the solution)
+# Wrong programs that redefine the helper the tests call: each would score 1.0 if the tests took
+# every top-level name of the solution
 HELPER_GAMES = {
     "HumanEval/32": "def poly(xs, x):\n    return 0\n\ndef find_zero(xs):\n    return 0.0\n",
     "HumanEval/38": "def encode_cyclic(s):\n    return s\n\ndef decode_cyclic(s):\n    return s\n",
@@ -206,8 +206,8 @@ def _cc_row(public, private=None) -> dict:
 )  # fmt: skip
 def test_code_rows_are_checked_at_load(tmp_path, preset, row, message):
     """A row whose tests cannot all be scored is refused at load, naming the file, the line
-    and the field: an APPS row with fewer outputs than inputs was scored on the overlap (a
-    constant program scored 1.0 on 1 of its 3 cases), one with no cases had no tests."""
+    and the field: an APPS row with fewer outputs than inputs would be scored on the overlap
+    (a constant program scoring 1.0 on 1 of its 3 cases), one with no cases has no tests."""
     path = tmp_path / f"{preset}.jsonl"
     path.write_text(json.dumps(row) + "\n")
     with pytest.raises(DatasetError) as e:

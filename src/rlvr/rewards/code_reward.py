@@ -183,7 +183,7 @@ def make_code_reward(
                 for job in _jobs(program, parsed[i], limits, mode, _given(prefixes[i])):
                     owners.append(i)
                     jobs.append(job)
-        for i, n in zip(owners, run_pipelined(jobs, n_workers)):
+        for i, n in zip(owners, run_pipelined(jobs, n_workers), strict=True):
             passed[i] += n
         # a sample without tests: None; without code: 0
         return [None if p is None else passed[i] / max(1, len(p[1])) for i, p in enumerate(parsed)]
