@@ -5,6 +5,10 @@ interrupt sympy's C big-integer arithmetic), and a thread cannot be killed. One 
 warm; a call waits at most `timeout_s` for its answer, and a worker that misses the deadline
 is killed and replaced at once (the replacement imports math-verify while the caller moves on).
 Calls are serialised by a lock, so the wait for the lock is not part of a call's time limit.
+The worker's start (importing sympy: seconds, more on a loaded machine) has no time limit: it
+is waited for as long as the worker runs, and a worker that exits or stays stopped (SIGSTOP,
+Ctrl-Z) meanwhile is an error naming it (`rlvr.run.liveness`), as is one that stays stopped
+through a call whose limit is longer than the 2 s to 3 s that takes to see.
 """
 
 from __future__ import annotations
@@ -17,11 +21,11 @@ import select
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
+from rlvr.run.liveness import Helper, ProcessLost, wait_until
+
 _WORKER = Path(__file__).with_name("_verify_worker.py")
-_STARTUP_S = 30.0  # importing sympy on a loaded machine
 
 
 class _Worker:
@@ -36,18 +40,19 @@ class _Worker:
             start_new_session=True,  # Ctrl-C in a terminal goes to the trainer, not here
         )
         self.ready = False
+        self.helper = Helper("the math-verify worker", self.proc.pid, self.proc)
 
-    def readline(self, timeout_s: float) -> str | None:
+    def readline(self, doing: str, timeout_s: float | None) -> str | None:
+        """The worker's next line; None past `timeout_s` (None: no limit) or when it exited;
+        ProcessLost when it stays stopped (or exits holding its pipe open) meanwhile."""
         fd = self.proc.stdout.fileno()
-        deadline = time.monotonic() + timeout_s
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return None
-            r, _, _ = select.select([fd], [], [], left)
-            if r:
-                line = self.proc.stdout.readline()
-                return line or None  # "" = the worker died
+
+        def readable(seconds: float) -> bool:
+            return bool(select.select([fd], [], [], seconds)[0])
+
+        if not wait_until(readable, self.helper, doing, timeout_s):
+            return None
+        return self.proc.stdout.readline() or None  # "" = the worker died
 
     def kill(self) -> None:
         with contextlib.suppress(ProcessLookupError):
@@ -71,7 +76,12 @@ def _get() -> _Worker:
     if _worker is None or _pid != os.getpid():  # after a fork the child starts its own
         _worker, _pid = _Worker(), os.getpid()
     if not _worker.ready:
-        line = _worker.readline(_STARTUP_S)
+        try:
+            line = _worker.readline("starting (importing math-verify)", None)
+        except ProcessLost:
+            _worker.kill()
+            _worker = None
+            raise
         if line is None:
             _worker.kill()
             _worker = None
@@ -97,7 +107,12 @@ def verify_in_worker(prediction: str, reference: str, *, timeout_s: float) -> bo
         except (BrokenPipeError, OSError):
             line = None
         else:
-            line = worker.readline(timeout_s)
+            try:
+                line = worker.readline("checking an answer", timeout_s)
+            except ProcessLost:
+                worker.kill()
+                _worker = None  # the next call starts a new one
+                raise
         if line is None:
             timeouts += 1
             worker.kill()

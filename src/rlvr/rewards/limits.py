@@ -16,7 +16,9 @@ Two ways to run a reward under the limit:
     The worker dies with the trainer even if it is stuck in C (`_lifeline`).
 
 Either way a hanging reward ends the step within `timeout_s`, so SIGTERM (which lets the
-step finish, then saves) ends the run within that time; a second SIGTERM exits at once.
+step finish, then saves) ends the run within that time; a second SIGTERM exits at once. A
+worker process that is stopped (SIGSTOP, Ctrl-Z) for 2 s to 3 s while a call waits on it is
+killed and the call fails naming it (`rlvr.run.liveness`), with or without a time limit.
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ import sys
 import threading
 from collections.abc import Callable
 from typing import Any
+
+from rlvr.run.liveness import Helper, ProcessLost, wait_until
 
 
 class RewardTimeout(RuntimeError):
@@ -206,7 +210,16 @@ class ProcessReward:
 
             thread = threading.Thread(target=exchange, daemon=True)
             thread.start()
-            thread.join(self.timeout_s or None)
+            helper = Helper(f"the worker process of reward {self.name!r}", proc.pid, proc)
+            try:
+                wait_until(
+                    lambda s: not (thread.join(s) or thread.is_alive()),
+                    helper, "scoring a batch", self.timeout_s or None,
+                )  # fmt: skip
+            except ProcessLost:
+                self.kill()  # unblocks the exchange
+                thread.join()
+                raise
             if thread.is_alive() or not result:
                 alive = thread.is_alive()
                 self.kill()  # unblocks the exchange

@@ -19,8 +19,11 @@ ones training can change (`trainable_names`), before the next `generate` that is
 step t's update: the update changes the trainer's weights, not the ones the server samples
 with. The server receives them only between two of its requests.
 
-A server that dies (a signal, an error) ends the run with `ServerError`, one line naming it and
-how it ended; the checkpoints are left as they were, and `--resume` continues the run.
+A server that dies (a signal, an error) or stays stopped (SIGSTOP, Ctrl-Z) while the trainer
+waits on it ends the run with `ServerError`, one line naming it, how it was found and what it
+was doing (`rlvr.run.liveness`: looked at every second, stopped at 3 looks in a row is lost; no
+deadline on a server that runs, however slowly); the checkpoints are left as they were, and
+`--resume` continues the run.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ import torch
 
 from rlvr.rollout.base import EngineSite, Rollout, SamplingParams
 from rlvr.rollout.weight_sync import is_peft, policy_weights, trainable_names
+from rlvr.run.liveness import Helper, wait_until
 from rlvr.schema import ConfigError
 
 if TYPE_CHECKING:
@@ -57,6 +61,18 @@ _LAUNCH_VARS = (
 _ALIGN = 64  # bytes: each weight starts on a cache line of the shared file
 # The CPUs this process could run on before `pin_trainer` narrowed them: the server may use any.
 _AVAILABLE = frozenset(os.sched_getaffinity(0))
+# what the server does while the trainer waits for its answer to each request, for its errors
+_DOING = {
+    "start": "starting (building its model and engine)",
+    "weights": "loading new weights",
+    "generate": "generating",
+    "release": "releasing its engine's memory",
+}
+_RESUME = "the checkpoints are as they were: continue with rlvr train --resume RUN_DIR"
+# A request this small fits the socket's buffer (about 208 KiB, empty between requests) and is
+# sent at once; a larger one (a batch's prompt ids) is sent on a thread while the trainer
+# looks at the server, which may be stopped before reading it.
+_DIRECT_BYTES = 1 << 16
 
 
 class ServerError(RuntimeError):
@@ -239,8 +255,13 @@ class ServerEngine:
         )  # fmt: skip
         theirs.close()
         self.conn = Connection(ours.detach())
+        self.helper = Helper("rollout server", self.proc.pid, self.proc, _RESUME, ServerError)
+        self._lost = False  # a request failed on the process: close() kills it at once
         try:
             ready = self._ask("start", start)
+        except BaseException:
+            self.close()  # no engine to close later: the process ends here
+            raise
         finally:
             self.shared.unlink()  # both ends hold it mapped: the memory goes with the last
         # the shared file and the server's own copy of the weights, with what its engine holds
@@ -263,29 +284,47 @@ class ServerEngine:
         return cls(model, pad_id=pad_id, eos_ids=eos_ids, cfg=cfg, site=site)
 
     def _ask(self, kind: str, payload: Any = None) -> Any:
+        """Send one request and wait for its answer as long as the server runs (no deadline);
+        ServerError naming the server when it dies or stays stopped meanwhile."""
         with self._lock:
             try:
-                self.conn.send_bytes(pickle.dumps((kind, payload)))
+                self._send(pickle.dumps((kind, payload)), kind)
+                wait_until(self.conn.poll, self.helper, _DOING[kind])
                 status, value = pickle.loads(self.conn.recv_bytes())
             except (EOFError, OSError):
-                raise ServerError(self._how_it_ended(kind)) from None
+                self._lost = True
+                raise self._how_it_ended(kind) from None
+            except ServerError:
+                self._lost = True
+                raise
         if status != "ok":
             raise ServerError(f"rollout server: {kind} failed: {value}")
         return value
 
-    def _how_it_ended(self, kind: str) -> str:
-        try:
-            code = self.proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            code = None
-        how = (
-            f"was killed by signal {-code}" if code is not None and code < 0
-            else f"exited with code {code}" if code is not None else "stopped answering"
-        )  # fmt: skip
-        return (
-            f"rollout server (pid {self.proc.pid}) {how} during {kind}; the checkpoints are "
-            "as they were: continue with rlvr train --resume RUN_DIR"
-        )
+    def _send(self, data: bytes, kind: str) -> None:
+        """One request's bytes, sent while the server runs (`_DIRECT_BYTES`)."""
+        if len(data) <= _DIRECT_BYTES:
+            self.conn.send_bytes(data)
+            return
+        failed: list[Exception] = []
+
+        def send() -> None:
+            try:
+                self.conn.send_bytes(data)
+            except Exception as e:  # raised in the caller's thread (closed by close(): ignored)
+                failed.append(e)
+
+        sender = threading.Thread(target=send, name="rlvr-server-send", daemon=True)
+        sender.start()
+        wait_until(lambda s: not (sender.join(s) or sender.is_alive()), self.helper, _DOING[kind])
+        if failed:
+            raise failed[0]
+
+    def _how_it_ended(self, kind: str) -> ServerError:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=5)
+        how = self.helper.ended() or "closed its socket"
+        return self.helper.lost(how, _DOING[kind])
 
     def sync_weights(self) -> None:
         """After an optimiser step: the server receives the new weights before its next
@@ -317,11 +356,11 @@ class ServerEngine:
         self._ask("release")
 
     def close(self) -> None:
-        """End the server: it exits when its socket closes."""
+        """End the server: it exits when its socket closes (killed at once when lost)."""
         with contextlib.suppress(OSError):
             self.conn.close()
         with contextlib.suppress(subprocess.TimeoutExpired):
-            self.proc.wait(timeout=10)
+            self.proc.wait(timeout=0 if self._lost else 10)
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()

@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any
 
 from rlvr.models import autocast
 from rlvr.run.distributed import Dist, gathered
+from rlvr.run.liveness import during
 from rlvr.train.batch import Batch, Sample
 from rlvr.train.collect import collect
 from rlvr.train.update import batch_log_probs
@@ -96,8 +97,9 @@ def produce(step: int, run: Run, version: int) -> Produced:
     """Step `step`'s batch, sampled by the current weights, which are policy `version`."""
     cfg, model = run.cfg, run.policy.model
     t_start, started = time.perf_counter(), time.time()
-    # FSDP2: whole weights for the rollout (else a no-op); bf16 sampling when asked
-    with gathered(model), autocast(cfg.model.autocast, run.device):
+    # FSDP2: whole weights for the rollout (else a no-op); bf16 sampling when asked; a helper
+    # process lost meanwhile (the rollout server, a reward's worker) is named with the step
+    with gathered(model), autocast(cfg.model.autocast, run.device), during(f"step {step}'s batch"):
         got = collect(
             step, cfg, run.engine, run.tokenizer, run.scorer, run.source.train, run.sampler,
             run.d, run.algorithm,

@@ -13,12 +13,15 @@ import array
 import contextlib
 import json
 import os
+import select
 import socket
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
+
+from rlvr.run.liveness import Helper, wait_until
 
 from .reap import _alive, exited_within
 from .spec import SandboxError
@@ -48,9 +51,13 @@ class Zygote:
             )
         finally:
             theirs.close()
+        self.helper = Helper("the sandbox's zygote", self.proc.pid, self.proc, error=SandboxError)
 
     def alive(self) -> bool:
         return self.owner == os.getpid() and self.proc.poll() is None
+
+    def _answered(self, seconds: float) -> bool:
+        return bool(select.select([self.sock], [], [], seconds)[0])
 
     def spawn(self, cfg: dict, fds: list[int]) -> int:
         """Fork a launcher for `cfg` with `fds` (stdin, stdout, stderr, status) as its own;
@@ -61,9 +68,14 @@ class Zygote:
                     [json.dumps(cfg).encode()],
                     [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))],
                 )
+                wait_until(self._answered, self.helper, "forking a sandbox's launcher")
                 reply = self.sock.recv(4096).decode()
             except OSError as e:
                 raise SandboxError(f"sandbox: the zygote is gone ({e})") from None
+            except SandboxError:  # stopped or gone: the next sandbox starts a new zygote
+                self.proc.kill()
+                self.proc.wait()
+                raise
         if not reply.startswith("pid "):
             raise SandboxError(f"sandbox setup failed: zygote: {reply or 'no reply'}")
         return int(reply[4:])
