@@ -10,6 +10,14 @@
 # the machine it was written on and fails on the next. Running these files under each
 # capability, with rlvr's C kernels on and then off (`RLVR_NATIVE=0`), makes such a test fail
 # here first. The main `pytest` run covers the machine's own capability.
+#
+# Then the arithmetic guard: every fast test that compares two runs or two computations of the
+# same math (marked `compares_runs`; a test comparing through tests/same_run.py is marked by
+# tests/conftest.py) runs once more under one condition that changes the arithmetic and not
+# the math: AVX2 kernels, one thread and rlvr's C kernels off together. Such a test compares
+# the discrete outcomes exactly and floats within a stated tolerance, or bit for bit only where
+# both sides run the very same arithmetic (a resume replaying its steps); one that leans on
+# this machine's rounding fails here.
 # Exit status: non-zero when any run fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -41,3 +49,6 @@ for cap in "${caps[@]}"; do
       "${files[@]}"
   done
 done
+
+echo "== arithmetic guard: ATEN_CPU_CAPABILITY=avx2 OMP_NUM_THREADS=1 RLVR_NATIVE=0"
+ATEN_CPU_CAPABILITY=avx2 OMP_NUM_THREADS=1 RLVR_NATIVE=0 pytest -q -m "compares_runs and not slow"

@@ -125,6 +125,7 @@ def _fit_grads(cfg, samples, tokenizer):
     return _fit(cfg, samples, tokenizer, critic=critic)[0], got
 
 
+@pytest.mark.compares_runs
 def test_micro_batching_and_checkpointing_give_the_same_update(tiny_model_dir, tokenizer):
     """The same gradients, within fp32 rounding of a re-ordered sum. The weights after the
     step are not compared: Adam's first step is lr * g / (|g| + eps), about lr * sign(g), so
@@ -152,6 +153,7 @@ def test_micro_batching_and_checkpointing_give_the_same_update(tiny_model_dir, t
             assert_close(grads[k], g, atol=1e-7, rtol=1e-5, msg=f"{name}: {k}")
 
 
+@pytest.mark.compares_runs
 def test_state_round_trip(tiny_model_dir, tokenizer):
     cfg = _cfg(tiny_model_dir)
     critic, _ = _fit(cfg, _samples(), tokenizer, steps=2)

@@ -50,6 +50,7 @@ def _same_weights(want, got, where):
     _same(want["per_tensor"], got["per_tensor"], where)
 
 
+@pytest.mark.compares_runs
 def test_loss_level():
     got = cases.loss_cases()
     assert sorted(got) == sorted(GOLDEN["loss"])
@@ -62,6 +63,7 @@ def model():
     return cases._model()
 
 
+@pytest.mark.compares_runs
 @pytest.mark.parametrize("key", sorted(GOLDEN["update"]))
 def test_update_level(model, key):
     name, share, stale = key.split("/")
@@ -83,6 +85,7 @@ def _check_run(want, got, key):
     _same_weights(want["weights"], got["weights"], key)
 
 
+@pytest.mark.compares_runs
 @pytest.mark.slow
 @pytest.mark.skipif(not EXACT, reason="another CPU/torch: sampled tokens may differ")
 @pytest.mark.parametrize("key", sorted(GOLDEN.get("run", {})))

@@ -29,6 +29,7 @@ from rlvr.algos.objectives import (
 )
 from rlvr.config import ConfigError, load_config
 from rlvr.train.update import batch_log_probs, policy_update
+from same_run import Tolerance, assert_same_run, assert_same_weights
 from test_update import _batch, _samples
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -244,6 +245,7 @@ def _weights(run: Path, step: int):
     return load_file(str(run / "checkpoints" / f"step-{step:06d}" / "model.safetensors"))
 
 
+@pytest.mark.compares_runs
 @pytest.mark.slow
 def test_user_objective_trains_from_the_cli_and_resumes_exactly(tmp_path):
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
@@ -299,8 +301,6 @@ def test_batch_statistic_spans_ranks(tiny_model_dir, tmp_path):
         assert rc == 0, err[-3000:]
         runs[nproc] = run
     m1, m2 = _math(runs[1]), _math(runs[2])
-    for a, b in zip(m1, m2):
-        assert a["adv_mean"] == pytest.approx(b["adv_mean"], rel=1e-5, abs=1e-7)
-    w1, w2 = _weights(runs[1], 2), _weights(runs[2], 2)
-    for k in w1:
-        torch.testing.assert_close(w1[k], w2[k], atol=1e-5, rtol=0, msg=k)
+    adv = Tolerance(rel=1e-5, abs=1e-7, why="one mean over the same group-normalised advantages")
+    assert_same_run(m1, m2, floats={"adv_mean": adv}, keys=["adv_mean"])
+    assert_same_weights(_weights(runs[1], 2), _weights(runs[2], 2))

@@ -16,6 +16,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from same_run import assert_same_run, assert_same_weights
+
 HERE = Path(__file__).parent
 ACCURACY = f"{HERE / 'e2e_rewards.py'}:has_digit"
 
@@ -95,17 +97,16 @@ def test_two_ranks_match_one(tiny_model_dir, tmp_path, parallel):
     _run(_args(tiny_model_dir, one, steps=2))
     _run(_args(tiny_model_dir, two, "--nproc", "2", f"--train.parallel={parallel}", steps=2))
     m1, m2 = _metrics(one), _metrics(two)
-    for a, b in zip(m1, m2, strict=True):
-        for key in ("reward/mean", "loss", "critic/vf_loss", "critic/explained_variance",
-                    "kl/penalty", "critic/value_mean"):  # fmt: skip
-            assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-6), key
+    keys = ("reward/mean", "loss", "critic/vf_loss", "critic/explained_variance", "kl/penalty")
+    assert_same_run(m1, m2, keys=(*keys, "critic/value_mean"))
     for step in (1, 2):
         (p1, c1), (p2, c2) = _weights(one, step), _weights(two, step)
-        assert c1.keys() == c2.keys() and c1
-        for name, w1, w2 in [*((k, p1[k], p2[k]) for k in p1), *((k, c1[k], c2[k]) for k in c1)]:
-            torch.testing.assert_close(w1, w2, atol=1e-5, rtol=0, msg=f"step {step} {name}")
+        assert c1
+        assert_same_weights(p1, p2, where=f"step {step} policy")
+        assert_same_weights(c1, c2, where=f"step {step} critic")
 
 
+@pytest.mark.compares_runs
 @pytest.mark.slow
 def test_kill_and_resume_reproduce_the_run(tiny_model_dir, tmp_path):
     ref = tmp_path / "ref"

@@ -104,6 +104,7 @@ def _same_run(a, b):
     assert sa["eval_before"] == sb["eval_before"] and sa["eval_after"] == sb["eval_after"]
 
 
+@pytest.mark.compares_runs
 def test_sigkill_at_a_random_step_then_resume(reference_run, tiny_model_dir, tmp_path):
     run = tmp_path / "run"
     kill_after = random.Random().randint(1, STEPS - 1)
@@ -122,6 +123,7 @@ def test_sigkill_at_a_random_step_then_resume(reference_run, tiny_model_dir, tmp
     _same_run(reference_run, run)
 
 
+@pytest.mark.compares_runs
 def test_sigkill_in_the_middle_of_a_checkpoint(reference_run, tiny_model_dir, tmp_path):
     run = tmp_path / "run"
     # killed while writing the 3rd checkpoint: the model is on disk, the manifest is not

@@ -124,6 +124,7 @@ def _kill_at(cmd, ckpt):
     proc.wait()
 
 
+@pytest.mark.compares_runs
 @pytest.mark.slow
 def test_rm_killed_then_resumed_ends_with_the_same_weights(rm_run, tiny_model_dir, tmp_path):
     run = tmp_path / "run"
@@ -157,6 +158,7 @@ def _rows(run):
             for r in rows]  # fmt: skip
 
 
+@pytest.mark.compares_runs
 @pytest.mark.slow
 def test_iterative_loop_resumed_mid_iteration_is_the_same_run(rm_run, tiny_model_dir, tmp_path):
     whole = tmp_path / "whole"

@@ -23,6 +23,7 @@ from rlvr.rollout.server import ServerEngine, parse_cpus
 from rlvr.schema import ConfigError
 from rlvr.tasks import TASKS
 from rlvr.tools import Toolbox
+from same_run import Tolerance, assert_same_run
 from test_resume import _args, _math, _run
 
 ONE_CPU = str(min(os.sched_getaffinity(0)))
@@ -65,6 +66,7 @@ def _engines(model, tokenizer, tools=None):
     return here, there
 
 
+@pytest.mark.compares_runs
 def test_the_server_samples_what_the_engine_samples_in_process(tiny_model, tokenizer, one_thread):
     here, there = _engines(tiny_model, tokenizer)
     try:
@@ -157,17 +159,21 @@ def _rows(run):
     return [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
 
 
+SERVER_ROUNDING = Tolerance(
+    rel=1e-5,
+    abs=1e-6,
+    why="the server's engine computes the log-probs the importance weights and the loss use "
+    "in another process, over its own batch: the same values to a few fp32 ulps",
+)
+
+
 def _same_math(a, b):
-    """The same samples (rewards, lengths, accuracy: exact); what the engine's log-probs enter
-    (the importance weights, the loss) equal to float rounding."""
-    assert [r.keys() for r in a] == [r.keys() for r in b]
-    for x, y in zip(a, b):
-        assert {k: v for k, v in x.items() if k.startswith(("reward", "response", "accuracy"))} == {
-            k: v for k, v in y.items() if k.startswith(("reward", "response", "accuracy"))
-        }
-        assert x == pytest.approx(y, rel=1e-5, abs=1e-6)
+    """The same samples (rewards, lengths, accuracy, kept groups: exact); what the engine's
+    log-probs enter (the importance weights, the loss) equal to float rounding."""
+    assert_same_run(a, b, default=SERVER_ROUNDING)
 
 
+@pytest.mark.compares_runs
 @pytest.mark.slow
 @pytest.mark.parametrize("k", [1, 2])
 def test_a_run_through_the_server_is_the_run_in_process(tiny_model_dir, tmp_path, k):

@@ -59,6 +59,7 @@ def _killed_at_a_random_step(tiny_model_dir, run, who):
     return proc, server
 
 
+@pytest.mark.compares_runs
 def test_sigkill_of_the_trainer_then_resume(reference_run, tiny_model_dir, tmp_path):
     run = tmp_path / "run"
     proc, server = _killed_at_a_random_step(tiny_model_dir, run, "trainer")
@@ -69,6 +70,7 @@ def test_sigkill_of_the_trainer_then_resume(reference_run, tiny_model_dir, tmp_p
     _same_run(reference_run, run)
 
 
+@pytest.mark.compares_runs
 def test_sigkill_of_the_server_then_resume(reference_run, tiny_model_dir, tmp_path):
     run = tmp_path / "run"
     proc, _ = _killed_at_a_random_step(tiny_model_dir, run, "server")

@@ -61,6 +61,7 @@ def _cfg(share, preset="dapo", micro=64, **algo):
     )
 
 
+@pytest.mark.compares_runs
 @pytest.mark.parametrize("max_len", [9, 2])  # 2: completions of one token (no second pass)
 def test_log_probs_and_entropy_match(model, max_len):
     samples = _samples(max_len=max_len)
@@ -86,6 +87,7 @@ def _grads(model, samples, cfg):
     return r.out.loss.detach(), grads, (r.loss_tokens, r.entropy_sum, r.generated_tokens)
 
 
+@pytest.mark.compares_runs
 @pytest.mark.parametrize("preset", ["grpo", "dapo"])  # dapo: truncated rows filtered
 def test_policy_loss_gradients_match(model, preset):
     samples = _samples()
@@ -111,6 +113,7 @@ def _step(model, samples, cfg):
     return model, metrics
 
 
+@pytest.mark.compares_runs
 @pytest.mark.parametrize(
     "preset,micro,algo",
     [("grpo", 64, {"kl_coef": 0.04}), ("dapo", 64, {}), ("dapo", 3, {}), ("grpo", 6, {"mu": 2})],
@@ -127,6 +130,7 @@ def test_policy_update_same_parameters(model, preset, micro, algo):
     assert moved
 
 
+@pytest.mark.compares_runs
 def test_batch_log_probs_match(model):
     batch = _batch(_samples(), _cfg(False))
     plain = batch_log_probs(model, batch, _cfg(False, micro=5), 0, "cpu")

@@ -42,6 +42,7 @@ def test_no_trained_sample_is_beyond_the_bound(reference_runs, k):
     assert all(abs(r["rollout/is_weight_mean"] - 1.0) > 1e-5 for r in rows[1:])
 
 
+@pytest.mark.compares_runs
 @pytest.mark.parametrize("k", [1, 2])
 def test_sigkill_at_a_random_step_then_resume(reference_runs, tiny_model_dir, tmp_path, k):
     run = tmp_path / "run"
@@ -59,6 +60,7 @@ def test_sigkill_at_a_random_step_then_resume(reference_runs, tiny_model_dir, tm
     _same_run(reference_runs[k], run)
 
 
+@pytest.mark.compares_runs
 def test_sigkill_in_the_middle_of_a_checkpoint(reference_runs, tiny_model_dir, tmp_path):
     run = tmp_path / "run"
     res = _run(_stale_args(tiny_model_dir, run, 1), env={"RLVR_FAULT": "save:3"})

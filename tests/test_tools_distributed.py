@@ -13,6 +13,7 @@ from safetensors.torch import load_file
 
 from rlvr.models import build_tokenizer
 from rlvr.tools import Toolbox
+from same_run import assert_same_run, assert_same_weights
 from test_distributed import ACCURACY, _run_group
 from tool_script import scripted_model
 
@@ -67,13 +68,10 @@ def test_two_ranks_match_one_with_tools(scripted_dir, tmp_path):
     m1 = [json.loads(x) for x in (one / "metrics.jsonl").read_text().splitlines()]
     m2 = [json.loads(x) for x in (two / "metrics.jsonl").read_text().splitlines()]
     assert all(r["tools/calls_per_sample"] > 0 for r in m1), "no tool call: nothing tested"
-    for a, b in zip(m1, m2):
-        for key in ("tools/calls_per_sample", "tools/errors_per_sample", "tools/call_frac"):
-            assert a[key] == b[key], key
-        for key in ("reward/mean", "loss", "entropy", "response/length_mean", "loss_tokens"):
-            assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-6), key
+    tools = ("tools/calls_per_sample", "tools/errors_per_sample", "tools/call_frac")
+    keys = (*tools, "reward/mean", "loss", "entropy", "response/length_mean", "loss_tokens")
+    assert_same_run(m1, m2, keys=keys)
     for step in (1, 2):
         w1 = load_file(str(one / "checkpoints" / f"step-{step:06d}" / "model.safetensors"))
         w2 = load_file(str(two / "checkpoints" / f"step-{step:06d}" / "model.safetensors"))
-        for k in w1:
-            torch.testing.assert_close(w1[k], w2[k], atol=1e-5, rtol=0, msg=f"step {step} {k}")
+        assert_same_weights(w1, w2, where=f"step {step}")

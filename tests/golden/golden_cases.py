@@ -272,8 +272,9 @@ def run_cases(model_dir: Path) -> dict:
 def environment() -> dict:
     """What decides the kernels, hence the bits: torch, its CPU capability (ATen's dispatch:
     AVX512, AVX2, DEFAULT), the processor (oneDNN and MKL pick kernels per model: an Intel and
-    an AMD machine, both AVX512, differ at 1e-7), whether rlvr's own C kernels are on, and
-    transformers (the model code of the run level)."""
+    an AMD machine, both AVX512, differ at 1e-7), torch's thread count (a parallel reduction
+    splits its sum by thread), whether rlvr's own C kernels are on, and transformers (the
+    model code of the run level)."""
     import transformers
 
     from rlvr.cpu import native
@@ -283,6 +284,7 @@ def environment() -> dict:
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "cpu": _cpu_model(),
         "native_kernels": native.available(),
+        "threads": torch.get_num_threads(),
         "transformers": transformers.__version__,
     }
 

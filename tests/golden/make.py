@@ -15,6 +15,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import golden_cases as cases
+import torch
+
+torch.set_num_threads(2)  # the suite's (tests/conftest.py): the bits depend on it
 
 
 def main(levels: list[str]) -> None:
