@@ -1,11 +1,12 @@
 """A helper process stopped (SIGSTOP) or gone while the trainer waits on it ends the wait with
-one error naming it, within seconds, instead of a wait with no end (rlvr.run.liveness); a helper
-that runs, however slowly, is waited for.
+one error naming it, within seconds, instead of a wait with no end
+(rlvr.rewards.sandbox.liveness); a helper that runs, however slowly, is waited for.
 
 Each test stops a real child: the rollout server (at its start, mid-generate, under a request
-too big for the socket's buffer, and in a real `rlvr train` run, marked slow), the sandbox's zygote, an
-isolated reward's worker and the math-verify worker. A call that could hang runs on a thread
-(or in a subprocess) with a deadline, and every child is continued and killed in a `finally`.
+too big for the socket's buffer, and in a real `rlvr train` run, marked slow), the sandbox's
+zygote, an isolated reward's worker and the math-verify worker. A call that could hang runs on
+a thread (or in a subprocess) with a deadline, and every child is continued and killed in a
+`finally`.
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ from typing import Any
 import pytest
 import torch
 
-from rlvr.run import liveness
-from rlvr.run.liveness import Helper, ProcessLost, during, state, wait_until
+from rlvr.rewards.sandbox import liveness
+from rlvr.rewards.sandbox.liveness import Helper, ProcessLost, during, state, wait_until
 
 BOUND_S = 15.0  # a stopped helper is named after 3 looks 1 s apart; the rest is a loaded CPU
 
@@ -126,9 +127,14 @@ def test_a_helper_stopped_for_less_than_the_looks_is_waited_for(sleeper):
     _stop(sleeper.pid)
     threading.Timer(1.5, os.kill, (sleeper.pid, signal.SIGCONT)).start()
     answer_at = time.monotonic() + 3.5
-    error, _ = _within(BOUND_S, lambda: wait_until(
-        lambda s: _never(min(s, max(0.0, answer_at - time.monotonic()))) or time.monotonic() >= answer_at,
-        Helper("the sleeper", sleeper.pid, sleeper), "sleeping"))  # fmt: skip
+
+    def answered(seconds: float) -> bool:
+        return _never(min(seconds, max(0.0, answer_at - time.monotonic()))) or (
+            time.monotonic() >= answer_at
+        )
+
+    helper = Helper("the sleeper", sleeper.pid, sleeper)
+    error, _ = _within(BOUND_S, lambda: wait_until(answered, helper, "sleeping"))
     assert error is None
 
 
@@ -224,8 +230,16 @@ def test_a_server_stopped_mid_generate_is_named(tokenizer, one_thread):
     from rlvr.rollout import SamplingParams
     from rlvr.rollout.server import ServerError
 
-    model = build_tiny_model(tokenizer, seed=0, hidden_size=32, num_layers=2, num_heads=2,
-                             num_kv_heads=1, intermediate_size=64, max_position_embeddings=2048)  # fmt: skip
+    model = build_tiny_model(
+        tokenizer,
+        seed=0,
+        hidden_size=32,
+        num_layers=2,
+        num_heads=2,
+        num_kv_heads=1,
+        intermediate_size=64,
+        max_position_embeddings=2048,
+    )
     there = _server(model, tokenizer)
     try:
         pid = there.proc.pid
@@ -297,7 +311,10 @@ def test_a_training_run_whose_server_is_stopped_ends_with_one_line(tiny_model_di
         last = err.strip().splitlines()[-1]
         assert proc.returncode == 1, err
         assert last.startswith(f"error: rollout server (pid {server}) is stopped (SIGSTOP"), last
-        assert " while " in last and "; the checkpoints are as they were: continue with rlvr train --resume" in last  # fmt: skip
+        assert " while " in last
+        assert last.endswith(
+            "the checkpoints are as they were: continue with rlvr train --resume RUN_DIR"
+        )
         assert took < BOUND_S
     finally:
         if server is not None:
@@ -351,7 +368,8 @@ def test_a_stopped_reward_worker_without_a_limit_is_named_and_replaced(tmp_path)
         _stop(int(first))
         error, _ = _end(waiter, BOUND_S)
         assert isinstance(error, ProcessLost), error
-        assert str(error).startswith(f"the worker process of reward 'slow' (pid {int(first)}) is stopped")  # fmt: skip
+        named = f"the worker process of reward 'slow' (pid {int(first)}) is stopped (SIGSTOP"
+        assert str(error).startswith(named)
         assert state(int(first)) == "gone"  # killed and reaped
         assert reward(completions=["a"])[0] != first  # a new worker
     finally:

@@ -7,8 +7,8 @@ is killed and replaced at once (the replacement imports math-verify while the ca
 Calls are serialised by a lock, so the wait for the lock is not part of a call's time limit.
 The worker's start (importing sympy: seconds, more on a loaded machine) has no time limit: it
 is waited for as long as the worker runs, and a worker that exits or stays stopped (SIGSTOP,
-Ctrl-Z) meanwhile is an error naming it (`rlvr.run.liveness`), as is one that stays stopped
-through a call whose limit is longer than the 2 s to 3 s that takes to see.
+Ctrl-Z) meanwhile is an error naming it (`rlvr.rewards.sandbox.liveness`), as is one that
+stays stopped through a call whose limit is longer than the 2 s to 3 s that takes to see.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import sys
 import threading
 from pathlib import Path
 
-from rlvr.run.liveness import Helper, ProcessLost, wait_until
+from rlvr.rewards.sandbox.liveness import Helper, ProcessLost, wait_until
 
 _WORKER = Path(__file__).with_name("_verify_worker.py")
 

@@ -18,7 +18,8 @@ Two ways to run a reward under the limit:
 Either way a hanging reward ends the step within `timeout_s`, so SIGTERM (which lets the
 step finish, then saves) ends the run within that time; a second SIGTERM exits at once. A
 worker process that is stopped (SIGSTOP, Ctrl-Z) for 2 s to 3 s while a call waits on it is
-killed and the call fails naming it (`rlvr.run.liveness`), with or without a time limit.
+killed and the call fails naming it (`rlvr.rewards.sandbox.liveness`), with or without a time
+limit.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from rlvr.run.liveness import Helper, ProcessLost, wait_until
+from rlvr.rewards.sandbox.liveness import Helper, ProcessLost, wait_until
 
 
 class RewardTimeout(RuntimeError):

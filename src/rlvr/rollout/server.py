@@ -21,9 +21,9 @@ with. The server receives them only between two of its requests.
 
 A server that dies (a signal, an error) or stays stopped (SIGSTOP, Ctrl-Z) while the trainer
 waits on it ends the run with `ServerError`, one line naming it, how it was found and what it
-was doing (`rlvr.run.liveness`: looked at every second, stopped at 3 looks in a row is lost; no
-deadline on a server that runs, however slowly); the checkpoints are left as they were, and
-`--resume` continues the run.
+was doing (`rlvr.rewards.sandbox.liveness`: looked at every second, stopped at 3 looks in a
+row is lost; no deadline on a server that runs, however slowly); the checkpoints are left as
+they were, and `--resume` continues the run.
 """
 
 from __future__ import annotations
@@ -42,9 +42,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from rlvr.rewards.sandbox.liveness import Helper, wait_until
 from rlvr.rollout.base import EngineSite, Rollout, SamplingParams
 from rlvr.rollout.weight_sync import is_peft, policy_weights, trainable_names
-from rlvr.run.liveness import Helper, wait_until
 from rlvr.schema import ConfigError
 
 if TYPE_CHECKING:

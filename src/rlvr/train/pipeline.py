@@ -43,8 +43,8 @@ from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING, Any
 
 from rlvr.models import autocast
+from rlvr.rewards.sandbox.liveness import during
 from rlvr.run.distributed import Dist, gathered
-from rlvr.run.liveness import during
 from rlvr.train.batch import Batch, Sample
 from rlvr.train.collect import collect
 from rlvr.train.update import batch_log_probs

@@ -1,5 +1,9 @@
 """Waiting on another process without hanging on it (docs/guides/resume.md#stopped-helpers).
 
+Here, in the sandbox package, because that package imports only the standard library and runs
+as a copy of its directory (its zygote is one of the helpers); the rest of rlvr imports it from
+here.
+
 Every wait of the trainer on a helper process of its own (the rollout server, an isolated
 reward's worker, the sandbox's zygote, the math-verify worker while it starts) goes through
 `wait_until`, which looks at the helper every `POLL_S` while it waits and ends the wait with
@@ -118,7 +122,8 @@ def wait_until(
         how = helper.ended()
         stopped = stopped + 1 if how is None and state(helper.pid) == "stopped" else 0
         if stopped >= STOPPED_LOOKS:
-            how = f"is stopped (SIGSTOP or Ctrl-Z: seen stopped at {stopped} looks {POLL_S:g} s apart)"  # fmt: skip
+            seen = f"seen stopped at {stopped} looks {POLL_S:g} s apart"
+            how = f"is stopped (SIGSTOP or Ctrl-Z: {seen})"
         if how is not None:
             if ready(0):  # its answer arrived before it ended
                 return True

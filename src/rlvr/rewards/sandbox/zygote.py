@@ -21,8 +21,7 @@ import threading
 import time
 from pathlib import Path
 
-from rlvr.run.liveness import Helper, wait_until
-
+from .liveness import Helper, wait_until
 from .reap import _alive, exited_within
 from .spec import SandboxError
 
