@@ -7,7 +7,11 @@ later pass over the value (validation, `repr` in an error message, writing confi
 
 The expanded count is taken on the composed node graph, each node counted once with its
 children's totals (linear in the file's size); nesting deeper than the parser's recursion
-allows is refused the same way."""
+allows is refused the same way.
+
+A key written twice in one mapping is an error naming the key, both lines and the file:
+PyYAML keeps the last value silently, so `clip_high: 0.28` twenty lines above a second
+`clip_high: 5.0` would train at 5.0 with nothing said."""
 
 from __future__ import annotations
 
@@ -41,8 +45,8 @@ def read_text(path) -> str:
 
 
 def load_yaml(text: str, source: str) -> Any:
-    """`yaml.safe_load(text)` within the budget; ConfigError naming `source` otherwise (bad
-    YAML included)."""
+    """`yaml.safe_load(text)` within the budget and with each key once per mapping;
+    ConfigError naming `source` otherwise (bad YAML included)."""
     if len(text) > MAX_BYTES:
         raise ConfigError(f"{source}: {len(text)} characters; a config holds at most {MAX_BYTES}")
     loader = yaml.SafeLoader(text)
@@ -56,6 +60,7 @@ def load_yaml(text: str, source: str) -> Any:
                 f"{source}: its aliases expand to more than {MAX_VALUES} values (a YAML alias "
                 "bomb?); a config needs far fewer"
             )
+        _refuse_duplicate_keys(loader, node, source)
         return loader.construct_document(node)
     except yaml.YAMLError as e:
         raise ConfigError(f"{source}: not valid YAML: {_first_lines(e)}") from None
@@ -84,6 +89,52 @@ def _expanded(node: yaml.Node, seen: dict[int, int]) -> int:
             break
     seen[key] = total
     return total
+
+
+_MERGE = "tag:yaml.org,2002:merge"
+_SKIP = object()  # a key `_refuse_duplicate_keys` does not compare
+
+
+def _refuse_duplicate_keys(loader: yaml.SafeLoader, root: yaml.Node, source: str) -> None:
+    """ConfigError naming the key (as a dotted path), its two lines and `source` when a
+    mapping under `root` holds one key twice; keys compare as the values they load as
+    (`yes` and `true` are one key). Each node is visited once, aliases included."""
+    seen: set[int] = set()
+    todo: list[tuple[yaml.Node, str]] = [(root, "")]
+    while todo:
+        node, where = todo.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if isinstance(node, yaml.SequenceNode):
+            todo += [(child, f"{where}[{i}]") for i, child in enumerate(node.value)]
+        elif isinstance(node, yaml.MappingNode):
+            lines: dict[Any, int] = {}
+            for key, value in node.value:
+                name = _key(loader, key)
+                path = f"{where}.{name}" if where else str(name)
+                if name is not _SKIP and name in lines:
+                    raise ConfigError(
+                        f"{source}: key {show(path)} appears twice, on line {lines[name]} "
+                        f"and line {key.start_mark.line + 1}; YAML would keep only the last, "
+                        "so write it once"
+                    )
+                if name is not _SKIP:
+                    lines[name] = key.start_mark.line + 1
+                todo.append((value, path))
+
+
+def _key(loader: yaml.SafeLoader, key: yaml.Node) -> Any:
+    """A scalar key's value as it loads (`_SKIP` for a merge key `<<` or a non-scalar key,
+    which PyYAML itself merges or refuses)."""
+    if not isinstance(key, yaml.ScalarNode) or key.tag == _MERGE:
+        return _SKIP
+    value = loader.construct_object(key)
+    try:
+        hash(value)
+    except TypeError:
+        return _SKIP
+    return value
 
 
 def _first_lines(e: Exception, limit: int = 400) -> str:
