@@ -17,6 +17,7 @@ from typing import Any
 
 from rlvr.config import Config, ConfigError, to_dict
 from rlvr.data import DatasetError
+from rlvr.run.private import private_dir, write_private
 from rlvr.run.stored_config import absolute_spec
 from rlvr.trl_compat import SAME, alias, did_you_mean
 
@@ -198,8 +199,8 @@ def dataset_path(data: Any, run_dir: Path, stem: str, resume: bool) -> str:
                 f"({path}); a resumed run trains on the same data"
             )
         return str(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text, encoding="utf-8")
+    private_dir(path.parent)  # the run directory too, when nothing has made it yet
+    write_private(path, text.encode("utf-8"))
     return str(path)
 
 

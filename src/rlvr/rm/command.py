@@ -32,6 +32,7 @@ from rlvr.rm.metrics import rm_metrics
 from rlvr.rm.model import RewardModel
 from rlvr.rm.records import Record, read_records, write_records
 from rlvr.run.checkpoint import load_trainer_state, resume_checkpoint, save_checkpoint
+from rlvr.run.private import narrow, open_private, private_dir, write_private
 from rlvr.run.rundir import prepare_run_dir, truncate_jsonl, unlock_run_dir
 from rlvr.safe_yaml import load_yaml, read_text
 
@@ -116,7 +117,7 @@ def cmd_rm(argv: list[str]) -> int:
     run_dir = prepare_run_dir(cfg, resume=resume is not None)
     try:
         if resume is None:
-            (run_dir / "rm.yaml").write_text(dump(rcfg))
+            write_private(run_dir / "rm.yaml", dump(rcfg))
         summary = train_reward_model(cfg, rcfg, run_dir, resume is not None, not args.no_progress)
     finally:
         unlock_run_dir(run_dir)
@@ -210,7 +211,7 @@ def train_reward_model(cfg, rcfg: RMConfig, run_dir: Path, resume: bool, progres
         console=console, disable=not progress,
     )  # fmt: skip
     task = bar.add_task("rm", total=total, completed=start, info="")
-    with open(run_dir / "metrics.jsonl", "a") as log, bar:
+    with open_private(run_dir / "metrics.jsonl", "a") as log, bar:
 
         def on_step(step: int, row: dict) -> None:
             if step % per_epoch == 0:  # an epoch's end: the held-out numbers
@@ -228,7 +229,8 @@ def train_reward_model(cfg, rcfg: RMConfig, run_dir: Path, resume: bool, progres
 
         fit(rm, records, optimizer, loss=rcfg.loss, epochs=rcfg.epochs,
             batch_groups=rcfg.batch_groups, seed=rcfg.seed, start_step=start, on_step=on_step)  # fmt: skip
-    rm.save(run_dir / "model")
+    rm.save(private_dir(run_dir / "model"))
+    narrow(run_dir / "model")  # save_pretrained's files, inside a 0700 directory
     summary = {
         "eval": evaluate_rm(rm, held_out),
         "train": evaluate_rm(rm, records),
@@ -245,5 +247,5 @@ def train_reward_model(cfg, rcfg: RMConfig, run_dir: Path, resume: bool, progres
         "data_time_s": t_data,
         "wall_time_s": time.time() - t0,
     }
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    write_private(run_dir / "summary.json", json.dumps(summary, indent=2))
     return summary

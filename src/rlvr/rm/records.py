@@ -7,6 +7,8 @@ import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from rlvr.run.private import open_private, private_dir
+
 
 @dataclass(frozen=True)
 class Record:
@@ -25,9 +27,9 @@ class Record:
 
 def write_records(path: Path, records: list[Record]) -> None:
     """Write the jsonl file whole or not at all (a temporary name, then a rename)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    private_dir(path.parent)
     tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w") as f:
+    with open_private(tmp, "w") as f:
         for r in records:
             f.write(json.dumps(asdict(r)) + "\n")
         f.flush()

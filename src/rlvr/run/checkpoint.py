@@ -39,6 +39,7 @@ from rlvr.run.manifest import (
     verify_checkpoint,
     write_manifest,
 )
+from rlvr.run.private import narrow, private_dir
 from rlvr.run.trainer_state import load_trainer_state, nonfinite_tensor  # noqa: F401 (re-exported)
 
 
@@ -116,8 +117,7 @@ def save_checkpoint(
             f"checkpoint step {step}: {bad} holds NaN/inf; not saved (the newest checkpoint "
             f"on disk is {last[-1] if last else 'none'})"
         )
-    root = run_dir / "checkpoints"
-    root.mkdir(parents=True, exist_ok=True)
+    root = private_dir(run_dir / "checkpoints")
     remove_staging(run_dir)
     final = root / f"step-{step:06d}"
     tmp = root / f".tmp-step-{step:06d}"
@@ -145,12 +145,17 @@ _WRITE_ERRORS = (OSError, RuntimeError, SafetensorError)
 
 
 def _write(tmp: Path, step: int, model, tokenizer, trainer_state, model_state) -> None:
+    """The checkpoint's files in `tmp`, a directory made 0700 first: what the libraries
+    create there at their own modes is narrowed to the owner's before it is renamed into
+    place (rlvr.run.private)."""
+    private_dir(tmp)
     model.save_pretrained(tmp, safe_serialization=True, state_dict=model_state)
     _fault_point("save")  # tests kill the process here: mid-save, the model written, no manifest
     tokenizer.save_pretrained(tmp)
     torch.save({**trainer_state, "step": step, "rng": rng_state()}, tmp / STATE)
     for p in [*write_manifest(tmp, step), tmp / MANIFEST]:
         _fsync(p)
+    narrow(tmp)
     _fsync(tmp)
 
 

@@ -22,6 +22,8 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
+from rlvr.run.private import narrow, open_private, private_dir
+
 
 def _clean(v: Any) -> Any:
     """JSON has no NaN/inf: write them as strings so a bad step is visible, not a parse error."""
@@ -49,15 +51,18 @@ class RunLogger:
     ):
         self.run_dir = run_dir
         self.console = console or Console(stderr=True, soft_wrap=True)
-        self._metrics = open(run_dir / "metrics.jsonl", "a")  # noqa: SIM115 (closed in close())
-        self._samples = open(run_dir / "samples.jsonl", "a")  # noqa: SIM115
+        # closed in close(); created 0600, as everything in the run directory (run/private.py)
+        self._metrics = open_private(run_dir / "metrics.jsonl", "a")
+        self._samples = open_private(run_dir / "samples.jsonl", "a")
         self._tb = None
         if tensorboard:
             try:
                 from torch.utils.tensorboard import SummaryWriter
 
-                self._tb = SummaryWriter(str(run_dir / "tensorboard"))
+                self._tb = SummaryWriter(str(private_dir(run_dir / "tensorboard")))
                 _quiet_tensorboard_thread()
+                self._tensorboard("flush")  # its event file exists from here: narrowed now
+                narrow(run_dir / "tensorboard")
             except ImportError:
                 self.console.print("[yellow]tensorboard not installed: no TensorBoard logs")
         # wandb and trackio share one module-level API: init, log(step=), finish.
@@ -65,6 +70,8 @@ class RunLogger:
         for name in report_to:
             module = importlib.import_module(name)
             extra = {"dir": str(run_dir)} if name == "wandb" else {}
+            if name == "wandb":  # it writes under run_dir/wandb: 0700, no other user enters
+                private_dir(run_dir / "wandb")
             module.init(project=project, name=run_dir.name, config=config or {}, **extra)
             self._trackers.append(module)
         # rich draws no live bar where the console is not a terminal: plain lines instead
@@ -176,6 +183,8 @@ class RunLogger:
             if not f.closed:
                 f.close()
         self._tensorboard("close")
+        if self._tb is not None:  # anything the writer created after the first flush
+            narrow(self.run_dir / "tensorboard")
         self._tb = None
         for tracker in self._trackers:
             tracker.finish()

@@ -17,6 +17,8 @@ kernel drops it when the process dies, SIGKILL included, so a crashed run never 
 stale lock. A second `rlvr train` on the same `--output-dir`, or `--resume` of a live run, is
 refused naming the directory and the holder's pid. flock is advisory and local: on NFS it
 is honoured only where the server supports it.
+
+What a run writes is its owner's only: directories 0700, files 0600 (rlvr.run.private).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from pathlib import Path
 
 from rlvr.config import Config, ConfigError, dump_yaml
 from rlvr.run.checkpoint import remove_staging
+from rlvr.run.private import FILE_MODE, private_dir, write_private
 
 LOCK = "rlvr.lock"
 
@@ -163,7 +166,7 @@ def prepare_run_dir(cfg: Config, resume: bool) -> Path:
         if not resume:
             check_run_dir(run_dir)
             draft_run_dir(run_dir)
-        run_dir.mkdir(parents=True, exist_ok=True)
+        private_dir(run_dir)
     else:
         run_dir = new_default_run_dir(Path("runs"))
         draft_run_dir(run_dir, made=True)
@@ -177,7 +180,7 @@ def prepare_run_dir(cfg: Config, resume: bool) -> Path:
     for stale in remove_staging(run_dir):
         sys.stderr.write(f"removed {stale.name}, left by a save that did not finish\n")
     if not resume:
-        (run_dir / "config.yaml").write_text(dump_yaml(cfg))
+        write_private(run_dir / "config.yaml", dump_yaml(cfg))
     return run_dir
 
 
@@ -185,13 +188,12 @@ def new_default_run_dir(parent: Path) -> Path:
     """`parent/<YYYYmmdd-HHMMSS>`, or `-2`, `-3`, ... after it when that name is taken:
     `mkdir` without exist_ok is atomic, so two runs started in the same second never share
     a directory."""
-    parent.mkdir(parents=True, exist_ok=True)
+    private_dir(parent)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     for n in range(1, 10_000):
         path = parent / (stamp if n == 1 else f"{stamp}-{n}")
         try:
-            path.mkdir()
-            return path
+            return private_dir(path, exist_ok=False)
         except FileExistsError:
             continue
     raise ConfigError(f"train.output_dir: {parent} holds 10000 runs named {stamp}*")
@@ -204,7 +206,7 @@ def lock_run_dir(run_dir: Path) -> None:
     key = run_dir.resolve()
     if key in _held:
         return
-    fd = os.open(run_dir / LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    fd = os.open(run_dir / LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, FILE_MODE)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as e:
@@ -273,7 +275,7 @@ def truncate_jsonl(path: Path, last_step: int, warn=None, *, one_per_step: bool 
             keep.append(line + b"\n")
     tmp = path.with_name(f".{path.name}.tmp")
     try:
-        tmp.write_bytes(b"".join(keep))
+        write_private(tmp, b"".join(keep))
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)

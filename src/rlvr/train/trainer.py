@@ -36,6 +36,7 @@ from rlvr.run.distributed import gathered, shutdown
 from rlvr.run.health import HealthGuard
 from rlvr.run.memory import MemoryGuard
 from rlvr.run.metrics import NullLogger, RunLogger
+from rlvr.run.private import write_private
 from rlvr.run.rundir import discard_unstarted, started, unlock_run_dir
 from rlvr.run.signals import StopSignal
 from rlvr.train.batch import Batch
@@ -298,5 +299,5 @@ def _train(
             "malloc_tuning": run.backend.tune_malloc(),
             "wall_time_s": time.time() - t_start,
         }
-        (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        write_private(run_dir / "summary.json", json.dumps(summary, indent=2))
     return run_dir
