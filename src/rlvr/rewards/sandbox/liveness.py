@@ -20,8 +20,8 @@ A helper held by a debugger or a profiler (state t, ptrace) is waited for: someo
 it, and py-spy pauses a process it samples many times a second. A helper that runs, however
 slowly, is waited for as long as it runs (a generation on the CPU can take minutes); a
 wall-clock limit applies only where the caller has one configured (`timeout_s`). A look reads
-one /proc file (microseconds), and `ready` returns the moment the answer arrives, so the
-looks cost a waiting trainer nothing. Linux reads /proc; elsewhere only a helper that is gone
+one /proc file (22 us on the 2-core machine), and `ready` returns the moment the answer
+arrives, so the looks add no latency to a wait. Linux reads /proc; elsewhere only a helper that is gone
 is seen (signal 0), never a stopped one.
 """
 
