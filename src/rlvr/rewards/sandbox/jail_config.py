@@ -88,11 +88,13 @@ def _fresh_id(low: int = 1_000_000) -> int | None:
 
 
 def _config(
-    mode: str, tmp: str, files: dict[str, str | bytes], argv_tail, lim: Limits, status_fd: int
+    mode: str, stem: str, files: dict[str, str | bytes], argv_tail, lim: Limits, status_fd: int
 ):
+    """`stem`: the path prefix of this sandbox's own files in its process's scratch directory
+    (`process._scratch`), whose `root` is the jail's mount point."""
     srcs = {}
     for i, (name, text) in enumerate(files.items()):
-        srcs[name] = os.path.join(tmp, f"file{i}")
+        srcs[name] = f"{stem}file{i}"
         with open(os.open(srcs[name], os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as f:
             f.write(text.encode() if isinstance(text, str) else text)
     outer = _fresh_id() if os.geteuid() == 0 else None
@@ -105,8 +107,8 @@ def _config(
         "mode": mode,
         "parent": os.getpid(),
         "status_fd": status_fd,
-        "root": os.path.join(tmp, "root"),
-        "workdir": os.path.join(tmp, "work"),
+        "root": os.path.join(os.path.dirname(stem), "root"),
+        "workdir": f"{stem}work",  # isolation "none" only: the program's directory
         "links": links,
         "binds": binds,
         "tmp_bytes": lim.tmp_mb << 20,
