@@ -4,6 +4,7 @@ its own and refuse, with a seccomp filter, the keyring syscalls and the kernel i
 program has no use for."""
 
 import ctypes
+import functools
 import os
 import platform
 import resource
@@ -25,6 +26,26 @@ KERNEL_SURFACE_SYSCALLS = {
 PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 47, 4
 
 libc = ctypes.CDLL(None, use_errno=True)
+LIBC_CALLS = ("capset", "mount", "prctl", "syscall", "umount2", "unshare")
+
+
+class _Filter(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint16), ("jt", ctypes.c_uint8), ("jf", ctypes.c_uint8),
+                ("k", ctypes.c_uint32)]  # fmt: skip
+
+
+class _Program(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(_Filter))]
+
+
+def prepare():
+    """What every jail would otherwise work out again, done once by the zygote before it
+    forks any launcher: libc's functions looked up, the machine's name read, the seccomp
+    filter built. Each launcher and jail init then only uses them, writing to fewer of the
+    pages it shares with the zygote (each such write copies a page)."""
+    for name in LIBC_CALLS:
+        getattr(libc, name)
+    _seccomp_program()
 
 
 def _call(name, *args):
@@ -63,9 +84,21 @@ def _refuse_syscalls():
     fail with EPERM, and so does every syscall of another ABI (x32 on x86_64, and the i386
     ABI's `int 0x80`, which a program reaches through ctypes and machine code and whose
     numbers differ); everything else is allowed. On a machine not listed here, no filter."""
+    built = _seccomp_program()
+    if built is None:
+        return
+    failed = libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(built[1]), 0, 0) != 0
+    if failed and ctypes.get_errno() != 22:  # EINVAL: a kernel without seccomp filters
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_SECCOMP) failed")
+
+
+@functools.cache
+def _seccomp_program():
+    """(the filter's instructions, the program pointing at them) for `_refuse_syscalls`, or
+    None on a machine not listed."""
     machine = platform.machine()
     if machine not in KEYRING_SYSCALLS:
-        return
+        return None
     arch, *calls = KEYRING_SYSCALLS[machine]
     calls += KERNEL_SURFACE_SYSCALLS[machine]
     ld_abs, jeq, jge, ret = 0x20, 0x15, 0x35, 0x06
@@ -76,16 +109,5 @@ def _refuse_syscalls():
     for i, nr in enumerate(calls):
         prog.append((jeq, len(calls) - i, 0, nr))
     prog += [(ret, 0, 0, allow), (ret, 0, 0, eperm)]
-
-    class Filter(ctypes.Structure):
-        _fields_ = [("code", ctypes.c_uint16), ("jt", ctypes.c_uint8), ("jf", ctypes.c_uint8),
-                    ("k", ctypes.c_uint32)]  # fmt: skip
-
-    class Program(ctypes.Structure):
-        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(Filter))]
-
-    filters = (Filter * len(prog))(*[Filter(*f) for f in prog])
-    program = ctypes.byref(Program(len(prog), filters))
-    failed = libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, program, 0, 0) != 0
-    if failed and ctypes.get_errno() != 22:  # EINVAL: a kernel without seccomp filters
-        raise OSError(ctypes.get_errno(), "prctl(PR_SET_SECCOMP) failed")
+    filters = (_Filter * len(prog))(*[_Filter(*f) for f in prog])
+    return filters, _Program(len(prog), filters)

@@ -26,6 +26,7 @@ import array
 import atexit
 import contextlib
 import functools
+import gc
 import json
 import os
 import runpy
@@ -36,6 +37,7 @@ import traceback
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import jail_init
+import jail_lockdown
 
 # imported once here, not by each program: the code harness's own imports
 PRELOAD = ("builtins", "contextlib", "importlib", "json", "math", "pkgutil", "runpy", "traceback")
@@ -187,6 +189,10 @@ def _ask_for_maps(chan, pid, uid, gid, deny):
 def main():
     for name in PRELOAD:
         __import__(name)
+    # what the zygote holds is never collected: frozen, it is left out of the collections its
+    # forks run, which would write to (and so copy) the pages holding it
+    jail_lockdown.prepare()
+    gc.freeze()
     sock = socket.socket(fileno=int(sys.argv[1]))
     serve(sock)
     os._exit(0)
