@@ -41,6 +41,16 @@ def native_kernels() -> None:
     require_native_kernels()
 
 
+@pytest.fixture()
+def one_thread():
+    """Torch on one thread for the test: a server child that decodes a tiny model is faster
+    so, and its log-probs are compared with the in-process engine's on the same count."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="session")
 def tokenizer():
     return build_tokenizer()

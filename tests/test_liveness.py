@@ -20,7 +20,6 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-import torch
 
 from rlvr.rewards.sandbox import liveness
 from rlvr.rewards.sandbox.liveness import Helper, ProcessLost, during, state, wait_until
@@ -181,28 +180,27 @@ def _server(model, tokenizer):
     )  # fmt: skip
 
 
-@pytest.fixture()
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+def _stopped_at_birth(module, monkeypatch) -> list[subprocess.Popen]:
+    """Every process `module` starts with subprocess.Popen is stopped (SIGSTOP) as soon as it
+    exists; the list it returns collects them for the test to release."""
+    started: list[subprocess.Popen] = []
+    popen = subprocess.Popen
+
+    def stopped(*args, **kwargs):
+        proc = popen(*args, **kwargs)
+        os.kill(proc.pid, signal.SIGSTOP)
+        started.append(proc)
+        return proc
+
+    monkeypatch.setattr(module.subprocess, "Popen", stopped)
+    return started
 
 
 def test_a_server_stopped_before_it_answers_the_start_is_named(tiny_model, tokenizer, monkeypatch):
     from rlvr.rollout import server as server_module
     from rlvr.rollout.server import ServerError
 
-    started: list[subprocess.Popen] = []
-    popen = subprocess.Popen
-
-    def stopped_at_birth(*args, **kwargs):
-        proc = popen(*args, **kwargs)
-        os.kill(proc.pid, signal.SIGSTOP)
-        started.append(proc)
-        return proc
-
-    monkeypatch.setattr(server_module.subprocess, "Popen", stopped_at_birth)
+    started = _stopped_at_birth(server_module, monkeypatch)
     try:
         error, took = _within(BOUND_S, lambda: _server(tiny_model, tokenizer))
         assert isinstance(error, ServerError), error
@@ -396,16 +394,7 @@ def fresh_verifier():
 
 
 def test_a_verifier_stopped_while_it_starts_is_named(fresh_verifier, monkeypatch):
-    started: list[subprocess.Popen] = []
-    popen = subprocess.Popen
-
-    def stopped_at_birth(*args, **kwargs):
-        proc = popen(*args, **kwargs)
-        os.kill(proc.pid, signal.SIGSTOP)
-        started.append(proc)
-        return proc
-
-    monkeypatch.setattr(fresh_verifier.subprocess, "Popen", stopped_at_birth)
+    started = _stopped_at_birth(fresh_verifier, monkeypatch)
     try:
         error, took = _within(BOUND_S, fresh_verifier.warm_up)
         assert isinstance(error, ProcessLost), error

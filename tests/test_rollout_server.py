@@ -50,14 +50,6 @@ def _same(a, b):
     torch.testing.assert_close(a.sampling_log_probs, b.sampling_log_probs, atol=1e-5, rtol=0)
 
 
-@pytest.fixture()
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def _engines(model, tokenizer, tools=None):
     pad, eos = tokenizer.pad_token_id, eos_ids(tokenizer, model)
     site = EngineSite(tools=tools)
