@@ -23,7 +23,7 @@ from rlvr.rewards.sandbox import zygote as zygotes
 # (phase, the event it starts at, the event it ends at): "name>" a step's start, "name<" its
 # end; each phase starts where the one before it ended, so together they make the whole run
 PHASES = [
-    ("trainer: temp dir, pipes, cgroup made", "run>", "create<"),
+    ("trainer: pipes, cgroup made", "run>", "create<"),
     ("trainer: program files and jail config written", "create<", "_config<"),
     ("zygote: request, fork of the launcher", "_config<", "_join_cgroups>"),
     ("launcher: joins the cgroup", "_join_cgroups>", "_join_cgroups<"),
@@ -31,7 +31,11 @@ PHASES = [
     ("launcher: uid/gid maps (written by the zygote)", "_ask_for_maps>", "_ask_for_maps<"),
     ("launcher: fork of the jail's init (pid 1)", "_ask_for_maps<", "_open_sources>"),
     ("init: bind sources, uid 1000, no nested userns, keyring", "_open_sources>", "_jail>"),
-    ("init: mounts (tmpfs root, binds, /tmp, files, pivot_root)", "_jail>", "_jail<"),
+    (
+        "init: mounts (tmpfs root, binds, /tmp, files, pivot_root, old root detached)",
+        "_jail>",
+        "_jail<",
+    ),
     ("init: capabilities dropped", "_jail<", "_drop_capabilities<"),
     ("init: rlimits, no_new_privs", "_drop_capabilities<", "_restrict<"),
     ("init: seccomp filter", "_restrict<", "_refuse_syscalls<"),
@@ -39,7 +43,7 @@ PHASES = [
     ("program process: fork", "_wait_for_gate<", "program process starts>"),
     ("program process: runs `pass`, exits", "program process starts>", "_wait_exit<"),
     ("the wait: init exits, namespaces end, trainer reaps", "_wait_exit<", "finish<"),
-    ("trainer: temp dir and cgroup removed", "finish<", "run<"),
+    ("trainer: files unlinked, cgroup removed", "finish<", "run<"),
 ]
 
 

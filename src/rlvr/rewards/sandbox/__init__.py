@@ -49,7 +49,8 @@ unprivileged tests load one as a user who cannot read the installed package. Its
 `jail_init.py` (the launcher that builds the jail) and `jail_lockdown.py` (its last steps:
 capabilities, limits, keyring, seccomp), `jail_zygote.py` and `zygote` (the zygote the
 launchers are forked from, and its trainer side), `budget` (the whole sandbox's cgroup),
-`process` (`SandboxProcess`, gated or not), `reap` (killing what is left), `liveness`
+`process` (`SandboxProcess`, gated or not), `scratch` (the one directory a process's
+sandboxes keep their files in), `reap` (killing what is left), `liveness`
 (waiting on a helper process: one that is gone or stays stopped is an error naming it), `run`
 (`run_python`, `PythonRun`, which isolation works here), `pipeline` (`run_pipelined`: jobs on
 a few workers, each building its next job's jails while one runs).

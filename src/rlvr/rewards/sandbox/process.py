@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import json
 import os
@@ -13,46 +12,17 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
-import threading
 import time
 from pathlib import Path
 
 from . import budget as budgets
+from . import scratch
 from .jail_config import _config
 from .reap import _kill_group, _kill_until_dead, _pids_of, exited_within
 from .spec import _GRACE_S, SETUP_S, Limits, SandboxError, SandboxResult
 from .zygote import Launcher, zygote
 
 _INIT = Path(__file__).with_name("jail_init.py")
-_scratch_lock = threading.Lock()
-_scratch_dirs: dict[int, str] = {}  # by pid: a forked child makes its own
-
-
-def _scratch() -> str:
-    """This process's scratch directory: each sandbox's files (its program's, its stdout and
-    stderr) under a random prefix of their own, and `root`, the empty directory every jail
-    mounts its own tmpfs root on inside its own mount namespace (so no other process sees
-    that mount). Made once per process and removed when it exits: on the 2-core machine's
-    disk (ext4, `discard`) removing a directory waits 3.6 ms, and a sandbox with a directory
-    of its own (and `root` and `work` in it) spent 6-10 ms of each program's wall time
-    removing them, where unlinking its three files takes 0.05 ms. 0711: a jail's init
-    (another uid, as root) must reach `root`; the files in it stay 0600."""
-    pid = os.getpid()
-    with _scratch_lock:
-        d = _scratch_dirs.get(pid)
-        if d is None or not os.path.isdir(os.path.join(d, "root")):  # a tmp cleaner took it
-            d = tempfile.mkdtemp(prefix=f"rlvr-sandbox-{pid}-")
-            os.chmod(d, 0o711)
-            os.mkdir(os.path.join(d, "root"))
-            atexit.register(_remove_scratch, d, pid)
-            _scratch_dirs[pid] = d
-        return d
-
-
-def _remove_scratch(d: str, pid: int) -> None:
-    if os.getpid() == pid:  # not in a forked child that inherited the exit handler
-        shutil.rmtree(d, ignore_errors=True)
 
 
 class SandboxProcess:
@@ -68,7 +38,9 @@ class SandboxProcess:
     def __init__(self, files: dict[str, str | bytes], argv_tail: list[str], limits: Limits,
                  mode: str, *, pipe_stdout: bool = False, gated: bool = False):  # fmt: skip
         self.limits, self.mode = limits, mode
-        self.stem = os.path.join(_scratch(), secrets.token_hex(8) + "-")  # its files' prefix
+        # its files' prefix in the process's scratch directory (`scratch.py`)
+        self.stem = os.path.join(scratch.acquire(), secrets.token_hex(8) + "-")
+        self._scratch_held = True
         self._paths: list[str] = []  # its files, unlinked by close()
         self.proc: subprocess.Popen | None = None
         self.uid: int | None = None
@@ -251,6 +223,10 @@ class SandboxProcess:
                     shutil.rmtree(path)
                 else:
                     os.unlink(path)
+        self._paths = []
+        if self._scratch_held:
+            self._scratch_held = False
+            scratch.release()
         self.budget.remove()
 
     def __enter__(self) -> SandboxProcess:
