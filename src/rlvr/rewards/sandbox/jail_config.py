@@ -91,7 +91,7 @@ def _config(
     mode: str, stem: str, files: dict[str, str | bytes], argv_tail, lim: Limits, status_fd: int
 ):
     """`stem`: the path prefix of this sandbox's own files in its process's scratch directory
-    (`process._scratch`), whose `root` is the jail's mount point."""
+    (`scratch.py`), whose `root` is the jail's mount point."""
     srcs = {}
     for i, (name, text) in enumerate(files.items()):
         srcs[name] = f"{stem}file{i}"
