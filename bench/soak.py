@@ -33,7 +33,8 @@ Verdicts, over a run of N steps (warm-up: the first `--warmup` of them, 10%; win
 A /dev/shm entry counts as the run's once one of its processes is seen holding it: the
 directory is the machine's, and other processes make entries in it too.
 The exit status is 1 when a run fails, a verdict fails or something is left. `--out` gets
-every sample and verdict as JSON.
+every sample as JSON, `--results` the verdicts, what was left and a thinned trace;
+`--report-only` judges `--out` again without running anything.
 """
 
 from __future__ import annotations
@@ -76,7 +77,10 @@ def _args(argv=None) -> argparse.Namespace:
     p.add_argument("--window", type=float, default=0.1, help="share of steps a window spans")
     p.add_argument("--rss-tolerance", type=float, default=0.05)
     p.add_argument("--work", type=Path, default=ROOT / "runs" / "soak", help="run directories")
-    p.add_argument("--out", type=Path, default=HERE / "results" / "soak.json")
+    p.add_argument("--out", type=Path, default=None, help="every sample (default WORK/soak.json)")
+    p.add_argument("--results", type=Path, default=HERE / "results" / "soak.json",
+                   help="verdicts, leftovers and a thinned trace of each run")  # fmt: skip
+    p.add_argument("--report-only", action="store_true", help="judge --out again, run nothing")
     return p.parse_args(argv)
 
 
@@ -222,26 +226,46 @@ def machine() -> str:
     return f"{os.cpu_count()} CPUs, {model}"
 
 
-def main(argv=None) -> int:
-    a = _args(argv)
-    a.work.mkdir(parents=True, exist_ok=True)
+def measure(a: argparse.Namespace) -> list[dict]:
+    """Each run (grpo unless --steps 0, code unless --code-steps 0), sampled."""
     jobs = [("grpo", ["--preset=grpo"], a.steps)] if a.steps else []
     if a.code_steps:
         task = a.work / "code-task"
         if not (task / "warm" / "config.json").exists():
             subprocess.run([sys.executable, str(HERE / "_code_task.py"), str(task)], check=True)
         jobs.append(("code", code_args(task), a.code_steps))
-    results, ok = [], True
+    results = []
     for name, args, steps in jobs:
         run = a.work / name
-        result = {"steps": steps, **run_one(name, train_command(args, steps, run), run, a)}
-        result["verdicts"] = verdicts(result["samples"], steps, a)
-        ok &= report(result, result["verdicts"])
-        results.append(result)
-    a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.write_text(json.dumps({"machine": machine(), "argv": sys.argv[1:] if argv is None
-                                 else argv, "runs": results}) + "\n")  # fmt: skip
-    print(f"\n{'all flat, nothing left' if ok else 'FAILED'}; samples in {a.out}")
+        results.append({"steps": steps, **run_one(name, train_command(args, steps, run), run, a)})
+    return results
+
+
+def summary(result: dict, rows: list[dict], points: int = 60) -> dict:
+    """A run without its samples: verdicts, leftovers and about `points` samples."""
+    samples = result["samples"]
+    every = max(1, math.ceil(len(samples) / points))
+    brief = {k: v for k, v in result.items() if k != "samples"}
+    return {**brief, "samples": len(samples), "verdicts": rows, "trace": samples[::every]}
+
+
+def main(argv=None) -> int:
+    a = _args(argv)
+    a.work.mkdir(parents=True, exist_ok=True)
+    a.out = a.out or a.work / "soak.json"
+    if not a.report_only:
+        record = {"machine": machine(), "argv": sys.argv[1:] if argv is None else argv}
+        a.out.write_text(json.dumps({**record, "runs": measure(a)}) + "\n")
+    record = json.loads(a.out.read_text())
+    ok, runs = True, []
+    for result in record["runs"]:
+        rows = verdicts(result["samples"], result["steps"], a)
+        ok &= report(result, rows)
+        runs.append(summary(result, rows))
+    a.results.parent.mkdir(parents=True, exist_ok=True)
+    a.results.write_text(json.dumps({**record, "runs": runs}, indent=1) + "\n")
+    print(f"\n{'all flat, nothing left' if ok else 'FAILED'}; samples in {a.out}, "
+          f"verdicts in {a.results}")  # fmt: skip
     return 0 if ok else 1
 
 

@@ -5,6 +5,7 @@ verdicts catch a growing count or memory and ignore the wrap-up after the last s
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import sys
@@ -112,3 +113,17 @@ def test_steps_reads_only_whole_lines(tmp_path):
     with open(path, "a") as f:
         f.write('ep": 3}\n')
     assert steps.read() == 3
+
+
+@pytest.mark.parametrize("grow,code", [({}, 0), ({"threads": 0.05}, 1)])
+def test_report_only_judges_the_samples_again(tmp_path, grow, code):
+    left = dict(processes=[], shm_files=[], shm_others=[], cgroups=[], temp=[], temp_caches=[])
+    run = dict(name="grpo", command=[], steps=100, exit_code=0, wall_s=1.0, left=left,
+               samples=_series(100, **grow))  # fmt: skip
+    out, results = tmp_path / "soak.json", tmp_path / "results.json"
+    out.write_text(json.dumps({"machine": "m", "argv": [], "runs": [run]}))
+    argv = ["--report-only", "--work", str(tmp_path), "--out", str(out), "--results", str(results)]
+    assert soak.main(argv) == code
+    (brief,) = json.loads(results.read_text())["runs"]
+    assert brief["samples"] == 101 and len(brief["trace"]) <= 60
+    assert [r["ok"] for r in brief["verdicts"] if r["resource"] == "threads"] == [code == 0]
