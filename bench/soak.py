@@ -2,7 +2,7 @@
 sandbox cgroups do not grow over a long `rlvr train`, and nothing is left once it exits.
 
     python bench/soak.py                          # 2,000 grpo steps, then 500 code steps
-    python bench/soak.py --steps 20 --code-steps 0 --interval 1   # a smoke test, ~1 min
+    python bench/soak.py --steps 20 --code-steps 0 --interval 1   # a smoke test, ~1 min idle
 
 Two runs, one after the other, each `python -m rlvr train` in a child process of its own
 session: `--preset grpo` on the default task (arithmetic; the default dapo preset's dynamic
@@ -35,6 +35,10 @@ directory is the machine's, and other processes make entries in it too.
 The exit status is 1 when a run fails, a verdict fails or something is left. `--out` gets
 every sample as JSON, `--results` the verdicts, what was left and a thinned trace;
 `--report-only` judges `--out` again without running anything.
+
+Measured on the project's 2-core machine (docs/results/reliability.md, "A long run stays
+flat"): every resource flat in both runs and nothing left; the grpo trainer held 698.7 MiB at
+warm-up end and 708.8 at the end (limit 733.6), the code run's trainer 626.8 and 617.8.
 """
 
 from __future__ import annotations
