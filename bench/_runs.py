@@ -67,7 +67,7 @@ def mean_sd(xs: list[float], spec: str = ".3f") -> str:
 
 def load_arm_run(run: Path, means: tuple[str, ...]) -> dict | None:
     """`run_summary` of a finished run; None while it has no summary.json."""
-    from rlvr.plots import load_run
+    from rlvr.cli.plot import load_run
 
     if not (run / "summary.json").exists():
         return None
@@ -75,7 +75,7 @@ def load_arm_run(run: Path, means: tuple[str, ...]) -> dict | None:
 
 
 def run_summary(finished, means: tuple[str, ...]) -> dict:
-    """A loaded run's (`rlvr.plots.load_run`) held-out accuracy before and after, its held-out
+    """A loaded run's (`rlvr.cli.plot.load_run`) held-out accuracy before and after, its held-out
     curve (step, accuracy), the run-mean of each metric in `means` it logged, steps and wall
     time."""
     rows, s = finished.rows, finished.summary

@@ -68,7 +68,7 @@ def load_char_tokenizer(path: str):
 def task_prompts(tokenizer, task_name: str, split: str, n: int, seed: int, system_prompt=None):
     """(chat-rendered prompt text, Example) pairs of a built-in rlvr task, as rlvr renders them
     (`system_prompt` first, as rlvr's `data.system_prompt`)."""
-    from rlvr.prompts import render_messages
+    from rlvr.data.prompts import render_messages
     from rlvr.tasks import TASKS
 
     task = TASKS[task_name]

@@ -42,8 +42,8 @@ from pathlib import Path
 
 from _jail_steps import harness_steps, sandbox_steps
 
-from rlvr.code_data import humaneval_path
-from rlvr.data import load_prompt_dataset
+from rlvr.data.code import humaneval_path
+from rlvr.data.dataset import load_prompt_dataset
 from rlvr.rewards.code_harness import run_assertions
 from rlvr.rewards.code_reward import make_code_reward
 from rlvr.rewards.sandbox import Limits, run_python

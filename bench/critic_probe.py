@@ -38,15 +38,15 @@ import torch
 from rich.console import Console
 
 from rlvr.algos import explained_variance
-from rlvr.config import load_config, parse_overrides
+from rlvr.config.load import load_config, parse_overrides
 from rlvr.models import load_model, load_tokenizer
 from rlvr.run.distributed import Dist
 from rlvr.tasks.arithmetic import ArithmeticTask
 from rlvr.tasks.base import Example
-from rlvr.train.batch import Sample, collate, token_log_probs
-from rlvr.train.collect import collect
-from rlvr.train.critic import CriticTargets, build_critic, critic_update, predict_values
-from rlvr.train.setup import setup
+from rlvr.training.batch import Sample, collate, token_log_probs
+from rlvr.training.collect import collect
+from rlvr.training.critic import CriticTargets, build_critic, critic_update, predict_values
+from rlvr.training.setup import setup
 
 ROOT = Path(__file__).resolve().parent.parent
 

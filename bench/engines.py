@@ -48,10 +48,10 @@ import torch  # noqa: E402
 from _shared import build_qwen2, load_char_tokenizer, set_threads, task_prompts  # noqa: E402
 from shapes import MODELS  # noqa: E402
 
-from rlvr.config import load_config  # noqa: E402
+from rlvr.config.load import load_config  # noqa: E402
+from rlvr.config.presets import TINY_TASK_DEFAULTS  # noqa: E402
+from rlvr.data.prompts import load_prompts  # noqa: E402
 from rlvr.models import load_model, load_tokenizer  # noqa: E402
-from rlvr.presets import TINY_TASK_DEFAULTS  # noqa: E402
-from rlvr.prompts import load_prompts  # noqa: E402
 from rlvr.rollout import EngineSite, SamplingParams, build_engine  # noqa: E402
 from rlvr.tools import Toolbox  # noqa: E402
 

@@ -34,7 +34,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from rlvr.plots import load_run as load_metrics
+from rlvr.cli.plot import load_run as load_metrics
 
 ROOT = Path(__file__).resolve().parent.parent
 ARMS = ("rule", "frozen_rm", "iterative")

@@ -8,7 +8,7 @@ the longest response a Qwen2-0.5B-shaped model can train on in a given RAM.
     python bench/memory.py --fit            # fit rlvr.run.memory's constants to the probes
     python bench/memory.py --limits 24      # longest response in 24 GiB, 0.5B shape
 
-Every probe is one child process running `rlvr.train.trainer.train` for two steps (the second
+Every probe is one child process running `rlvr.training.trainer.train` for two steps (the second
 holds AdamW's moments): random-init Qwen2 on rlvr's character vocabulary, the arithmetic task,
 one prompt x G=8, every response forced to the probe's length (`rollout.min_new_tokens`),
 beta 0, fp32, 1 thread; peak RSS is the child's `ru_maxrss`. Results are appended to
@@ -74,9 +74,9 @@ FULL_PROBES = [
 def child(args) -> None:
     import torch
 
-    import rlvr.train.setup as rs
-    import rlvr.train.trainer as rt
-    from rlvr.config import load_config
+    import rlvr.training.setup as rs
+    import rlvr.training.trainer as rt
+    from rlvr.config.load import load_config
 
     spec = json.loads(args.child)
     model = {"name_or_path": spec["model_dir"], "dtype": "float32", "device": "cpu"}

@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _runs import mean_sd, run_missing, run_summary, train_command
 
-from rlvr.plots import load_run as load_metrics
+from rlvr.cli.plot import load_run as load_metrics
 
 ROOT = Path(__file__).resolve().parent.parent
 SMALL = ["--optim.lr=2e-4", "--algo.mini_batches=4"]

@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _runs import run_missing, train_command
 
 from rlvr.algos import pooled_explained_variance
-from rlvr.plots import load_run as load_metrics
+from rlvr.cli.plot import load_run as load_metrics
 
 ROOT = Path(__file__).resolve().parent.parent
 ALGOS = {  # preset -> responses per step (without dynamic-sampling refills)

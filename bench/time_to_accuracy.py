@@ -21,7 +21,7 @@ default in TRL). What TRL
 lacks: dynamic sampling (rlvr keeps only groups with mixed outcomes, refilling from up to 4
 generation batches); its warm-up starts at lr 0 where rlvr's starts at lr / warmup_steps.
 
-Both are evaluated by rlvr's own evaluator (`rlvr.train.evaluation.evaluate`, the same held-out
+Both are evaluated by rlvr's own evaluator (`rlvr.training.evaluation.evaluate`, the same held-out
 prompts, engine, sampling parameters and seed): rlvr every `eval_every` steps inside its
 run; TRL from a callback on the live model every `eval_every` optimiser steps. Time to
 target = wall time from the start of training (after loading and rlvr's initial evaluation)
@@ -63,7 +63,8 @@ class _Stop(Exception):
 
 
 def rlvr_config(args):
-    from rlvr.config import TINY_DEFAULTS, load_config
+    from rlvr.config.load import load_config
+    from rlvr.config.presets import TINY_DEFAULTS
 
     overrides: dict = {
         "model": {"name_or_path": args.model_path},
@@ -111,8 +112,8 @@ class Clock:
 
 
 def child_rlvr(args) -> dict:
-    import rlvr.train.setup as rs  # builds the run: its tokenizer loader, Run.evaluate
-    import rlvr.train.trainer as rt  # the loop: run_step
+    import rlvr.training.setup as rs  # builds the run: its tokenizer loader, Run.evaluate
+    import rlvr.training.trainer as rt  # the loop: run_step
 
     cfg = rlvr_config(args)
     clock = Clock()
@@ -166,11 +167,11 @@ def child_trl(args) -> dict:
     from trl import GRPOConfig, GRPOTrainer
     from trl.rewards import get_soft_overlong_punishment
 
+    from rlvr.data.prompts import load_prompts
     from rlvr.models import eos_ids, load_tokenizer, resolve_model_path
-    from rlvr.prompts import load_prompts
     from rlvr.rewards.scoring import Scorer
     from rlvr.rollout import ENGINES
-    from rlvr.train.evaluation import eval_params, evaluate
+    from rlvr.training.evaluation import eval_params, evaluate
 
     cfg = rlvr_config(args)
     r, a, o = cfg.rollout, cfg.algo, cfg.optim

@@ -17,10 +17,10 @@ import time
 import torch
 
 from rlvr import cpu
-from rlvr.config import load_config
+from rlvr.config.load import load_config
+from rlvr.config.presets import TINY_TASK_DEFAULTS
+from rlvr.data.prompts import load_prompts
 from rlvr.models import eos_ids, load_model, load_tokenizer
-from rlvr.presets import TINY_TASK_DEFAULTS
-from rlvr.prompts import load_prompts
 from rlvr.rollout import FastEngine, HFEngine, SamplingParams
 from rlvr.tools import Toolbox
 

@@ -22,9 +22,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _shared import QWEN2_SHAPE
 
-from rlvr.config import load_config
-from rlvr.train.batch import Batch, Sample
-from rlvr.train.update import advantages, policy_update
+from rlvr.config.load import load_config
+from rlvr.training.batch import Batch, Sample
+from rlvr.training.update import advantages, policy_update
 
 
 def build(seed: int = 0):

@@ -164,9 +164,11 @@ def child_trl(args) -> dict:
 
 
 def child_rlvr(args) -> dict:
-    import rlvr.train.setup as rs  # builds the run: its tokenizer loader, Run.evaluate
-    import rlvr.train.trainer as rt  # the loop: run_step
-    from rlvr.config import ConfigError, RolloutConfig, load_config
+    import rlvr.training.setup as rs  # builds the run: its tokenizer loader, Run.evaluate
+    import rlvr.training.trainer as rt  # the loop: run_step
+    from rlvr.config.load import load_config
+    from rlvr.config.schema import ConfigError
+    from rlvr.config.schema_rollout import RolloutConfig
     from rlvr.rollout import ENGINES
 
     if "min_new_tokens" not in RolloutConfig.__dataclass_fields__:

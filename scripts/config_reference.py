@@ -1,11 +1,11 @@
-"""Write docs/reference/config.md from the schema (`rlvr.config_reference`)."""
+"""Write docs/reference/config.md from the schema (`rlvr.config.reference`)."""
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
-from rlvr.config_reference import reference_markdown
+from rlvr.config.reference import reference_markdown
 
 PAGE = Path(__file__).resolve().parents[1] / "docs" / "reference" / "config.md"
 

@@ -49,7 +49,7 @@ def check_engine(
     from rlvr.models import autocast as autocast_ctx
     from rlvr.models import eos_ids, load_model, load_tokenizer
     from rlvr.rollout import ENGINES, SamplingParams
-    from rlvr.train.batch import rollout_log_probs
+    from rlvr.training.batch import rollout_log_probs
 
     if name == "vllm" and importlib.util.find_spec("vllm") is None:
         return True, "not installed"
@@ -107,7 +107,7 @@ TRAIN = {
 
 
 def check_train(kind: str, device: str, steps: int) -> tuple[bool, str]:
-    from rlvr.cli import main
+    from rlvr.cli.main import main
 
     if kind == "nccl2" and torch.cuda.device_count() < 2:
         return True, f"skipped ({torch.cuda.device_count()} GPU)"

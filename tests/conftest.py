@@ -171,7 +171,7 @@ def small_run_args(model_dir, run, steps: int = 2) -> list[str]:
 def small_run(tiny_model_dir, tmp_path_factory):
     """A finished 2-step run directory (checkpoints at steps 1 and 2), trained in process
     (~5 s); copy it before changing it."""
-    from rlvr.cli import main
+    from rlvr.cli.main import main
 
     run = tmp_path_factory.mktemp("small-run") / "run"
     assert main(small_run_args(tiny_model_dir, run)) == 0

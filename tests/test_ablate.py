@@ -6,9 +6,10 @@ from dataclasses import asdict
 
 import pytest
 
-from rlvr.ablate import RUNGS, rung_config
-from rlvr.cli import main
-from rlvr.config import ConfigError, load_config
+from rlvr.cli.ablate import RUNGS, rung_config
+from rlvr.cli.main import main
+from rlvr.config.load import load_config
+from rlvr.config.schema import ConfigError
 
 SMALL = [
     "--rollout.prompts_per_step=4",

@@ -13,8 +13,8 @@ import sys
 import pytest
 
 import rlvr
-from rlvr.config import ConfigError
-from rlvr.data import DatasetError
+from rlvr.config.schema import ConfigError
+from rlvr.data.errors import DatasetError
 
 SMALL = {
     "train.max_steps": 2,
@@ -45,17 +45,21 @@ def exact_answer(completions, answer, **kwargs):
     return out
 
 
-def test_three_access_styles_in_a_fresh_interpreter():
+def test_one_name_one_thing_in_a_fresh_interpreter():
+    """`rlvr.train` is the API function, whatever was imported first; the training loop is the
+    package `rlvr.training`, and no module has its class swapped."""
     code = (
-        "import rlvr.train.update, inspect\n"
-        "from rlvr.train.trainer import train as loop\n"
+        "import rlvr.training.update, inspect, types\n"
+        "from rlvr.training.trainer import train as loop\n"
         "import rlvr\n"
-        "from rlvr.train import trainer\n"
-        "assert callable(rlvr.train) and trainer.train is loop\n"
-        "assert rlvr.train.update.policy_update\n"
+        "from rlvr import train\n"
+        "from rlvr.api import train as api_train\n"
+        "assert inspect.isfunction(rlvr.train) and train is api_train and train is not loop\n"
+        "assert rlvr.training.update.policy_update\n"
+        "assert type(rlvr.training) is types.ModuleType\n"
         "assert list(inspect.signature(rlvr.train).parameters)[:3] == "
         "['model', 'reward_funcs', 'reward_weights']\n"
-        "assert 'TrainResult' in rlvr.train.__call__.__doc__\n"
+        "assert 'TrainResult' in rlvr.train.__doc__\n"
         "assert rlvr.Trainer and rlvr.TrainResult\n"
         "print('ok')\n"
     )
@@ -64,12 +68,11 @@ def test_three_access_styles_in_a_fresh_interpreter():
     assert out.stdout.strip() == "ok"
 
 
-def test_callable_package_in_process():
-    import rlvr.train.trainer  # importing a submodule keeps the package callable
+def test_importing_the_loop_leaves_the_function_in_process():
+    import rlvr.training.trainer
 
-    assert callable(rlvr.train)
+    assert inspect.isfunction(rlvr.train)
     assert "reward_funcs" in inspect.signature(rlvr.train).parameters
-    assert isinstance(rlvr.train, type(sys))  # still the package module
 
 
 def test_train_with_trl_reward_on_list_of_dicts(tmp_path):
@@ -172,7 +175,7 @@ def test_named_errors_before_any_work(tmp_path, kwargs, error, match):
 
 
 def test_config_object_and_nested_dicts_layer_like_the_cli(tmp_path):
-    from rlvr.config import load_config
+    from rlvr.config.load import load_config
 
     base = load_config(None, {"rollout": {"group_size": 4}}, preset="grpo")
     trainer = rlvr.Trainer(config=base, reward_funcs=["math"], train_dataset=rows(4, 0))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 import rlvr
-from rlvr.config import ConfigError
+from rlvr.config.schema import ConfigError
 from test_api import exact_answer, rows
 
 ONE_STEP = {

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from rlvr.rollout import left_pad, lengths_from_eos
-from rlvr.train.batch import Sample, collate, token_log_probs
+from rlvr.training.batch import Sample, collate, token_log_probs
 
 
 def _sample(prompt, completion):

@@ -1,6 +1,6 @@
 """Every registered engine built through `build_engine`, the one constructor, with the site each
-caller gives it: training (`rlvr.train.setup.engine_site`), `rlvr eval`
-(`rlvr.evaluate.eval_site`) and `rlvr rm` (the default site). vllm is refused by name here
+caller gives it: training (`rlvr.training.setup.engine_site`), `rlvr eval`
+(`rlvr.cli.eval.eval_site`) and `rlvr rm` (the default site). vllm is refused by name here
 where it is not importable; where it is (the vLLM venv, scripts/vllm_env.sh),
 tests/test_vllm_engine.py builds it through `build_engine` with each caller's site."""
 
@@ -9,9 +9,10 @@ import importlib.util
 import pytest
 import torch
 
-from rlvr.config import ConfigError, load_config
-from rlvr.evaluate import eval_site
-from rlvr.prompts import PromptSource, load_prompts
+from rlvr.cli.eval import eval_site
+from rlvr.config.load import load_config
+from rlvr.config.schema import ConfigError
+from rlvr.data.prompts import PromptSource, load_prompts
 from rlvr.rollout import (
     ENGINES,
     EngineSite,
@@ -24,7 +25,7 @@ from rlvr.rollout import (
     longest_sequence,
 )
 from rlvr.run.distributed import Dist
-from rlvr.train.setup import Given, build_toolbox, engine_site
+from rlvr.training.setup import Given, build_toolbox, engine_site
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
 CALLERS = ("train", "eval", "rm")
@@ -103,7 +104,7 @@ def test_vllm_without_vllm_is_a_config_error_naming_the_engine(caller, tiny_mode
 def test_registry_and_schema_name_the_same_engines():
     from typing import get_args, get_type_hints
 
-    from rlvr.schema import RolloutConfig
+    from rlvr.config.schema import RolloutConfig
 
     assert set(get_args(get_type_hints(RolloutConfig)["engine"])) == set(ENGINES)
     assert {FastEngine, HFEngine, VLLMEngine} == set(ENGINES.values())

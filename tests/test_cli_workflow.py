@@ -10,8 +10,8 @@ import re
 import pytest
 import yaml
 
-from rlvr.arguments import split_overrides
-from rlvr.cli import main
+from rlvr.cli.arguments import split_overrides
+from rlvr.cli.main import main
 
 SMALL = [
     "--rollout.prompts_per_step=2",

@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from rlvr.cli import main
+from rlvr.cli.main import main
 from rlvr.models import ASSETS_DIR, TINY_MODEL_NAME, build_tokenizer, load_model
 from rlvr.rewards.sandbox import available_isolation
 

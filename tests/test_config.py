@@ -5,15 +5,9 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rlvr.config import (
-    PRESETS,
-    ConfigError,
-    apply_changes,
-    dump_yaml,
-    help_text,
-    load_config,
-    parse_overrides,
-)
+from rlvr.config.load import apply_changes, dump_yaml, help_text, load_config, parse_overrides
+from rlvr.config.presets import PRESETS
+from rlvr.config.schema import ConfigError
 
 
 def test_default_is_dapo_on_tiny_model():
@@ -166,7 +160,7 @@ def test_parse_overrides():
 
 
 def test_presets_only_name_real_keys():
-    from rlvr.config import Config
+    from rlvr.config.schema import Config
 
     for name, changes in PRESETS.items():
         apply_changes(Config(), changes, name)  # raises on an unknown key
@@ -306,7 +300,7 @@ def test_cli_refuses_bad_values_with_one_error_line(tmp_path, override, message)
 def test_rollout_engine_literal_names_every_engine():
     from typing import get_args, get_type_hints
 
+    from rlvr.config.schema import RolloutConfig
     from rlvr.rollout import ENGINES
-    from rlvr.schema import RolloutConfig
 
     assert set(get_args(get_type_hints(RolloutConfig)["engine"])) == set(ENGINES)

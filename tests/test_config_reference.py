@@ -8,8 +8,8 @@ import typing
 from dataclasses import fields, is_dataclass
 from pathlib import Path
 
-from rlvr.config_reference import reference_markdown
-from rlvr.schema import SECTIONS, Config
+from rlvr.config.reference import reference_markdown
+from rlvr.config.schema import SECTIONS, Config
 
 PAGE = Path(__file__).resolve().parents[1] / "docs" / "reference" / "config.md"
 

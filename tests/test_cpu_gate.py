@@ -111,7 +111,7 @@ def test_importing_rlvr_changes_nothing(tmp_path):
         """
 import json
 before = snapshot()
-import rlvr, rlvr.cli, rlvr.rollout, rlvr.train.trainer, rlvr.cpu
+import rlvr, rlvr.cli, rlvr.rollout, rlvr.training.trainer, rlvr.cpu
 print(json.dumps({"before": before, "after": snapshot()}))
 """,
         tmp_path,
@@ -162,8 +162,8 @@ print(json.dumps({"out": out, "before": before, "after": snapshot()}))
 TRAIN = (
     """
 import json
-from rlvr.config import load_config
-from rlvr.train.trainer import train
+from rlvr.config.load import load_config
+from rlvr.training.trainer import train
 before = snapshot()
 cfg = load_config(None, {
     "preset": "grpo",

@@ -10,10 +10,10 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from rlvr.config import load_config
+from rlvr.config.load import load_config
 from rlvr.run.distributed import Dist
-from rlvr.train.batch import Sample
-from rlvr.train.critic import CriticTargets, build_critic, critic_update, predict_values
+from rlvr.training.batch import Sample
+from rlvr.training.critic import CriticTargets, build_critic, critic_update, predict_values
 
 CPU = torch.device("cpu")
 
@@ -199,7 +199,7 @@ def test_lora_critic(tiny_model_dir, tokenizer):
 
 
 def test_critic_model_path_must_have_a_backbone(tmp_path):
-    from rlvr.config import ConfigError
+    from rlvr.config.schema import ConfigError
 
     cfg = load_config(overrides={"critic": {"model": str(tmp_path / "missing")}}, preset="ppo")
     with pytest.raises((ConfigError, FileNotFoundError)):
@@ -211,8 +211,8 @@ def test_tool_tokens_get_no_advantage_no_value_target_and_gae_skips_them(tiny_mo
     critic targets are 0, the model's tokens get what GAE gives the row without the tool
     tokens, and returns at tool positions do not change the critic's update."""
     from rlvr.algos import gae
-    from rlvr.train.batch import Batch
-    from rlvr.train.ppo import token_advantages
+    from rlvr.training.batch import Batch
+    from rlvr.training.ppo import token_advantages
 
     cfg = _cfg(tiny_model_dir, lam=0.9, gamma=0.95)
     tool = torch.tensor([False, False, True, True, True, False, False])

@@ -13,10 +13,11 @@ from hypothesis import strategies as st
 from torch.testing import assert_close
 
 from rlvr.algos import surprise_features
-from rlvr.config import ConfigError, load_config
+from rlvr.config.load import load_config
+from rlvr.config.schema import ConfigError
 from rlvr.run.distributed import Dist
-from rlvr.train.batch import Sample
-from rlvr.train.critic import CriticTargets, build_critic, critic_update, predict_values
+from rlvr.training.batch import Sample
+from rlvr.training.critic import CriticTargets, build_critic, critic_update, predict_values
 
 CPU = torch.device("cpu")
 
@@ -128,7 +129,7 @@ def test_surprise_needs_the_reference():
 
 
 def test_a_ppo_run_trains_the_readout(tiny_model_dir, tmp_path):
-    from rlvr.cli import main
+    from rlvr.cli.main import main
 
     run = tmp_path / "run"
     args = ["train", "--preset", "ppo", f"--model.name_or_path={tiny_model_dir}",

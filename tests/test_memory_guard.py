@@ -173,7 +173,7 @@ def test_weights_off_the_cpu_are_not_guarded(tiny_model, monkeypatch):
 
 
 def test_cli_stops_before_the_first_step(tmp_path, capsys, monkeypatch):
-    from rlvr.cli import main
+    from rlvr.cli.main import main
 
     monkeypatch.setenv("RLVR_MEMORY_LIMIT_GB", "0.01")
     rc = main(["train", "--output-dir", str(tmp_path / "run"), "--train.max_steps=1",

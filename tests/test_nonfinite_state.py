@@ -9,7 +9,7 @@ import shutil
 import pytest
 import torch
 
-from rlvr.cli import main
+from rlvr.cli.main import main
 from rlvr.run.checkpoint import (
     CheckpointError,
     list_checkpoints,

@@ -7,8 +7,9 @@ from __future__ import annotations
 import pytest
 
 import rlvr
-from rlvr.cli import main
-from rlvr.config import ConfigError, load_config
+from rlvr.cli.main import main
+from rlvr.config.load import load_config
+from rlvr.config.schema import ConfigError
 from rlvr.run.rundir import prepare_run_dir, unlock_run_dir
 from test_api import exact_answer, rows
 

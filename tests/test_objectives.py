@@ -18,7 +18,6 @@ from safetensors.torch import load_file
 
 import rlvr
 from e2e_objectives import centred_pg, centred_stats
-from rlvr.algorithm import Algorithm
 from rlvr.algos import policy_loss
 from rlvr.algos.objectives import (
     OBJECTIVES,
@@ -27,8 +26,10 @@ from rlvr.algos.objectives import (
     Objective,
     register_objective,
 )
-from rlvr.config import ConfigError, load_config
-from rlvr.train.update import batch_log_probs, policy_update
+from rlvr.config.algorithm import Algorithm
+from rlvr.config.load import load_config
+from rlvr.config.schema import ConfigError
+from rlvr.training.update import batch_log_probs, policy_update
 from same_run import Tolerance, assert_same_run, assert_same_weights
 from test_update import _batch, _samples
 
@@ -130,7 +131,7 @@ def test_batch_statistic_is_over_the_whole_mini_batch(tiny_model):
     # by hand: one forward of every response, the mean over the loss tokens (not truncated)
     batch = _batch(samples, cfg)
     model = copy.deepcopy(tiny_model).train()
-    from rlvr.train.batch import collate, token_log_probs
+    from rlvr.training.batch import collate, token_log_probs
 
     mb = collate(batch.samples, 0, "cpu")
     lp, _ = token_log_probs(model, mb, temperature=cfg.rollout.temperature)

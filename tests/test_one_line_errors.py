@@ -11,10 +11,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlvr.cli import main
-from rlvr.config import ConfigError, load_config
-from rlvr.data import DatasetError, load_prompt_dataset
-from rlvr.plots import PlotError, load_run
+from rlvr.cli.main import main
+from rlvr.cli.plot import PlotError, load_run
+from rlvr.config.load import load_config
+from rlvr.config.schema import ConfigError
+from rlvr.data.dataset import load_prompt_dataset
+from rlvr.data.errors import DatasetError
 from rlvr.run.manifest import write_manifest
 from rlvr.run.metrics import RunLogger
 from rlvr.run.rundir import truncate_jsonl

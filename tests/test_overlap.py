@@ -11,10 +11,11 @@ import json
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rlvr.cli import main
-from rlvr.config import Config, apply_changes
+from rlvr.cli.main import main
+from rlvr.config.load import apply_changes
+from rlvr.config.schema import Config
 from rlvr.rewards.scoring import Scorer
-from rlvr.train.overlap import PARTS, overlap_parts, part_bounds
+from rlvr.training.overlap import PARTS, overlap_parts, part_bounds
 from same_run import assert_same_run
 
 

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rlvr.passk import pass_at_k, pass_at_ks, problem_counts
+from rlvr.algos.passk import pass_at_k, pass_at_ks, problem_counts
 
 
 def test_hand_computed():

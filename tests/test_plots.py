@@ -5,8 +5,8 @@ import json
 import pytest
 import yaml
 
-from rlvr.cli import main
-from rlvr.plots import TITLES, PlotError, aggregate, build_figures, group_runs, load_run
+from rlvr.cli.main import main
+from rlvr.cli.plot import TITLES, PlotError, aggregate, build_figures, group_runs, load_run
 
 
 def write_run(path, *, seed=0, clip_high=0.2, steps=6, offset=0.0, summary=True):

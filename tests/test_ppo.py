@@ -172,14 +172,15 @@ def test_variants_train(tiny_model_dir, tmp_path, extra):
     ],
 )  # fmt: skip
 def test_config_refuses_by_name(overrides, message):
-    from rlvr.config import ConfigError, load_config
+    from rlvr.config.load import load_config
+    from rlvr.config.schema import ConfigError
 
     with pytest.raises(ConfigError, match=message):
         load_config(preset="ppo", overrides=overrides)
 
 
 def test_ppo_preset_takes_one_sample_per_prompt():
-    from rlvr.config import load_config
+    from rlvr.config.load import load_config
 
     cfg = load_config(preset="ppo")
     assert cfg.rollout.group_size == 1 and cfg.algo.advantage == "gae" and cfg.algo.kl_in_reward
@@ -197,7 +198,7 @@ def test_default_ppo_run_learns_and_its_critic_explains_the_return(tmp_path):
     thread; the plain head explains 0.10 there, docs/ppo_vs_grpo.md). Margins for a noisy
     machine."""
     from rlvr.algos import pooled_explained_variance
-    from rlvr.cli import main
+    from rlvr.cli.main import main
 
     run = tmp_path / "run"
     assert main(["train", "--preset", "ppo", "--output-dir", str(run), "--no-progress"]) == 0

@@ -5,11 +5,12 @@ import copy
 import pytest
 import torch
 
-from rlvr.config import ConfigError, load_config
+from rlvr.config.load import load_config
+from rlvr.config.schema import ConfigError
 from rlvr.cpu.packed import packed_linears, packing_available
 from rlvr.models import autocast
 from rlvr.rollout import FastEngine, SamplingParams
-from rlvr.train.update import policy_update
+from rlvr.training.update import policy_update
 from test_update import _batch, _samples
 
 
@@ -84,7 +85,7 @@ def test_gradient_checkpointing_gives_the_same_update(tiny_model):
 
 
 def test_gradient_checkpointing_turns_prompt_sharing_off():
-    from rlvr.train.micro import shares_prompt as _share
+    from rlvr.training.micro import shares_prompt as _share
 
     on = load_config(None, {"optim": {"gradient_checkpointing": True}})
     off = load_config(None, {})
@@ -119,7 +120,7 @@ def test_lora_dropout_acts_in_the_update(tiny_model):
 
 
 def test_config_turns_checkpointing_on(tiny_model_dir):
-    from rlvr.train.policy import load_policy
+    from rlvr.training.policy import load_policy
 
     cfg = load_config(
         None,

@@ -12,11 +12,12 @@ import pytest
 import torch
 
 from rlvr import cpu
-from rlvr.config import ConfigError, load_config
+from rlvr.config.load import load_config
+from rlvr.config.schema import ConfigError
 from rlvr.models import load_model
-from rlvr.train.batch import Sample, collate, token_log_probs
-from rlvr.train.policy import load_policy
-from rlvr.train.reference import ReferenceSync, mix_
+from rlvr.training.batch import Sample, collate, token_log_probs
+from rlvr.training.policy import load_policy
+from rlvr.training.reference import ReferenceSync, mix_
 from same_run import Tolerance, assert_same_run, assert_same_weights
 
 USER = f"{Path(__file__).parent / 'e2e_rewards.py'}:digit_share=1.0"

@@ -4,7 +4,7 @@ step with the same number of groups."""
 
 import json
 
-from rlvr.cli import main
+from rlvr.cli.main import main
 
 
 def _run(tmp_path, refill: str) -> list[dict]:
@@ -46,10 +46,10 @@ def test_a_rank_with_an_empty_share_generates_and_scores_nothing(tmp_path):
     decoding, scorer and tally must take an empty batch (the built-in model and task)."""
     from rich.console import Console
 
-    from rlvr.config import load_config
+    from rlvr.config.load import load_config
     from rlvr.rollout import SamplingParams, decode_completions
-    from rlvr.train.collect import Tally
-    from rlvr.train.trainer import setup
+    from rlvr.training.collect import Tally
+    from rlvr.training.trainer import setup
 
     cfg = load_config(None, {"train": {"output_dir": str(tmp_path / "run"), "eval_size": 0}})
     run, _ = setup(cfg, None, Console(quiet=True))

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlvr.cli import main
+from rlvr.cli.main import main
 from rlvr.run.manifest import verify_checkpoint, write_manifest
 
 REWARD = f"{Path(__file__).parent / 'e2e_rewards.py'}:digit_share"

@@ -9,8 +9,8 @@ import warnings
 import pytest
 import torch
 
-from rlvr.config import load_config
-from rlvr.prompts import Prompt
+from rlvr.config.load import load_config
+from rlvr.data.prompts import Prompt
 from rlvr.rewards.combine import RewardError, combine_rewards
 from rlvr.rewards.limits import with_time_limit
 from rlvr.rewards.scoring import Scorer

@@ -12,7 +12,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from rlvr.cli import main
+from rlvr.cli.main import main
 from rlvr.rewards.registry import make_reward
 from rlvr.rm.model import RewardModel
 from rlvr.rm.records import read_records
@@ -179,7 +179,8 @@ def test_iterative_loop_resumed_mid_iteration_is_the_same_run(rm_run, tiny_model
 
 
 def test_reward_model_keys_are_refused_by_name(tmp_path):
-    from rlvr.config import ConfigError, load_config
+    from rlvr.config.load import load_config
+    from rlvr.config.schema import ConfigError
 
     cases = [
         (

@@ -10,12 +10,12 @@ from dataclasses import replace
 import pytest
 import torch
 
-from rlvr.algorithm import Algorithm
-from rlvr.config import load_config
+from rlvr.config.algorithm import Algorithm
+from rlvr.config.load import load_config
+from rlvr.config.schema import ConfigError
 from rlvr.rollout import FastEngine, SamplingParams
-from rlvr.schema import ConfigError
-from rlvr.train.batch import Batch, Sample, rollout_log_probs
-from rlvr.train.update import advantages, policy_update
+from rlvr.training.batch import Batch, Sample, rollout_log_probs
+from rlvr.training.update import advantages, policy_update
 
 G, GROUPS = 4, 2
 

@@ -6,7 +6,7 @@ import torch
 from rlvr.models import build_tokenizer
 from rlvr.rollout import ENGINES, FastEngine, HFEngine, SamplingParams
 from rlvr.rollout.fast import filter_logits
-from rlvr.train.batch import Sample, collate, token_log_probs
+from rlvr.training.batch import Sample, collate, token_log_probs
 
 TEXTS = ["What is 2+3?", "hi", "Compute 17*3, then add 4.", "abc", "hi"]  # "hi" twice
 

@@ -15,12 +15,12 @@ import sys
 import pytest
 import torch
 
-from rlvr.config import Config, load_config
+from rlvr.config.load import load_config
+from rlvr.config.schema import Config, ConfigError
 from rlvr.models import eos_ids
 from rlvr.rollout import FastEngine, SamplingParams
 from rlvr.rollout.base import EngineSite
 from rlvr.rollout.server import ServerEngine, parse_cpus
-from rlvr.schema import ConfigError
 from rlvr.tasks import TASKS
 from rlvr.tools import Toolbox
 from same_run import Tolerance, assert_same_run
@@ -223,7 +223,7 @@ def test_trainer_cpus_pin_the_trainer(tiny_model_dir, tmp_path):
 
 
 def test_cpu_lists_without_the_server_are_refused():
-    from rlvr.validate import validate
+    from rlvr.config.validate import validate
 
     for key in ("cpus", "trainer_cpus", "device"):
         with pytest.raises(ConfigError, match=rf"rollout\.server\.{key}: got '0', but rollout\.server\.enabled is false"):  # fmt: skip
@@ -240,7 +240,7 @@ def test_no_room_for_the_weights_is_one_error_not_a_sigbus():
 
 
 def test_a_missing_device_is_named():
-    from rlvr.validate import validate
+    from rlvr.config.validate import validate
 
     asked = {"server.enabled": "true", "server.device": "cuda:7"}
     with pytest.raises(ConfigError, match=r"rollout\.server\.device: 'cuda:7' asked for, but this machine has \d+ CUDA"):  # fmt: skip

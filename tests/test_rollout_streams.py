@@ -11,7 +11,7 @@ from rlvr.models import build_tokenizer
 from rlvr.rollout import FastEngine, SamplingParams
 from rlvr.rollout.fast import row_generators, sample_tokens
 from rlvr.rollout.streams import CounterStreams, _mix32_int, mix32, row_key
-from rlvr.train.batch import Sample, collate, token_log_probs
+from rlvr.training.batch import Sample, collate, token_log_probs
 
 
 def test_mixer_matches_the_plain_integer_loop():

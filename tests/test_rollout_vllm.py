@@ -11,7 +11,8 @@ import pytest
 import torch
 from packaging.specifiers import SpecifierSet
 
-from rlvr.config import Config, ConfigError, validate
+from rlvr.config.schema import Config, ConfigError, ModelConfig, RolloutConfig, VLLMSettings
+from rlvr.config.validate import validate
 from rlvr.rollout import ENGINES, SamplingParams, derive_seed
 from rlvr.rollout.vllm import (
     VLLM_CPU_RANGE,
@@ -27,7 +28,6 @@ from rlvr.rollout.vllm import (
     sample_seeds,
     vllm_dtype,
 )
-from rlvr.schema import ModelConfig, RolloutConfig, VLLMSettings
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -77,7 +77,7 @@ def test_config_takes_vllm_on_the_cpu_and_refuses_bad_vllm_keys_by_name():
 
 @pytest.mark.skipif(not NO_VLLM, reason="checks the message where vllm is not installed")
 def test_train_without_vllm_stops_with_one_line(tiny_model_dir, tmp_path, capsys):
-    from rlvr.cli import main
+    from rlvr.cli.main import main
 
     rc = main(
         [
@@ -141,7 +141,7 @@ def test_kv_cache_bytes_by_hand():
 
 
 def _collect_params(step: int, batch: int, prompts: list[int], G: int) -> SamplingParams:
-    """SamplingParams as rlvr.train.collect builds them (per-prompt seeds on)."""
+    """SamplingParams as rlvr.training.collect builds them (per-prompt seeds on)."""
     return SamplingParams(
         n=G,
         max_new_tokens=8,

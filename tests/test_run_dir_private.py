@@ -13,7 +13,7 @@ import pytest
 
 import rlvr
 from conftest import small_run_args
-from rlvr.cli import main
+from rlvr.cli.main import main
 from rlvr.run.rundir import new_default_run_dir
 
 

@@ -8,7 +8,8 @@ import time
 
 import pytest
 
-from rlvr.config import ConfigError, load_config
+from rlvr.config.load import load_config
+from rlvr.config.schema import ConfigError
 from rlvr.run.rundir import (
     lock_run_dir,
     new_default_run_dir,

@@ -4,8 +4,8 @@ from pathlib import Path
 
 import torch
 
-from rlvr.config import load_config
-from rlvr.prompts import Prompt
+from rlvr.config.load import load_config
+from rlvr.data.prompts import Prompt
 from rlvr.rewards.scoring import Scorer
 from rlvr.rollout import Rollout
 

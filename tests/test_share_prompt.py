@@ -7,17 +7,17 @@ from dataclasses import replace
 import pytest
 import torch
 
-from rlvr.config import load_config
+from rlvr.config.load import load_config
 from rlvr.models import load_model
-from rlvr.train.batch import (
+from rlvr.training.batch import (
     Sample,
     collate,
     collate_shared,
     shared_token_log_probs,
     token_log_probs,
 )
-from rlvr.train.micro import micro_loss as _micro_loss
-from rlvr.train.update import _dummy, _micro_batches, batch_log_probs, policy_update
+from rlvr.training.micro import micro_loss as _micro_loss
+from rlvr.training.update import _dummy, _micro_batches, batch_log_probs, policy_update
 from test_update import _batch
 
 

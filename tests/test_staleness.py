@@ -1,4 +1,4 @@
-"""Bounded staleness (train.max_staleness, rlvr.train.pipeline): the config's refusals, the
+"""Bounded staleness (train.max_staleness, rlvr.training.pipeline): the config's refusals, the
 staleness check by hand, the batches ahead through the no-pickle trainer state, and on a
 real tiny run that a batch sampled one version behind carries that version's log-probs,
 which the rollout correction turns into weights != 1."""
@@ -10,12 +10,13 @@ import pytest
 import torch
 from rich.console import Console
 
-from rlvr.config import ConfigError, load_config
+from rlvr.config.load import load_config
+from rlvr.config.schema import ConfigError
 from rlvr.rollout import Rollout
 from rlvr.run.distributed import Dist
-from rlvr.train.batch import Batch, Sample, rollout_log_probs
-from rlvr.train.pipeline import Produced, StaleBatchError, check_staleness, staleness_metrics
-from rlvr.train.trainer import consume, setup
+from rlvr.training.batch import Batch, Sample, rollout_log_probs
+from rlvr.training.pipeline import Produced, StaleBatchError, check_staleness, staleness_metrics
+from rlvr.training.trainer import consume, setup
 
 DIGITS = f"{Path(__file__).parent / 'e2e_rewards.py'}:digit_share=1.0"  # varies within groups
 

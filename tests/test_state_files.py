@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from rlvr.cli import main
+from rlvr.cli.main import main
 from rlvr.run.checkpoint import CheckpointError, load_trainer_state, save_checkpoint
 from rlvr.run.manifest import verify_checkpoint, write_manifest
 

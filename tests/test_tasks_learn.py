@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from rlvr.cli import main
+from rlvr.cli.main import main
 from rlvr.tasks import TASKS
 
 # Steps per task: the whole default run (TINY_DEFAULTS, TINY_TASK_DEFAULTS) where it is short,

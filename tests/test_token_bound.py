@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
-from rlvr.token_bound import chars_per_token, min_tokens
+from rlvr.data.token_bound import chars_per_token, min_tokens
 
 CORPUS = ["hello world, this is some text: 12345 + 678 = 9. Ünïcödé 数学 ∑ é"] * 50
 
@@ -123,6 +123,6 @@ def test_a_10mb_prompt_is_refused_before_it_costs_gigabytes(tmp_path):
     assert "Traceback" not in res.stderr
     assert "error: big.jsonl:21: the prompt has 100000" in res.stderr
     assert "exceeds the model's context of" in res.stderr
-    # tokenizing it would peak near 4 GB (module docstring of rlvr.token_bound); the run's
+    # tokenizing it would peak near 4 GB (module docstring of rlvr.data.token_bound); the run's
     # own baseline (torch, the model, the 10 MB row) is a few hundred MB
     assert before / 1024 > 1500 or peak_mb < 1500, peak_mb

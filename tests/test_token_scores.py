@@ -1,4 +1,4 @@
-"""Chunked scoring (rlvr.train.token_scores): the log-probs, entropies, losses and gradients of
+"""Chunked scoring (rlvr.training.token_scores): the log-probs, entropies, losses and gradients of
 every trained parameter equal the full-logits path's, on models with a 50,000-token
 vocabulary and a tiny width, with ragged lengths, temperature 0.7, prompt sharing on and off,
 LoRA (the head adapted too), tied embeddings and Gemma-2's final-logit soft cap.
@@ -16,8 +16,8 @@ import pytest
 import torch
 from transformers import Gemma2Config, Gemma2ForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-from rlvr.config import load_config
-from rlvr.train.batch import (
+from rlvr.config.load import load_config
+from rlvr.training.batch import (
     Batch,
     Sample,
     collate,
@@ -25,8 +25,8 @@ from rlvr.train.batch import (
     shared_token_log_probs,
     token_log_probs,
 )
-from rlvr.train.micro import micro_loss as _micro_loss
-from rlvr.train.token_scores import chunk_tokens, score_hidden
+from rlvr.training.micro import micro_loss as _micro_loss
+from rlvr.training.token_scores import chunk_tokens, score_hidden
 
 VOCAB = 50_000
 SLOW = pytest.mark.slow

@@ -179,10 +179,11 @@ def test_tool_turn_is_the_chat_templates_suffix():
 
 
 def test_config_keys_and_the_runs_toolbox():
-    from rlvr.config import ConfigError, load_config
-    from rlvr.prompts import PromptSource
+    from rlvr.config.load import load_config
+    from rlvr.config.schema import ConfigError
+    from rlvr.data.prompts import PromptSource
     from rlvr.tasks import TASKS
-    from rlvr.train.setup import Given, build_toolbox
+    from rlvr.training.setup import Given, build_toolbox
 
     tok = build_tokenizer()
     for bad, key in [
@@ -216,8 +217,9 @@ def test_config_keys_and_the_runs_toolbox():
 def test_prompts_must_leave_room_for_the_total_budget(tmp_path):
     """With tools a response may be max_total_tokens long: a prompt that leaves less room
     than that in the model's context is refused by that key."""
-    from rlvr.config import ConfigError, load_config
-    from rlvr.prompts import load_prompts
+    from rlvr.config.load import load_config
+    from rlvr.config.schema import ConfigError
+    from rlvr.data.prompts import load_prompts
 
     tok = build_tokenizer()
     over = {

@@ -4,11 +4,11 @@ conversation."""
 
 import torch
 
-from rlvr.config import load_config
-from rlvr.train.batch import Batch, Sample, collate, token_log_probs
-from rlvr.train.micro import loss_counts as _loss_counts
-from rlvr.train.micro import micro_loss as _micro_loss
-from rlvr.train.ppo import loss_mask
+from rlvr.config.load import load_config
+from rlvr.training.batch import Batch, Sample, collate, token_log_probs
+from rlvr.training.micro import loss_counts as _loss_counts
+from rlvr.training.micro import micro_loss as _micro_loss
+from rlvr.training.ppo import loss_mask
 
 PROMPT = [9, 10, 11, 12]
 BEFORE = [20, 21, 22, 105]  # the model's turn, ending with </tool_call>

@@ -204,7 +204,7 @@ def test_sampled_log_probs_are_the_trainers(setup, path):
     trainer's on the whole row, tool turns as context."""
     from rlvr import cpu
     from rlvr.rollout import FastEngine
-    from rlvr.train.batch import rollout_log_probs
+    from rlvr.training.batch import rollout_log_probs
 
     tok, box, model, ((a, _), (b, _)) = setup
     kw = {} if path == "backend" else {"backend": cpu.OFF}

@@ -1,4 +1,4 @@
-"""TRL's GRPOConfig names as rlvr config (rlvr.trl_compat): batch units, step units, what is
+"""TRL's GRPOConfig names as rlvr config (rlvr.api.trl): batch units, step units, what is
 refused and why, aliases in `config=` and on the command line, did-you-mean for near misses,
 and a peft.LoraConfig as model.lora_* keys. Plain mappings need no trl; the GRPOConfig object
 tests skip without it."""
@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import pytest
 
-from rlvr.api_inputs import overrides
-from rlvr.config import ConfigError, load_config
-from rlvr.trl_compat import peft_changes, trl_changes
+from rlvr.api.inputs import overrides
+from rlvr.api.trl import peft_changes, trl_changes
+from rlvr.config.load import load_config
+from rlvr.config.schema import ConfigError
 
 
 def test_only_the_keys_given_are_applied():

@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 
 import rlvr
-from rlvr.config import ConfigError
-from rlvr.data import DatasetError, load_prompt_dataset
+from rlvr.config.schema import ConfigError
+from rlvr.data.dataset import load_prompt_dataset
+from rlvr.data.errors import DatasetError
 from rlvr.run.callbacks import CallbackError
 
 SMALL = {"train.eval_size": 0, "rollout.max_new_tokens": 12}

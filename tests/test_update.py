@@ -7,9 +7,9 @@ from dataclasses import replace
 import pytest
 import torch
 
-from rlvr.config import load_config
-from rlvr.train.batch import Batch, Sample
-from rlvr.train.update import advantages, batch_log_probs, policy_update
+from rlvr.config.load import load_config
+from rlvr.training.batch import Batch, Sample
+from rlvr.training.update import advantages, batch_log_probs, policy_update
 
 
 def _samples(G=4, groups=3, seed=0):
@@ -143,7 +143,7 @@ def test_logprob_diff_is_engine_minus_trainer_over_generated_tokens(tiny_model):
 def test_a_rank_without_rows_in_a_mini_batch_counts_nothing():
     """Under 2 ranks a mini-batch can leave one rank no rows: its loss counts are 0 (the empty
     truncation list must stay a bool tensor for overlong filtering)."""
-    from rlvr.train.micro import loss_counts as _loss_counts
+    from rlvr.training.micro import loss_counts as _loss_counts
 
     cfg = load_config(None, {"algo": {"overlong_filter": True}})
     assert _loss_counts([], cfg) == [0.0, 0.0]

@@ -17,7 +17,7 @@ import torch
 from rlvr.models import autocast, eos_ids, load_model, load_tokenizer
 from rlvr.rollout import ENGINES, FastEngine, HFEngine, SamplingParams
 from rlvr.rollout.vllm import installed_vllm, kv_cache_bytes
-from rlvr.train.batch import rollout_log_probs
+from rlvr.training.batch import rollout_log_probs
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None and installed_vllm() is not None
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -204,12 +204,12 @@ def test_build_engine_with_each_callers_site_and_the_vllm_section(tok):
     """The one constructor (`rlvr.rollout.build_engine`) with the sites of training, `rlvr
     eval` and `rlvr rm`: each builds and samples; on the CPU the KV cache is the site's rows
     at the site's context (rm: the defaults, 64 rows at the model's context)."""
-    from rlvr.config import load_config
-    from rlvr.evaluate import eval_site
-    from rlvr.prompts import load_prompts
+    from rlvr.cli.eval import eval_site
+    from rlvr.config.load import load_config
+    from rlvr.data.prompts import load_prompts
     from rlvr.rollout import EngineSite, VLLMEngine, build_engine
     from rlvr.run.distributed import Dist
-    from rlvr.train.setup import engine_site
+    from rlvr.training.setup import engine_site
 
     model = load_model("rlvr-tiny", device=DEVICE).eval()
     rollout = {"engine": "vllm", "prompts_per_step": 2, "group_size": 4, "max_new_tokens": 8}

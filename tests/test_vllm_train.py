@@ -12,7 +12,7 @@ import json
 
 import pytest
 
-from rlvr.cli import main
+from rlvr.cli.main import main
 from rlvr.rollout.vllm import installed_vllm
 from test_tasks_learn import STEPS
 

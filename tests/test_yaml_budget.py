@@ -9,9 +9,10 @@ import time
 import pytest
 import yaml
 
-from rlvr.cli import main
-from rlvr.config import ConfigError, load_config
-from rlvr.safe_yaml import MAX_VALUES, load_yaml
+from rlvr.cli.main import main
+from rlvr.config.load import load_config
+from rlvr.config.safe_yaml import MAX_VALUES, load_yaml
+from rlvr.config.schema import ConfigError
 
 
 def bomb(levels: int, width: int = 9) -> str:

@@ -6,9 +6,10 @@ import re
 import pytest
 import yaml
 
-from rlvr.cli import main
-from rlvr.config import ConfigError, load_config
-from rlvr.safe_yaml import load_yaml
+from rlvr.cli.main import main
+from rlvr.config.load import load_config
+from rlvr.config.safe_yaml import load_yaml
+from rlvr.config.schema import ConfigError
 
 # clip_high set at the top of `algo`, then again four lines down
 TWICE = """\

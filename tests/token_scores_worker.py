@@ -13,7 +13,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).parent))
 from rlvr.run.distributed import Dist, gathered, shutdown, wrap
-from rlvr.train.batch import collate, token_log_probs
+from rlvr.training.batch import collate, token_log_probs
 from test_token_scores import TEMPERATURE, _qwen2, _samples, _weights
 
 

@@ -124,15 +124,16 @@ def test_every_token_keeps_a_gradient():
     ],
 )
 def test_refused_settings_name_the_key(algo, match):
-    from rlvr.config import ConfigError, load_config
+    from rlvr.config.load import load_config
+    from rlvr.config.schema import ConfigError
 
     with pytest.raises(ConfigError, match=match):
         load_config(None, {"preset": "cispo", "algo": algo})
 
 
 def test_preset():
-    from rlvr.algorithm import Algorithm
-    from rlvr.config import load_config
+    from rlvr.config.algorithm import Algorithm
+    from rlvr.config.load import load_config
 
     algo = Algorithm.from_config(load_config(None, {"preset": "cispo"}))
     assert algo.objective.name == "cispo"

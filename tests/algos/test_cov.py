@@ -12,10 +12,11 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rlvr.algorithm import Algorithm
 from rlvr.algos.cov import uniform_keys
 from rlvr.algos.objectives import OBJECTIVES, LossInputs, LossSettings
-from rlvr.config import ConfigError, load_config
+from rlvr.config.algorithm import Algorithm
+from rlvr.config.load import load_config
+from rlvr.config.schema import ConfigError
 
 from .helpers import PROPS, loop_aggregate, loop_cov_selection, stage_totals
 

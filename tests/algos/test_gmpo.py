@@ -165,15 +165,16 @@ def test_rollout_weights_scale_each_response_by_their_mean():
     ],
 )
 def test_refused_settings_name_the_key(algo, match):
-    from rlvr.config import ConfigError, load_config
+    from rlvr.config.load import load_config
+    from rlvr.config.schema import ConfigError
 
     with pytest.raises(ConfigError, match=match):
         load_config(None, {"preset": "gmpo", "algo": algo})
 
 
 def test_preset():
-    from rlvr.algorithm import Algorithm
-    from rlvr.config import load_config
+    from rlvr.config.algorithm import Algorithm
+    from rlvr.config.load import load_config
 
     algo = Algorithm.from_config(load_config(None, {"preset": "gmpo"}))
     assert algo.objective.name == "gmpo" and algo.settings.agg == "sample_mean"

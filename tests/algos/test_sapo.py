@@ -172,14 +172,16 @@ def test_rollout_weights_scale_the_policy_term_not_the_kl():
     ],
 )
 def test_refused_settings_name_the_key(algo, match):
-    from rlvr.config import ConfigError, load_config
+    from rlvr.config.load import load_config
+    from rlvr.config.schema import ConfigError
 
     with pytest.raises(ConfigError, match=match):
         load_config(None, {"preset": "sapo", "algo": algo})
 
 
 def test_taus_are_refused_by_the_objectives_without_a_gate():
-    from rlvr.config import ConfigError, load_config
+    from rlvr.config.load import load_config
+    from rlvr.config.schema import ConfigError
 
     for loss in ("clip", "cispo"):
         with pytest.raises(ConfigError, match=rf"^algo\.tau_pos: got 2\.0, .*unused by {loss}"):
@@ -187,8 +189,8 @@ def test_taus_are_refused_by_the_objectives_without_a_gate():
 
 
 def test_preset():
-    from rlvr.algorithm import Algorithm
-    from rlvr.config import load_config
+    from rlvr.config.algorithm import Algorithm
+    from rlvr.config.load import load_config
 
     algo = Algorithm.from_config(load_config(None, {"preset": "sapo"}))
     assert algo.objective.name == "sapo" and algo.settings.agg == "sample_mean"

@@ -167,7 +167,8 @@ def test_histograms_are_the_same_however_the_batch_is_split():
     ],
 )
 def test_refused_settings_name_the_key(algo, match):
-    from rlvr.config import ConfigError, load_config
+    from rlvr.config.load import load_config
+    from rlvr.config.schema import ConfigError
 
     with pytest.raises(ConfigError, match=match) as e:
         load_config(None, {"preset": "dapo", "algo": algo})
@@ -175,8 +176,8 @@ def test_refused_settings_name_the_key(algo, match):
 
 
 def test_any_objective_takes_the_option():
-    from rlvr.algorithm import Algorithm
-    from rlvr.config import load_config
+    from rlvr.config.algorithm import Algorithm
+    from rlvr.config.load import load_config
 
     for preset in ("dapo", "cispo", "sapo", "gmpo"):
         cfg = load_config(None, {"preset": preset, "algo": {"top_entropy_quantile": 0.2}})

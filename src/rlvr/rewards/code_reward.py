@@ -4,7 +4,7 @@ The program is the last ```python fenced block of the completion (or the last ``
 with `require_fence=False` a completion without one is run whole. A row with a `code_prefix`
 column (HumanEval's prompt: the function the completion continues) runs the prefix, then the
 fenced block, or, without a fence, the completion cut at the first stop sequence
-(`rlvr.code_data.STOP`), so a base model's continuation and a chat model's restated function
+(`rlvr.data.code.STOP`), so a base model's continuation and a chat model's restated function
 both score. Reward = passed / total;
 no code scores 0; a sample without tests gets None.
 
@@ -13,7 +13,7 @@ absent, from the reference `answer` parsed as JSON. Two formats:
   - assertions: a list of Python snippets (MBPP, HumanEval "check(...)"), or one snippet;
     one passes when it raises nothing. The snippets see the prefix's own names, run in
     their sandbox, then those of the solution's top-level names the prefix does not bind
-    (`rlvr.code_data.prefix_parts`): the helpers a prompt defines and its tests call (HumanEval/32's
+    (`rlvr.data.code.prefix_parts`): the helpers a prompt defines and its tests call (HumanEval/32's
     `poly`, /38's `encode_cyclic`) are the dataset's, so a wrong answer cannot pass by
     redefining the helper that checks it;
   - stdin/stdout: {"inputs": [...], "outputs": [...]} (APPS, CodeContests) or a list of
@@ -59,7 +59,7 @@ def extract_program(completion: str, prefix: str | None = None, *,
     block = extract_code(completion)
     if block is not None:
         return prefix + "\n" + block
-    from rlvr.code_data import STOP
+    from rlvr.data.code import STOP
 
     cut = min((i for i in (completion.find(s) for s in STOP) if i >= 0), default=len(completion))
     body = completion[:cut]
@@ -68,8 +68,8 @@ def extract_program(completion: str, prefix: str | None = None, *,
 
 def _given(prefix: str | None) -> str:
     """The dataset's part of a code prefix: its code before the function the completion
-    writes (`rlvr.code_data.prefix_parts`)."""
-    from rlvr.code_data import prefix_parts
+    writes (`rlvr.data.code.prefix_parts`)."""
+    from rlvr.data.code import prefix_parts
 
     return prefix_parts(prefix)[0] if prefix else ""
 

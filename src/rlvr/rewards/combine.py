@@ -32,7 +32,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from rlvr.config import ConfigError
+from rlvr.config.schema import ConfigError
 from rlvr.rewards.limits import awaited
 
 RewardFn = Callable[..., list]
@@ -41,7 +41,7 @@ FLOAT32_MAX = 3.4028234663852886e38  # rewards become float32 tensors: larger is
 
 # Every keyword name the trainer passes to reward functions (TRL's GRPOTrainer names first),
 # plus the scorer's own argument. A dataset column may not take one of these names: it would
-# replace the trainer's value. `rlvr.prompts` refuses such a column when the data is loaded.
+# replace the trainer's value. `rlvr.data.prompts` refuses such a column when the data is loaded.
 RESERVED_KWARGS: tuple[str, ...] = (
     "prompts",
     "completions",

@@ -6,6 +6,7 @@ import functools
 import inspect
 from collections.abc import Callable
 
+from rlvr.config.names import did_you_mean
 from rlvr.rewards.code_reward import make_code_reward
 from rlvr.rewards.format import make_format_reward
 from rlvr.rewards.language import make_language_reward
@@ -13,7 +14,6 @@ from rlvr.rewards.length import make_soft_overlong_reward
 from rlvr.rewards.math import make_math_reward
 from rlvr.rewards.model_based import make_judge_reward, make_reward_model_reward
 from rlvr.rewards.user import load_user_reward
-from rlvr.trl_compat import did_you_mean
 
 FACTORIES: dict[str, Callable] = {
     "math": make_math_reward,

@@ -18,8 +18,8 @@ from typing import Any
 import torch
 
 from rlvr.algos import soft_overlong_penalty
-from rlvr.config import Config, ConfigError, RewardConfig
-from rlvr.prompts import Prompt
+from rlvr.config.schema import Config, ConfigError, RewardConfig
+from rlvr.data.prompts import Prompt
 from rlvr.rewards.combine import RESERVED_KWARGS, combine_rewards
 from rlvr.rewards.limits import with_time_limit
 from rlvr.rollout import Rollout
@@ -163,7 +163,7 @@ class Scorer:
     def _prompt(self, p: Prompt) -> str | list[dict]:
         """The prompt as rewards see it: the dataset's chat messages, or its string through
         `data.prompt_template`; a built-in task's question; else the rendered text."""
-        from rlvr.data import PromptExample, build_messages
+        from rlvr.data.dataset import PromptExample, build_messages
 
         d = self.cfg.data
         if isinstance(p.example, PromptExample):

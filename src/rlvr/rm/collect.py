@@ -1,6 +1,6 @@
 """Responses sampled from a policy at its temperature, labelled by the rule.
 
-The sampling is the held-out evaluation's (`rlvr.train.evaluation.evaluate`): every prompt
+The sampling is the held-out evaluation's (`rlvr.training.evaluation.evaluate`): every prompt
 draws from its own seed, here derived from the run seed and the split, so a resumed run
 collects the same responses. The label is the rule's verdict (the task's verifier or
 `reward.accuracy`); `well_formed` is the R1 format with one answer block
@@ -11,13 +11,13 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from rlvr.config import Config
-from rlvr.prompts import Prompt
+from rlvr.config.schema import Config
+from rlvr.data.prompts import Prompt
 from rlvr.rewards.scoring import Scorer
 from rlvr.rm.records import Record
 from rlvr.rollout import derive_seed
 from rlvr.tasks.base import format_ok
-from rlvr.train.evaluation import eval_params, evaluate
+from rlvr.training.evaluation import eval_params, evaluate
 
 
 def sample_records(

@@ -10,9 +10,9 @@ from typing import Any, Literal
 
 import yaml
 
-from rlvr.config import ConfigError, _coerce
-from rlvr.schema import field_docs
-from rlvr.trl_compat import did_you_mean
+from rlvr.config.load import _coerce
+from rlvr.config.names import did_you_mean
+from rlvr.config.schema import ConfigError, field_docs
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 import torch
 
 if TYPE_CHECKING:
-    from rlvr.config import Config
+    from rlvr.config.schema import Config
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ rollout, each prompt's KV kept once and read by all G samples, the Llama family'
 decoding step with small C kernels, the C sampler. The torch code above is their fallback and
 the reference they are tested against.
 
-Positions and masks are the trainer's (`rlvr.train.batch`): left-padded prompt, position ids
+Positions and masks are the trainer's (`rlvr.training.batch`): left-padded prompt, position ids
 ``cumsum(attention_mask) - 1``, so `sampling_log_probs` (log-softmax of logits / temperature
 at the sampled token, fp32) match `token_log_probs` on the same sequences.
 """

@@ -12,16 +12,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from rlvr.config.schema import ConfigError
 from rlvr.models import eos_ids
 from rlvr.rollout.base import EngineError, EngineSite, RolloutEngine
 from rlvr.rollout.fast import FastEngine
 from rlvr.rollout.hf import HFEngine
 from rlvr.rollout.server import ServerEngine
 from rlvr.rollout.vllm import VLLMEngine  # imports vllm only when constructed
-from rlvr.schema import ConfigError
 
 if TYPE_CHECKING:
-    from rlvr.config import Config
+    from rlvr.config.schema import Config
 
 ENGINES: dict[str, type[RolloutEngine]] = {"fast": FastEngine, "hf": HFEngine, "vllm": VLLMEngine}
 

@@ -42,13 +42,13 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from rlvr.config.schema import ConfigError
 from rlvr.rewards.sandbox.liveness import Helper, wait_until
 from rlvr.rollout.base import EngineSite, Rollout, SamplingParams
 from rlvr.rollout.weight_sync import is_peft, policy_weights, trainable_names
-from rlvr.schema import ConfigError
 
 if TYPE_CHECKING:
-    from rlvr.config import Config
+    from rlvr.config.schema import Config
 
 _LAUNCH_VARS = (
     "RANK",

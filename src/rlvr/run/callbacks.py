@@ -32,7 +32,7 @@ def is_trainer_callback(cb: Any) -> bool:
 
 
 def check_callbacks(callbacks: Sequence[Any]) -> None:
-    from rlvr.config import ConfigError
+    from rlvr.config.schema import ConfigError
 
     for cb in callbacks:
         if not (is_trainer_callback(cb) or callable(cb)):

@@ -27,7 +27,7 @@ inputs and outputs, q/k/v, attention output, residuals; gate, up, SiLU and produ
 gradient checkpointing only each layer's input is kept, plus what the recomputed layer and
 its gradients hold while it runs (GC_LAYERS layers' worth). 3 V are the logits, their
 log-softmax and its gradient when every response token's logits exist at once; scored in
-chunks (`rlvr.train.token_scores`) only one chunk's vocabulary-wide tensors exist, plus the
+chunks (`rlvr.training.token_scores`) only one chunk's vocabulary-wide tensors exist, plus the
 hidden states' copy, its gradient and the log-probs (12 r d at most). RUNTIME, STATE and ACTIVATION are fitted by `bench/memory.py` to peak RSS probes
 of real training steps without checkpointing, GC_LAYERS to one with it (its output is in
 bench/README.md). The guard covers runs whose weights are on the CPU (a GPU's memory is not
@@ -41,8 +41,8 @@ from dataclasses import dataclass
 
 import torch
 
-from rlvr.schema import ConfigError
-from rlvr.train.token_scores import chunk_tokens, scoring_bytes
+from rlvr.config.schema import ConfigError
+from rlvr.training.token_scores import chunk_tokens, scoring_bytes
 
 GIB = 1024**3
 

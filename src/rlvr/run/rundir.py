@@ -33,7 +33,8 @@ import sys
 import time
 from pathlib import Path
 
-from rlvr.config import Config, ConfigError, dump_yaml
+from rlvr.config.load import dump_yaml
+from rlvr.config.schema import Config, ConfigError
 from rlvr.run.checkpoint import remove_staging
 from rlvr.run.private import FILE_MODE, private_dir, write_private
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from rlvr.config import Config, ConfigError, apply_changes, flat_keys, load_config, to_dict
+from rlvr.config.load import apply_changes, flat_keys, load_config, to_dict
+from rlvr.config.schema import Config, ConfigError
 
 # Keys a resumed run may change: none of them changes the math of the steps still to come.
 RESUME_SAFE = {

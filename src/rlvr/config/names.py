@@ -1,0 +1,50 @@
+"""The names a config key may go by besides its own: TRL's `GRPOConfig` field names of the same
+meaning and units (`learning_rate` is `optim.lr`), which `config=`, YAML files and the command
+line take with a one-line note, and the "did you mean" hint of an unknown name. The rest of
+TRL's names (those that map with a conversion, or not at all) are `rlvr.api.trl`'s."""
+
+from __future__ import annotations
+
+import difflib
+
+# TRL field -> rlvr key, same meaning and units (also the aliases `config=` and the CLI take).
+SAME: dict[str, str] = {
+    "learning_rate": "optim.lr",
+    "weight_decay": "optim.weight_decay",
+    "adam_beta1": "optim.beta1",
+    "adam_beta2": "optim.beta2",
+    "warmup_steps": "optim.warmup_steps",
+    "max_grad_norm": "optim.max_grad_norm",
+    "gradient_checkpointing": "optim.gradient_checkpointing",
+    "num_generations": "rollout.group_size",
+    "max_completion_length": "rollout.max_new_tokens",
+    "temperature": "rollout.temperature",
+    "top_p": "rollout.top_p",
+    "top_k": "rollout.top_k",
+    "beta": "algo.kl_coef",
+    "epsilon": "algo.clip_low",
+    "epsilon_high": "algo.clip_high",
+    "delta": "algo.dual_clip",
+    "num_iterations": "algo.mu",
+    "mask_truncated_completions": "algo.overlong_filter",
+    "importance_sampling_level": "algo.ratio",
+    "seed": "train.seed",
+    "save_total_limit": "train.keep_checkpoints",
+    "project": "train.project",
+    "output_dir": "train.output_dir",
+}
+
+
+def did_you_mean(name: str, choices) -> str:
+    """ "; did you mean X?" for a near miss among `choices`, else ""."""
+    close = difflib.get_close_matches(name, list(choices), n=1, cutoff=0.75)
+    return f"; did you mean {close[0]}?" if close else ""
+
+
+def alias(name: str) -> tuple[str, str, str] | None:
+    """(section, key, note) when `name` is TRL's name for an rlvr key of the same meaning."""
+    key = SAME.get(name)
+    if key is None:
+        return None
+    section, rlvr_name = key.split(".")
+    return section, rlvr_name, f"note: {name} is TRL's name for {key}"

@@ -1,0 +1,89 @@
+"""The config schema's rollout section: `rollout.*` and its engines' own sections
+(`rollout.vllm.*`, `rollout.server.*`), documented as the rest of the schema is (rlvr.config.schema)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+
+@dataclass(frozen=True)
+class VLLMSettings:
+    """The vllm engine's own settings (`rollout.vllm.dtype`, `rollout.vllm.memory`); the
+    other engines ignore them.
+
+    dtype: the vllm engine's dtype: auto (bfloat16 under model.autocast=bfloat16, else
+        model.dtype), float32, bfloat16 or float16.
+    memory: fraction of the GPU's memory the vllm engine takes while awake (weights and KV
+        cache; vLLM's gpu_memory_utilization).
+    """
+
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    memory: float = 0.35
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    """The rollout server (`rollout.server.KEY`, docs/async.md): the engine in a process of
+    its own, fed the policy's weights after each update, so that under train.max_staleness = k
+    > 0 the next batch is generated while the trainer updates.
+
+    enabled: run `rollout.engine` (fast or vllm) in the server process.
+    cpus: the CPUs the server process is pinned to (process affinity), e.g. "0" or "0-3,8"; empty
+        = all this process may use.
+    trainer_cpus: the CPUs the trainer process is pinned to, its torch threads one per CPU;
+        empty = left as they are.
+    device: the server's device, e.g. "cuda:1" for generation on a GPU of its own; empty = the
+        trainer's.
+    """
+
+    enabled: bool = False
+    cpus: str = ""
+    trainer_cpus: str = ""
+    device: str = ""
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    """Sampling: how many responses, how long, at what temperature.
+
+    engine: "fast" (own decode loop: prompt prefilled once per group, static KV cache), "hf"
+        (generate) or "vllm" (vLLM colocated on the GPU; the `vllm` extra).
+    prompts_per_step: prompts whose groups enter one rollout batch (after dynamic sampling).
+    group_size: G, responses sampled per prompt.
+    max_new_tokens: generation cap L_max in tokens; a response without EOS by then is truncated.
+    temperature: sampling temperature; the trainer applies the same one to its log-probs.
+    top_p: nucleus sampling threshold (1.0 = off).
+    top_k: top-k sampling (0 = off).
+    min_new_tokens: suppress EOS before this many tokens (benchmarks force lengths with it; 0 = off).
+    seed_per_prompt: draw each prompt's samples from its own seed, whatever else shares the batch
+        (always on under torchrun, so N ranks sample what one process would).
+    vllm: the vllm engine's settings, `rollout.vllm.KEY` (`VLLMSettings`).
+    server: the rollout server, `rollout.server.KEY` (`ServerSettings`).
+    tools: tools the model may call inside a response (docs/tools.md): built-in names (calc,
+        python), "module:function" or "path/file.py:function"; empty = the task's own tools.
+    max_tool_calls: tool calls run per response; a call past it is left as plain text.
+    max_total_tokens: with tools, the whole response's budget (the model's tokens and the tool
+        turns together); none = rollout.max_new_tokens, which then caps both. max_new_tokens
+        always caps the model's own tokens.
+    tool_timeout_s: wall-clock limit of one tool call; past it the model reads an error.
+    tool_call_tags: the two tags around a tool call's JSON in the model's text (Hermes /
+        Qwen2.5's by default); the row stops when the model completes the second.
+    """
+
+    engine: Literal["fast", "hf", "vllm"] = "fast"
+    prompts_per_step: int = 16
+    group_size: int = 8
+    max_new_tokens: int = 32
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_new_tokens: int = 0
+    seed_per_prompt: bool = False
+    vllm: VLLMSettings = field(default_factory=VLLMSettings)
+    server: ServerSettings = field(default_factory=ServerSettings)
+    tools: tuple[str, ...] = ()
+    max_tool_calls: int = 4
+    max_total_tokens: int | None = None
+    tool_timeout_s: float = 10.0
+    tool_call_tags: tuple[str, ...] = ("<tool_call>", "</tool_call>")

@@ -1,0 +1,295 @@
+"""Collection: prompts -> G responses each -> scores -> kept groups
+(docs/algorithms.md#dynamic-sampling).
+
+Under data parallelism every rank draws the same prompt batch and generates for its own
+contiguous share of it (whole groups); the correctness of every group is gathered so that
+dynamic sampling keeps the same groups on every rank. A kept group lives on the rank that
+generated it, numbered by its place among the kept groups of all ranks (`Batch`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass
+
+import torch
+
+from rlvr.algos import DynamicSamplingBuffer, keep_groups, refill_size
+from rlvr.config.algorithm import Algorithm
+from rlvr.config.schema import Config
+from rlvr.data.prompts import Prompt
+from rlvr.rewards.scoring import Scorer, Scores
+from rlvr.rollout import Rollout, RolloutEngine, SamplingParams, derive_seed
+from rlvr.run.distributed import Dist
+from rlvr.training.batch import Batch, Sample
+from rlvr.training.overlap import Timing, generate_and_score, overlap_parts
+
+
+class PromptSampler:
+    """Epoch-wise shuffled order over the training prompts; its whole state is `position`."""
+
+    def __init__(self, num_prompts: int, seed: int, position: int = 0):
+        self.num_prompts, self.seed, self.position = num_prompts, seed, position
+        self._epoch, self._order = -1, torch.empty(0, dtype=torch.long)
+
+    def take(self, k: int) -> list[int]:
+        out = []
+        for _ in range(k):
+            epoch, i = divmod(self.position, self.num_prompts)
+            if epoch != self._epoch:
+                g = torch.Generator().manual_seed(derive_seed(self.seed, "data", epoch))
+                self._epoch, self._order = epoch, torch.randperm(self.num_prompts, generator=g)
+            out.append(int(self._order[i]))
+            self.position += 1
+        return out
+
+
+@dataclass
+class Collected:
+    """A rollout batch ready for the update (this rank's kept groups), with what its
+    collection saw."""
+
+    batch: Batch
+    metrics: dict[str, float]
+    examples: list[dict]
+
+
+def _one_token_repeated(ids: list[int], min_len: int = 4) -> bool:
+    """A degenerate response: at least `min_len` copies of one token (a final EOS aside)."""
+    core = ids if len(set(ids)) == 1 else ids[:-1]
+    return len(core) >= min_len and len(set(core)) == 1
+
+
+class Tally:
+    """Sums over everything generated in a step (all generation batches, all ranks)."""
+
+    def __init__(self) -> None:
+        self.sums: Counter[str] = Counter()
+        self.len_max = 0
+
+    def add(self, rollout: Rollout, scores: Scores, completions: list[str], G: int) -> None:
+        per_group = scores.correct.view(-1, G).sum(1)
+        lengths = rollout.lengths.tolist()
+        s = self.sums
+        s["n"] += len(lengths)
+        s["correct"] += int(scores.correct.sum())
+        s["all_correct"] += int((per_group == G).sum()) * G
+        s["all_wrong"] += int((per_group == 0).sum()) * G
+        lone = G == 1  # a lone sample (PPO) is no group of identical responses
+        s["identical"] += G * sum(
+            not lone and len(set(completions[g * G : (g + 1) * G])) == 1
+            for g in range(len(per_group))
+        )
+        s["repeat"] += sum(
+            _one_token_repeated(rollout.completion_ids[i, :n].tolist())
+            for i, n in enumerate(lengths)
+        )
+        s["truncated"] += int(rollout.truncated.sum())
+        s["tokens"] += sum(lengths)
+        s["reward_sum"] += float(scores.total.sum())
+        s["reward_sq"] += float((scores.total**2).sum())
+        for name, values in scores.terms.items():
+            s[f"reward/{name}"] += float(values.sum())
+        for name, count in scores.failures.items():
+            s[f"failures/{name}"] += count
+        self.len_max = max(self.len_max, max(lengths, default=0))
+        if rollout.tool_calls is not None:
+            for key, value in tool_sums(rollout, scores.correct).items():
+                s[key] += value
+
+    def metrics(self, d: Dist) -> dict[str, float]:
+        keys = sorted(set().union(*d.gather(sorted(self.sums))))  # every rank's names
+        total = dict(zip(keys, d.sum([float(self.sums[k]) for k in keys])))
+        n = max(total["n"], 1.0)
+        mean = total["reward_sum"] / n
+        out = {
+            "reward/mean": mean,
+            "reward/std": math.sqrt(max(total["reward_sq"] / n - mean**2, 0.0)),
+            **{k: v / n for k, v in total.items() if k.startswith("reward/")},
+            **{k: v for k, v in total.items() if k.startswith("failures/")},
+            "accuracy": total["correct"] / n,
+            "groups/all_correct_frac": total["all_correct"] / n,
+            "groups/all_wrong_frac": total["all_wrong"] / n,
+            "groups/identical_frac": total["identical"] / n,
+            "response/length_mean": total["tokens"] / n,
+            "response/length_max": d.max(self.len_max),
+            "response/truncation_rate": total["truncated"] / n,
+            "response/repeat_frac": total["repeat"] / n,
+            "generated_tokens": total["tokens"],
+            "responses": total["n"],
+        }
+        if "tools/samples" in total:
+            out.update(tool_metrics(total))
+        return out
+
+
+def tool_sums(rollout: Rollout, correct: torch.Tensor) -> dict[str, float]:
+    """What the tool metrics add up over a rollout with tools (docs/tools.md#metrics)."""
+    called = rollout.tool_calls > 0
+    correct = correct.bool().cpu()
+    return {
+        "tools/samples": float(len(called)),
+        "tools/calls": float(rollout.tool_calls.sum()),
+        "tools/errors": float(rollout.tool_errors.sum()),
+        "tools/seconds": float(rollout.tool_seconds.sum()),
+        "tools/tokens": float(rollout.tool_mask.sum()),
+        "tools/with_call": float(called.sum()),
+        "tools/correct_with_call": float((correct & called).sum()),
+        "tools/correct_without_call": float((correct & ~called).sum()),
+    }
+
+
+def tool_metrics(total: dict[str, float]) -> dict[str, float]:
+    """Per-sample tool metrics from the step's `tool_sums` (all ranks): calls, errors and
+    turns per sample, the tool time, the share of samples that called a tool, and the
+    accuracy of the samples with a call and of those without (0 where there are none)."""
+    n = max(total["tools/samples"], 1.0)
+    with_call = total["tools/with_call"]
+    without = total["tools/samples"] - with_call
+    return {
+        "tools/calls_per_sample": total["tools/calls"] / n,
+        "tools/errors_per_sample": total["tools/errors"] / n,
+        "tools/turns_per_sample": 1.0 + total["tools/calls"] / n,
+        "tools/call_frac": with_call / n,
+        "tools/time_s": total["tools/seconds"],
+        "tools/tokens_per_sample": total["tools/tokens"] / n,
+        "tools/accuracy_with_call": total["tools/correct_with_call"] / max(with_call, 1.0),
+        "tools/accuracy_without_call": total["tools/correct_without_call"] / max(without, 1.0),
+    }
+
+
+def _groups(rows: list[Prompt], rollout: Rollout, scores: Scores, G: int) -> list[list[Sample]]:
+    engine_lp = rollout.sampling_log_probs
+    return [
+        [
+            Sample(
+                prompt_ids=rows[i].ids,
+                completion_ids=rollout.completion_ids[i, : rollout.lengths[i]].tolist(),
+                truncated=bool(rollout.truncated[i]),
+                reward=float(scores.total[i]),
+                correct=bool(scores.correct[i]),
+                group=g,
+                sampling_log_probs=None
+                if engine_lp is None
+                else engine_lp[i, : rollout.lengths[i]],
+                tool_mask=None
+                if rollout.tool_mask is None
+                else rollout.tool_mask[i, : rollout.lengths[i]],
+            )
+            for i in range(g * G, (g + 1) * G)
+        ]
+        for g in range(len(rows) // G)
+    ]
+
+
+def _sampling_params(
+    cfg: Config, step: int, gen_batch: int, prompts: list[int] | None, first: int
+) -> SamplingParams:
+    """One generation batch's sampling; with `prompts` (the dataset indices of this rank's
+    prompts, the first at place `first` in the batch) one seed per prompt."""
+    r, seed = cfg.rollout, cfg.train.seed
+    row_seeds = None
+    if prompts is not None:
+        row_seeds = tuple(
+            derive_seed(seed, "gen", step, gen_batch, p, first + k) for k, p in enumerate(prompts)
+        )
+    return SamplingParams(
+        n=r.group_size,
+        max_new_tokens=r.max_new_tokens,
+        temperature=r.temperature,
+        top_p=r.top_p,
+        top_k=r.top_k,
+        min_new_tokens=r.min_new_tokens,
+        seed=derive_seed(seed, "gen", step, gen_batch),
+        row_seeds=row_seeds,
+    )
+
+
+def _examples(rows: list[Prompt], completions: list[str], rollout: Rollout, scores: Scores):
+    """The first len(rows) responses as the samples log shows them."""
+    return [
+        {
+            "prompt": row.text,
+            "completion": completions[i],
+            "answer": row.answer,
+            "reward": float(scores.total[i]),
+            "correct": bool(scores.correct[i]),
+            "length": int(rollout.lengths[i]),
+        }
+        for i, row in enumerate(rows)
+    ]
+
+
+def collect(
+    step: int,
+    cfg: Config,
+    engine: RolloutEngine,
+    tokenizer,
+    scorer: Scorer,
+    prompts: list[Prompt],
+    sampler: PromptSampler,
+    d: Dist | None = None,
+    algo: Algorithm | None = None,
+) -> Collected:
+    """Generate and score until `prompts_per_step` groups are in hand
+    (docs/algorithms.md#dynamic-sampling). `algo`: the run's Algorithm (by default built
+    from `cfg`)."""
+    d = d or Dist()
+    algo = algo or Algorithm.from_config(cfg)
+    G, target = cfg.rollout.group_size, cfg.rollout.prompts_per_step
+    parts = overlap_parts(cfg, scorer)
+    # overlapping parts sample each prompt from its own seed, so the parts draw what one
+    # whole batch would
+    per_prompt_seeds = cfg.rollout.seed_per_prompt or d.enabled or parts > 1
+    buffer = DynamicSamplingBuffer(
+        target, cfg.algo.max_gen_batches if cfg.algo.dynamic_sampling else 1
+    )
+    tally, examples, timing = Tally(), [], Timing()
+    size = target  # prompts in this generation batch: a whole one first, then refills
+    while not buffer.ready:
+        batch = sampler.take(size)  # the same on every rank
+        lo, hi = d.shard(size)
+        mine = [prompts[i] for i in batch[lo:hi]]
+        gen_batch = buffer.num_gen_batches
+
+        def params_for(a: int, b: int, lo=lo, batch=batch, gen_batch=gen_batch):
+            seeds = [batch[g] for g in range(lo + a, lo + b)] if per_prompt_seeds else None
+            return _sampling_params(cfg, step, gen_batch, seeds, lo + a)
+
+        done = generate_and_score(
+            engine, tokenizer, scorer, mine, params_for, step=step, parts=parts, timing=timing
+        )
+        groups: list[list[Sample]] = []
+        for part in done:
+            tally.add(part.rollout, part.scores, part.completions, G)
+            want = max(cfg.train.log_samples - len(examples), 0)
+            examples += _examples(part.rows[:want], part.completions, part.rollout, part.scores)
+            groups += _groups(part.rows, part.rollout, part.scores, G)
+        mine_correct = torch.cat([part.scores.correct for part in done])
+        correct = torch.cat(d.gather(mine_correct))  # every group of the batch, in order
+        if cfg.algo.dynamic_sampling:
+            keep = keep_groups(correct, G)
+        else:
+            keep = torch.ones(size, dtype=torch.bool)
+        # one payload per group of the batch: this rank's samples of it (none: another rank's)
+        others: list[list[Sample]] = [[] for _ in range(size - (hi - lo))]
+        buffer.add(others[:lo] + groups + others[lo:], keep)
+        if algo.adaptive_refill:
+            size = refill_size(target, len(buffer), buffer.num_groups_seen)
+    result = buffer.pop()
+    metrics = tally.metrics(d)
+    metrics.update(
+        {
+            "groups/kept": len(result.groups),
+            "groups/gen_batches": result.num_gen_batches,
+            "groups/generated": result.num_groups_seen,
+            "groups/incomplete": float(not result.complete),
+            "time/generation": timing.generation,
+            "time/scoring": timing.scoring,
+            # what of time/scoring the step spent blocked (all of it unless parts overlap)
+            "time/scoring_wait": timing.wait,
+            "time/programs_per_s": timing.scored / max(timing.scoring, 1e-9),  # scored /s
+        }
+    )
+    return Collected(batch=Batch.from_groups(result.groups), metrics=metrics, examples=examples)

@@ -1,0 +1,243 @@
+"""The update: advantages, old/reference log-probs, and mu x mini-batch x micro-batch steps."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+
+import torch
+
+from rlvr import cpu
+from rlvr.algos import rollout_correction as rc
+from rlvr.config.algorithm import Algorithm
+from rlvr.config.schema import Config
+from rlvr.rollout.base import dedupe
+from rlvr.run.distributed import Dist, is_sharded
+from rlvr.training.batch import Batch, Sample
+from rlvr.training.micro import (
+    MicroResult,
+    UpdateContext,
+    batch_stats,
+    loss_counts,
+    micro_log_probs,
+    micro_loss,
+    shares_prompt,
+)
+
+
+def advantages(batch: Batch, cfg: Config) -> torch.Tensor:
+    """(N,) A_i from each whole group's rewards (never per mini-batch), one per response."""
+    G = cfg.rollout.group_size
+    rewards = torch.tensor([s.reward for s in batch.samples], dtype=torch.float32)
+    if not len(batch):
+        return rewards
+    return Algorithm.from_config(cfg).group_advantages(rewards, G)
+
+
+def _micro_batches(samples: list[Sample], size: int, share_prompt: bool = False) -> list[list[int]]:
+    """Micro-batches (row indices) of at most `size` sequences. Sorted by total length so each
+    pads only to similar lengths; with `share_prompt`, the samples of one prompt stay together
+    (a prompt with more than `size` samples is split into chunks, each of which forwards it
+    once), and the chunks, sorted by their longest sequence, are packed in order."""
+    length = [len(s.completion_ids) for s in samples]
+    if not share_prompt:
+        order = sorted(range(len(samples)), key=lambda i: len(samples[i].prompt_ids) + length[i])
+        return [order[i : i + size] for i in range(0, len(order), size)]
+    prompts, index = dedupe([s.prompt_ids for s in samples])
+    by_prompt: list[list[int]] = [[] for _ in prompts]
+    for i, k in enumerate(index):
+        by_prompt[k].append(i)
+    chunks = []
+    for same in by_prompt:
+        same = sorted(same, key=lambda i: length[i])
+        chunks += [same[i : i + size] for i in range(0, len(same), size)]
+    chunks.sort(key=lambda c: len(samples[c[0]].prompt_ids) + length[c[-1]])
+    micros: list[list[int]] = []
+    for c in chunks:
+        if micros and len(micros[-1]) + len(c) <= size:
+            micros[-1] += c
+        else:
+            micros.append(list(c))
+    return micros
+
+
+@torch.no_grad()
+def batch_log_probs(
+    model, batch: Batch, cfg: Config, pad_id: int, device, backend: cpu.Backend | None = None
+) -> torch.Tensor:
+    """(N, T) fp32 log-probs of every response token under `model`'s weights (the old policy
+    or the reference), 0 past each response's length; T = `batch.width`."""
+    backend = cpu.backend(model) if backend is None else backend
+    out = torch.zeros(len(batch), batch.width)
+    share = shares_prompt(cfg, model)
+    for rows in _micro_batches(batch.samples, cfg.optim.micro_batch_sequences, share):
+        mb, (lp, _) = micro_log_probs(
+            model, [batch.samples[i] for i in rows], cfg, pad_id, device, backend
+        )
+        mask = mb.response_mask.bool()
+        out[rows, : lp.shape[1]] = torch.where(mask, lp, 0.0).cpu()
+    return out
+
+
+def _dummy(pad_id: int) -> Batch:
+    """A one-token, fully masked micro-batch: loss 0, gradient 0. A rank with nothing to
+    train in a mini-batch runs it so that every rank joins the gradient all-reduce."""
+    return Batch([Sample.placeholder(pad_id)], 0, torch.zeros(1))
+
+
+def policy_update(
+    model,
+    batch: Batch,
+    cfg: Config,
+    optimizer,
+    scheduler,
+    pad_id: int,
+    device,
+    *,
+    d: Dist | None = None,
+    module=None,
+    backend: cpu.Backend | None = None,
+    algo: Algorithm | None = None,
+) -> dict[str, float]:
+    """mu passes x mini-batches x micro-batches; one optimiser step per mini-batch.
+
+    `batch`: this rank's share of the step's groups, with its advantages (and old and
+    reference log-probs where they are needed). Mini-batches split the step's global groups,
+    so every rank takes the same optimiser steps. `module`: what the training forward runs
+    through (DDP-wrapped model). `backend`: the CPU backend's gate (by default decided from
+    `model`). `algo`: the run's Algorithm (by default built from `cfg`).
+
+    The module is in training mode for the loss forwards (dropout and LoRA dropout act,
+    gradient checkpointing recomputes), and back in eval mode after."""
+    module = module if module is not None else model
+    backend = cpu.backend(model) if backend is None else backend
+    algo = Algorithm.from_config(cfg) if algo is None else algo
+    u = UpdateContext(
+        model, module, cfg, optimizer, scheduler, pad_id, device, d or Dist(), backend, algo
+    )
+    was_training = module.training
+    module.train()
+    try:
+        sums = _Sums()
+        for epoch in range(cfg.algo.mu):
+            _epoch(u, batch, sums, first=epoch == 0)
+        return sums.metrics(u.d, scheduler)
+    finally:
+        module.train(was_training)
+
+
+class _Sums:
+    """What the update's metrics add up over micro-batches, mini-batches and ranks."""
+
+    def __init__(self) -> None:
+        self.sums: dict[str, float] = {}
+        self.ratio_max, self.diff_max, self.is_max = -math.inf, -math.inf, -math.inf
+        self.grad_norms: list[float] = []
+        self.nonfinite = self.steps = 0
+
+    def add(self, key: str, value: float) -> None:
+        self.sums[key] = self.sums.get(key, 0.0) + value
+
+    def micro(self, r: MicroResult, first: bool) -> None:
+        n = r.out.metrics.get("num_tokens", r.loss_tokens)  # the tokens its means are over
+        for key, v in r.out.metrics.items():
+            if key == "ratio_max":  # an objective's metrics combine as LossOutput documents
+                self.ratio_max = max(self.ratio_max, v) if n else self.ratio_max
+            elif key in ("log_ratio_clamped", "num_tokens"):
+                self.add(key, v)  # counts add up
+            else:
+                self.add(key, v * n)  # token-weighted mean
+        self.add("loss", r.out.loss.item())
+        self.add("tokens", n)
+        self.add("entropy", r.entropy_sum)
+        self.add("entropy_tokens", r.generated_tokens)
+        if first:  # every response once, against the policy that sampled it
+            diff_sum, diff_max, diff_n, k3_sum = r.logprob_diff or (0.0, -math.inf, 0.0, 0.0)
+            self.add("logprob_diff", diff_sum)
+            self.add("mismatch_kl_k3", k3_sum)
+            self.add("logprob_diff_tokens", diff_n)
+            if diff_n:
+                self.diff_max = max(self.diff_max, diff_max)
+            for key, v in (r.correction or {}).items():  # rollout correction's sums and max
+                if key == rc.MAX_KEY:
+                    self.is_max = max(self.is_max, v)
+                else:
+                    self.add(key, v)
+
+    def metrics(self, d: Dist, scheduler) -> dict[str, float]:
+        keys = sorted(self.sums)
+        total = dict(zip(keys, d.sum([self.sums[k] for k in keys])))
+        tokens = max(total.pop("tokens", 0.0), 1.0)
+        entropy = total.pop("entropy", 0.0) / max(total.pop("entropy_tokens", 0.0), 1.0)
+        diff_sum, diff_n = total.pop("logprob_diff", 0.0), total.pop("logprob_diff_tokens", 0.0)
+        k3_sum = total.pop("mismatch_kl_k3", 0.0)
+        correction = {k: total.pop(k) for k in list(total) if k.startswith("is/")}
+        counts = {"loss", "log_ratio_clamped", "num_tokens"}
+        out = {k: v / tokens for k, v in total.items() if k not in counts}
+        out["entropy"] = entropy
+        out["log_ratio_clamped"] = total.get("log_ratio_clamped", 0.0)
+        out["loss_tokens"] = total.get("num_tokens", 0.0)
+        out["loss"] = total.get("loss", 0.0) / max(self.steps, 1)
+        ratio_max = d.max(self.ratio_max)
+        out["ratio_max"] = ratio_max if ratio_max > -math.inf else 1.0
+        diff_max = d.max(self.diff_max)
+        if diff_n > 0:  # the engine reported its log-probs (fast, vllm)
+            out["rollout/logprob_diff_mean"] = diff_sum / diff_n
+            out["rollout/logprob_diff_max"] = diff_max
+            out["rollout/mismatch_kl_k3"] = k3_sum / diff_n
+        if correction:  # every rank has these keys when the run corrects
+            out.update(rc.correction_metrics(correction, d.max(self.is_max)))
+        norms = self.grad_norms
+        out["grad_norm"] = sum(norms) / len(norms) if norms else float("nan")
+        out["optimizer_steps"] = self.steps - self.nonfinite
+        out["nonfinite_updates"] = self.nonfinite
+        out["lr"] = scheduler.get_last_lr()[0]
+        return out
+
+
+def _epoch(u: UpdateContext, batch: Batch, sums: _Sums, first: bool) -> None:
+    """One pass over the batch: an optimiser step per mini-batch of the step's groups."""
+    cfg, d, model, module = u.cfg, u.d, u.model, u.module
+    per_mini = max(1, math.ceil(batch.num_groups / cfg.algo.mini_batches))
+    for start in range(0, batch.num_groups, per_mini):
+        mini = batch.rows(batch.in_groups(start, start + per_mini))
+        num_tokens, num_sequences = d.sum(loss_counts(mini.samples, cfg))
+        share = shares_prompt(cfg, model)
+        micros = [
+            mini.rows(r)
+            for r in _micro_batches(mini.samples, cfg.optim.micro_batch_sequences, share)
+        ]
+        micros = micros or [_dummy(u.pad_id)]
+        if is_sharded(model):  # FSDP2 communicates in every forward/backward: equal counts
+            micros += [_dummy(u.pad_id)] * (int(d.max(len(micros))) - len(micros))
+        stats = batch_stats(u, micros, num_tokens, num_sequences)
+        for k, micro in enumerate(micros):
+            # DDP all-reduces on the last micro-batch only; the others accumulate locally.
+            last = k == len(micros) - 1
+            ddp_accumulate = d.enabled and not last and hasattr(module, "no_sync")
+            with module.no_sync() if ddp_accumulate else contextlib.nullcontext():
+                r = micro_loss(
+                    module, micro, cfg, u.pad_id, u.device, num_tokens, num_sequences, u.backend,
+                    u.algo, stats,
+                )  # fmt: skip
+                # The loss is already normalised by global counts: undo DDP's averaging.
+                (r.out.loss * d.world_size).backward()
+            sums.micro(r, first)
+        _optimizer_step(model, cfg, u.optimizer, u.scheduler, sums)
+
+
+def _optimizer_step(model, cfg: Config, optimizer, scheduler, sums: _Sums) -> None:
+    """Clip, then step, unless the gradient is not finite (on any rank): then the update is
+    dropped and the weights kept."""
+    clip = cfg.optim.max_grad_norm if cfg.optim.max_grad_norm > 0 else math.inf
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+    if hasattr(grad_norm, "full_tensor"):  # FSDP2: a DTensor
+        grad_norm = grad_norm.full_tensor()
+    if torch.isfinite(grad_norm):
+        optimizer.step()
+        scheduler.step()  # the schedule counts optimiser steps actually taken
+        sums.grad_norms.append(float(grad_norm))
+    else:
+        sums.nonfinite += 1
+    optimizer.zero_grad(set_to_none=True)
+    sums.steps += 1
