@@ -40,6 +40,8 @@ from rlvr.config.load import dump_yaml, load_config, parse_overrides, to_dict
 from rlvr.config.schema import Config, ConfigError
 from rlvr.run.checkpoint import latest_good_checkpoint
 
+SUMMARY = "DAPO's ablation ladder (naive GRPO ... DAPO) over seeds, with a report"
+
 
 @dataclass(frozen=True)
 class Rung:
@@ -265,7 +267,7 @@ def run_ablation(
     return write_report(out_dir, results, command)
 
 
-def cmd_ablate(argv: list[str]) -> int:
+def run(argv: list[str]) -> int:
     p = argparse.ArgumentParser(
         prog="rlvr ablate",
         description="DAPO's cumulative ablation ladder (naive GRPO, + overlong filtering, "

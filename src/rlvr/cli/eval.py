@@ -23,6 +23,8 @@ from rlvr.config.load import load_config, parse_overrides
 from rlvr.config.schema import Config, ConfigError
 from rlvr.run.stored_config import check_run_code, code_overrides
 
+SUMMARY = "avg@k, pass@k, greedy accuracy of a model, run or checkpoint on a task or dataset"
+
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
@@ -135,7 +137,7 @@ def eval_site(cfg: Config, model, source, toolbox=None):
     )
 
 
-def cmd_eval(argv: list[str]) -> int:
+def run(argv: list[str]) -> int:
     from rlvr.cli.arguments import split_overrides
     from rlvr.cli.eval_samples import eval_samples, model_passk
     from rlvr.data.prompts import load_prompts

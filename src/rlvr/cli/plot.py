@@ -24,6 +24,8 @@ import yaml
 
 from rlvr.config.safe_yaml import load_yaml
 
+SUMMARY = "training curves (PNG) from run directories"
+
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
@@ -276,7 +278,7 @@ def plot_runs(
     return [out_dir / f"{name}{suffix}.png" for name in figs]
 
 
-def cmd_plot(argv: list[str]) -> int:
+def run(argv: list[str]) -> int:
     p = argparse.ArgumentParser(
         prog="rlvr plot",
         description="Draw training curves (reward, held-out accuracy, entropy, length, "

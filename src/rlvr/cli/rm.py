@@ -37,6 +37,8 @@ from rlvr.run.checkpoint import load_trainer_state, resume_checkpoint, save_chec
 from rlvr.run.private import narrow, open_private, private_dir, write_private
 from rlvr.run.rundir import prepare_run_dir, truncate_jsonl, unlock_run_dir
 
+SUMMARY = "train an outcome reward model on a policy's rule-labelled responses"
+
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
@@ -107,7 +109,7 @@ def _with_output(cfg, output_dir: str):
     return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, output_dir=output_dir))
 
 
-def cmd_rm(argv: list[str]) -> int:
+def run(argv: list[str]) -> int:
     from rlvr.cli.arguments import split_overrides
 
     over_argv, rest = split_overrides(argv)
