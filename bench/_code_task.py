@@ -82,7 +82,7 @@ def train_args(d: Path) -> list[str]:
     """The test's `rlvr train` arguments on the data and model in `d`."""
     return [
         f"--model.name_or_path={d / 'warm'}",
-        f"--data.path={d / 'train.jsonl'}", "--data.preset=humaneval",
+        f"--data.path={d / 'train.jsonl'}", "--data.format=humaneval",
         f"--data.eval_path={d / 'test.jsonl'}", "--train.eval_size=64",
         "--rollout.group_size=8", "--rollout.prompts_per_step=8",
         "--preset=grpo", "--rollout.max_new_tokens=24", f"--optim.lr={RL_LR}",

@@ -42,7 +42,7 @@ from pathlib import Path
 
 from _jail_steps import harness_steps, sandbox_steps
 
-from rlvr.data.code import humaneval_path
+from rlvr.config.formats import humaneval_path
 from rlvr.data.dataset import load_prompt_dataset
 from rlvr.rewards.code_harness import run_assertions
 from rlvr.rewards.code_reward import make_code_reward
@@ -56,7 +56,7 @@ RESULTS = Path(__file__).parent / "results" / "code_reward.jsonl"
 def _problems():
     with gzip.open(humaneval_path(), "rt") as f:
         raw = [json.loads(line) for line in f]
-    rows = load_prompt_dataset(humaneval_path(), preset="humaneval")
+    rows = load_prompt_dataset(humaneval_path(), format="humaneval")
     return raw, rows
 
 

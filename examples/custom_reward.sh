@@ -5,7 +5,7 @@ set -euo pipefail
 rlvr train \
   --data.path=examples/data/word_problems_train.jsonl \
   --data.eval_path=examples/data/word_problems_test.jsonl \
-  --data.preset=gsm8k \
+  --data.format=gsm8k \
   "--data.prompt_template={question} Answer in <answer></answer>." \
   --reward.accuracy=examples/custom_reward.py:exact_answer \
   --reward.extra=examples/custom_reward.py:brevity=0.1 \

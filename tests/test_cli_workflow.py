@@ -51,7 +51,7 @@ def test_values_with_spaces_and_a_dataset_error_in_one_line(tmp_path, capsys, mo
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2
     assert err[-1].startswith("error: bad.jsonl:1, field 'prompt': missing")
-    assert "--data.prompt_field=question" in err[-1] and "--data.preset=gsm8k" in err[-1]
+    assert "--data.prompt_field=question" in err[-1] and "--data.format=gsm8k" in err[-1]
     assert not any("Traceback" in line for line in err)
     assert not (tmp_path / "run").exists()  # a run that never started leaves nothing
     assert main(["config", "show", *args]) == 0  # the config that run would have stored

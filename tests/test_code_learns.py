@@ -81,7 +81,7 @@ def test_rl_raises_the_pass_rate_of_a_warmed_model_on_one_line_functions(tmp_pat
     warm_up(rows, tmp_path / "warm")
     run = tmp_path / "run"
     argv = ["train", f"--model.name_or_path={tmp_path / 'warm'}", "--no-progress"]
-    argv += [f"--data.path={tmp_path / 'train.jsonl'}", "--data.preset=humaneval"]
+    argv += [f"--data.path={tmp_path / 'train.jsonl'}", "--data.format=humaneval"]
     argv += [f"--data.eval_path={tmp_path / 'test.jsonl'}", "--train.eval_size=64"]
     argv += ["--rollout.group_size=8", "--rollout.prompts_per_step=8"]
     argv += ["--preset=grpo", "--rollout.max_new_tokens=24", f"--optim.lr={RL_LR}"]

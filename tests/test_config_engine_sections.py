@@ -64,6 +64,22 @@ def test_old_names_apply_with_one_note_naming_the_new_key_once(tmp_path, capsys,
     assert capsys.readouterr().err == ""  # noted once a process
 
 
+def test_data_preset_is_read_as_data_format_with_one_note(tmp_path, capsys, fresh_notes):
+    """The dataset's file format is `data.format` (a preset is an algorithm recipe); the old
+    key works from a YAML file, the command line, the Python API and a stored config.yaml."""
+    want = load_config(None, ["--data.format=gsm8k"])
+    assert want.data.format == "gsm8k" and "format: gsm8k" in dump_yaml(want)
+    assert capsys.readouterr().err == ""
+    f = tmp_path / "old.yaml"
+    f.write_text("data:\n  preset: gsm8k\n")
+    assert load_config(f) == want
+    assert capsys.readouterr().err.splitlines() == ["note: data.preset is now data.format"]
+    assert load_config(None, ["--data.preset=gsm8k"]) == want
+    assert load_config(None, overrides({"data.preset": "gsm8k"})) == want
+    assert capsys.readouterr().err == ""  # noted once a process
+    assert flat_keys("data", {"preset": "gsm8k"}) == {"format": "gsm8k"}
+
+
 @pytest.mark.parametrize(
     ("changes", "match"),
     [

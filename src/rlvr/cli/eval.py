@@ -4,7 +4,7 @@ What is evaluated: a model directory, a Hub id or "rlvr-tiny"; a run directory (
 good checkpoint, scored on the run's own data and rewards unless told otherwise); or a
 checkpoint, a LoRA adapter included (its base is loaded and the adapter merged). Against
 what: a built-in task (`--task`), or any dataset and reward config with the training keys
-(`--data.path=... --data.preset=gsm8k --reward.accuracy=math ...`); a dataset's held-out
+(`--data.path=... --data.format=gsm8k --reward.accuracy=math ...`); a dataset's held-out
 file (`data.eval_path`) is used when set, else `data.path`. `--output FILE.jsonl` writes one
 line per answer (prompt, completion, answer, reward, correct, length; greedy or sampled);
 `--pass-k 1,10` adds the unbiased pass@k (`rlvr.algos.passk`) and `--per-problem FILE.jsonl` each

@@ -58,7 +58,7 @@ def _prompts(cfg):
     from rlvr.data.prompts import Prompt, check_columns
 
     d = cfg.data
-    rows = load_prompt_dataset(d.eval_path or d.path, preset=d.preset,
+    rows = load_prompt_dataset(d.eval_path or d.path, format=d.format,
                                prompt_field=d.prompt_field, answer_field=d.answer_field)  # fmt: skip
     out = []
     for ex in rows:
@@ -178,7 +178,7 @@ def eval_samples(cfg, args) -> dict:
 
     if cfg.data.path is None:
         raise ConfigError("--samples: scores a dataset's problems; set --data.path or a "
-                          "--data.preset that has its own data (humaneval)")  # fmt: skip
+                          "--data.format that has its own data (humaneval)")  # fmt: skip
     ks = _ks(args.pass_k)
     records, prompts = score_samples(cfg, args.samples, partial=args.partial)
     result = {"samples": str(args.samples), "data": cfg.data.eval_path or cfg.data.path,

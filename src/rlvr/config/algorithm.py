@@ -113,7 +113,7 @@ def resolve_objective(name: str, ratio: str = "token") -> Objective:
             f"algo.loss: got {name!r}, expected one of {sorted(OBJECTIVES)} or "
             "'module:function' / 'path/to/file.py:function'"
         )
-    from rlvr.rewards.user import load_callable
+    from rlvr.config.callables import load_callable
 
     try:
         fn = load_callable(name, "algo.loss")

@@ -22,6 +22,7 @@ from typing import Any, Literal, get_args, get_origin
 
 import yaml
 
+from rlvr.config.formats import resolve_code_format
 from rlvr.config.names import SAME, alias, did_you_mean
 from rlvr.config.presets import (
     PRESETS,
@@ -38,7 +39,6 @@ from rlvr.config.schema import (
     field_docs,
 )
 from rlvr.config.validate import validate
-from rlvr.data.code import resolve_code_preset
 
 
 def _type_name(tp: Any) -> str:
@@ -273,7 +273,7 @@ def load_config(
     if file_changes:
         cfg = apply_changes(cfg, file_changes, str(path))
     cfg = apply_changes(cfg, overrides, source)
-    cfg = resolve_code_preset(cfg)  # humaneval's packaged file, the code reward
+    cfg = resolve_code_format(cfg)  # humaneval's packaged file, the code reward
     validate(cfg)
     return cfg
 

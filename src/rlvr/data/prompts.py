@@ -105,7 +105,7 @@ def _from_dataset(cfg: Config, tokenizer, max_context: int | None) -> PromptSour
             return []
         rows = load_prompt_dataset(
             path,
-            preset=d.preset,
+            format=d.format,
             prompt_field=d.prompt_field,
             answer_field=d.answer_field,
             dedup=d.dedup,

@@ -106,7 +106,7 @@ class Scorer:
         """`functions` maps names used in `cfg.reward` to callables handed in by the Python
         API (they take precedence over the registry's names). `has_answer=False` (a
         prompt-only dataset) refuses, by name, a reward that needs the reference answer."""
-        from rlvr.rewards.user import extend_sys_path
+        from rlvr.config.callables import extend_sys_path
 
         r, functions = cfg.reward, dict(functions or {})
         extend_sys_path(r.python_path)

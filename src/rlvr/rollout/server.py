@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from rlvr.config.schema import ConfigError
+from rlvr.config.validate import parse_cpus
 from rlvr.rewards.sandbox.liveness import Helper, wait_until
 from rlvr.rollout.base import EngineSite, Rollout, SamplingParams
 from rlvr.rollout.weight_sync import is_peft, policy_weights, trainable_names
@@ -59,8 +60,6 @@ _LAUNCH_VARS = (
     "MASTER_PORT",
 )
 _ALIGN = 64  # bytes: each weight starts on a cache line of the shared file
-# The CPUs this process could run on before `pin_trainer` narrowed them: the server may use any.
-_AVAILABLE = frozenset(os.sched_getaffinity(0))
 # what the server does while the trainer waits for its answer to each request, for its errors
 _DOING = {
     "start": "starting (building its model and engine)",
@@ -79,63 +78,9 @@ class ServerError(RuntimeError):
     """The rollout server failed or exited; the message names how."""
 
 
-def parse_cpus(key: str, text: str) -> set[int]:
-    """The CPUs of a list like "0", "0-3,8" (`rollout.server.cpus`); ConfigError naming `key`
-    for anything else, or for a CPU this process may not run on."""
-    cpus: set[int] = set()
-    try:
-        for part in filter(None, (p.strip() for p in text.split(","))):
-            lo, _, hi = part.partition("-")
-            cpus.update(range(int(lo), int(hi or lo) + 1))
-    except ValueError:
-        raise ConfigError(f"{key}: got {text!r}, expected CPUs like 0 or 0-3,8") from None
-    if not cpus or not cpus <= _AVAILABLE:
-        raise ConfigError(
-            f"{key}: got {text!r}, expected CPUs among those this process may use "
-            f"({_cpu_text(_AVAILABLE)})"
-        )
-    return cpus
-
-
-def check_settings(cfg: Config) -> None:
-    """`rollout.server.*` before any work: CPU lists that parse, none set while the server
-    is off (they would do nothing)."""
-    server = cfg.rollout.server
-    for key in ("cpus", "trainer_cpus", "device"):
-        text = getattr(server, key)
-        if text and not server.enabled:
-            raise ConfigError(
-                f"rollout.server.{key}: got {text!r}, but rollout.server.enabled is false "
-                "(it places the server's process): enable the server or leave it empty"
-            )
-    for key in ("cpus", "trainer_cpus"):
-        if getattr(server, key):
-            parse_cpus(f"rollout.server.{key}", getattr(server, key))
-    if server.device:
-        _check_device(server.device)
-
-
-def _check_device(name: str) -> None:
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise ConfigError(
-            f"rollout.server.device: got {name!r}, expected a torch device such as cpu or cuda:1"
-        ) from None
-    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if device.type == "cuda" and (device.index or 0) >= count:
-        raise ConfigError(
-            f"rollout.server.device: {name!r} asked for, but this machine has {count} CUDA devices"
-        )
-
-
 def _server_device(cfg: Config, site: EngineSite) -> torch.device | None:
     """`rollout.server.device`, else the trainer's."""
     return torch.device(cfg.rollout.server.device) if cfg.rollout.server.device else site.device
-
-
-def _cpu_text(cpus: set[int]) -> str:
-    return ",".join(map(str, sorted(cpus)))
 
 
 def pin_trainer(cfg: Config) -> None:

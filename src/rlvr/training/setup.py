@@ -262,7 +262,7 @@ def _optimizer(cfg: Config, model: torch.nn.Module):
 
 def build_toolbox(cfg: Config, source: PromptSource, tokenizer, given: Given) -> Toolbox | None:
     """The tools of `rollout.tools`, else the task's own (docs/tools.md); None without any."""
-    from rlvr.rewards.user import extend_sys_path
+    from rlvr.config.callables import extend_sys_path
 
     r = cfg.rollout
     specs = r.tools or tuple(getattr(source.task, "tools", ()) or ())
