@@ -7,7 +7,7 @@
 
 Centre: a 27.6M-parameter Qwen2 (hidden 512, 7 layers, 8 heads, 4 key/value heads,
 intermediate 2048; random init, seeded), 256 completion tokens forced, the arithmetic task's
-47-token prompts, one prompt x G=8 a step, fp32, beta 0. Axes: model 4.2M / 27.6M / 112.7M;
+47-token prompts, one prompt x G=8 a step, fp32, beta 0. Axes: model 4.25M / 27.6M / 112.7M;
 response 64 / 256 / 1024;
 prompt 47 / 400 (a fixed system message in front of every prompt, shared by the G samples);
 G 8 / 16; fp32 / bf16 autocast. Every run is one child of `bench/vs_trl.py` (the same

@@ -6,7 +6,7 @@
 Each run is bench/vs_trl.py's rlvr child from that checkout (its own `bench/vs_trl.py`, its
 `src` first on PYTHONPATH) on the same saved model: `--warmup` untimed steps, then `--steps`
 timed ones, one thread, beta 0. Points: `centre` is bench/shapes.py's centre (27.6M, one
-prompt x G=8, 256 tokens forced); `model4M` the 4.2M comparison model of bench/vs_trl.py at
+prompt x G=8, 256 tokens forced); `model4M` the 4.25M comparison model of bench/vs_trl.py at
 its own batch (4 prompts x G=8, 64 tokens). The order within a pair flips every pair. Per run
 the medians of its timed steps; per point the median over runs and the ratio after / before
 pair by pair (CPU time is what a quiet core would take; wall time the machine's load adds).

@@ -10,7 +10,7 @@ ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 
 
 def exact_answer(completions, answer, **kwargs):
-    """1 when the <answer> block holds the reference (the gsm8k preset's number after ####)."""
+    """1 when the <answer> block holds the reference (the gsm8k format's number after ####)."""
     scores = []
     for completion, ref in zip(completions, answer):
         m = ANSWER.search(completion)

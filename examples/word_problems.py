@@ -3,7 +3,7 @@
     python examples/word_problems.py        # writes examples/data/word_problems_{train,test}.jsonl
 
 Each row is what GSM8K holds: a "question" and an "answer" whose worked solution ends with
-"#### <number>" (the `gsm8k` dataset preset splits the number off). The questions are
+"#### <number>" (the `gsm8k` dataset format splits the number off). The questions are
 two-digit sums and differences phrased as the tiny model's warm-up task ("Compute 47+85."),
 so RL has partial competence to sharpen (about 23% of sampled answers right at the start).
 Prose word problems are beyond a 0.8M-parameter character-level model: with a one-sentence

@@ -10,9 +10,7 @@ averaged over problems. Computed as the paper's numerically stable product
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Sequence
-from pathlib import Path
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -48,26 +46,3 @@ def pass_at_ks(counts: dict[object, tuple[int, int]], ks: Sequence[int]) -> dict
         for k in sorted(set(ks))
         if 1 <= k <= least
     }
-
-
-def parse_ks(text: str) -> tuple[int, ...]:
-    """ "1,10,100" -> (1, 10, 100); ValueError naming the flag otherwise."""
-    try:
-        ks = tuple(int(x) for x in text.split(",") if x.strip())
-    except ValueError:
-        ks = ()
-    if not ks or min(ks) < 1:
-        raise ValueError(f"--pass-k: expected positive integers separated by commas, got {text!r}")
-    return ks
-
-
-def write_problems(path: str | Path, counts, ks: Sequence[int], extra=None) -> None:
-    """One JSON line per problem: its key, n, c, and pass@k for each k <= n; `extra`
-    ({problem: dict}) adds fields (a task id, say)."""
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with out.open("w", encoding="utf-8") as f:
-        for problem, (n, c) in counts.items():
-            row = {"problem": problem, **((extra or {}).get(problem, {})), "n": n, "correct": c}
-            row.update({f"pass@{k}": pass_at_k(n, c, k) for k in sorted(set(ks)) if k <= n})
-            f.write(json.dumps(row, ensure_ascii=False) + "\n")

@@ -26,7 +26,7 @@ from .losses import LossOutput, _check, _log_ratio, _metrics, kl_and_aggregate, 
 
 def check_sapo(settings: LossSettings) -> None:
     """The settings SAPO has no use for are refused, not ignored (the clip bounds: by
-    `objectives.check_unused`, which knows their defaults)."""
+    `objectives.unused_at_default`, which knows their defaults)."""
     if settings.ratio != "token":
         raise ValueError(f"ratio: got {settings.ratio!r}, expected token (sapo gates tokens)")
     if settings.dual_clip is not None:

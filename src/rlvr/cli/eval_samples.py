@@ -16,10 +16,13 @@ samples carry text only: rewards see empty `completion_ids`, `completion_lengths
 
 from __future__ import annotations
 
+import json
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 
+from rlvr.algos.passk import pass_at_k
 from rlvr.data.dataset import json_lines
 from rlvr.data.errors import DatasetError
 
@@ -139,7 +142,7 @@ def score_samples(cfg, path: str | Path, partial: bool = False) -> tuple[list[di
 def passk_report(records: list[dict], prompts, ks, per_problem: str | None = None) -> dict:
     """pass@k over the problems that have samples (`rlvr.algos.passk`), and, with `per_problem`,
     one JSON line per problem written there (its task_id when the dataset has one)."""
-    from rlvr.algos.passk import pass_at_ks, problem_counts, write_problems
+    from rlvr.algos.passk import pass_at_ks, problem_counts
 
     counts = problem_counts((r["prompt_index"], r["correct"]) for r in records)
     result = {**pass_at_ks(counts, ks), "problems_scored": len(counts)}
@@ -152,7 +155,6 @@ def passk_report(records: list[dict], prompts, ks, per_problem: str | None = Non
 
 
 def _ks(text: str) -> tuple[int, ...]:
-    from rlvr.algos.passk import parse_ks
     from rlvr.config.schema import ConfigError
 
     try:
@@ -195,3 +197,26 @@ def eval_samples(cfg, args) -> dict:
                 f.write(json.dumps({"mode": "samples", **r}, ensure_ascii=False) + "\n")
         result["output"] = str(out)
     return result
+
+
+def parse_ks(text: str) -> tuple[int, ...]:
+    """ "1,10,100" -> (1, 10, 100); ValueError naming the flag otherwise."""
+    try:
+        ks = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        ks = ()
+    if not ks or min(ks) < 1:
+        raise ValueError(f"--pass-k: expected positive integers separated by commas, got {text!r}")
+    return ks
+
+
+def write_problems(path: str | Path, counts, ks: Sequence[int], extra=None) -> None:
+    """One JSON line per problem: its key, n, c, and pass@k for each k <= n; `extra`
+    ({problem: dict}) adds fields (a task id, say)."""
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with out.open("w", encoding="utf-8") as f:
+        for problem, (n, c) in counts.items():
+            row = {"problem": problem, **((extra or {}).get(problem, {})), "n": n, "correct": c}
+            row.update({f"pass@{k}": pass_at_k(n, c, k) for k in sorted(set(ks)) if k <= n})
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")

@@ -104,10 +104,10 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
 }
 
 # The offline default (`rlvr train` with no arguments): sizes tuned so the built-in tiny model
-# learns its task on a laptop CPU in a minute. Applied under every preset when the model is the
-# built-in one and the user did not set them. lr 4e-4 and 100 steps, measured on the dapo run
-# (arithmetic, 256 held-out prompts from 0.398): 0.961 at step 100 in 31 s, 0.902 / 0.926 /
-# 0.930 at steps 25 / 50 / 75; the model's greedy accuracy, 99.8%, is the ceiling.
+# learns its task on a laptop CPU in a minute, applied under every preset when the model is the
+# built-in one and the user did not set them. What each default run reaches and in what time
+# is measured in docs/guides/quickstart.md ("The built-in model and tasks"); the model's greedy
+# accuracy on the task is the ceiling.
 TINY_DEFAULTS: dict[str, dict[str, Any]] = {
     "optim": {"lr": 4e-4, "warmup_steps": 5},
     # PPO's critic (algo.advantage=gae), 5x the ppo preset's policy lr of 2e-4 (its readout,
@@ -118,14 +118,12 @@ TINY_DEFAULTS: dict[str, dict[str, Any]] = {
 
 # Per preset, on top of TINY_DEFAULTS (rlvr-tiny under that preset). The one-sample presets
 # take half the policy lr and a longer run: with no per-prompt baseline, PPO at lr 4e-4
-# sharpens onto whatever it sampled, right or wrong, before its critic can tell them apart
-# (held-out 0.398 -> 0.863 at step 200 with the plain head; docs/ppo_vs_grpo.md). PPO's critic
-# reads the reference's surprise at the response (critic.arch=surprise): once 95% of the
-# responses are right, the wrong ones are single slipped digits, which the plain head explains
-# 0.10 of (the return's variance over the last quarter, pooled) and this readout 0.55, and
-# the default run ends at 0.953 (0.938 with the plain head). REINFORCE++ shares PPO's batch
-# and per-token KL reward, so it shares these sizes: its default run ends at 0.957 (200
-# steps, 62 s).
+# sharpens onto whatever it sampled, right or wrong, before its critic can tell them apart.
+# PPO's critic reads the reference's surprise at the response (critic.arch=surprise): once
+# most responses are right, the wrong ones are single slipped digits, which the plain value
+# head barely explains and this readout explains about half of. REINFORCE++ shares PPO's batch
+# and per-token KL reward, so it shares these sizes. The measurements behind both:
+# docs/ppo_vs_grpo.md.
 TINY_PRESET_DEFAULTS: dict[str, dict[str, dict[str, Any]]] = {
     "ppo": {"optim": {"lr": 2e-4}, "train": {"max_steps": 200}, "critic": {"arch": "surprise"}},
     "reinforce_pp": {"optim": {"lr": 2e-4}, "train": {"max_steps": 200}},
@@ -135,16 +133,14 @@ TINY_PRESET_DEFAULTS: dict[str, dict[str, dict[str, Any]]] = {
 # a length cap that fits every reference answer, the run's length, and for `calc` the budget
 # of the model's own tokens (two tool calls and the answer take about 125) within the whole
 # response's (tool turns included: 175-181 tokens). `calc`'s tool comes from the task
-# (rollout.tools empty). Held-out accuracy of each default run on the 2-core machine (256
-# prompts, T=1): arithmetic 0.398 -> 0.961 in 100 steps, chain 0.363 -> 0.930 in 280 (0.89-0.93
-# from step 40), sort 0.418 -> 0.934 in 60, calc 0.355 -> 0.934 in 150 (0.852 at step 75, 0.828
-# at 100, 0.906 at 125; times in the task table of docs/guides/quickstart.md).
+# (rollout.tools empty). What each default run reaches, over seeds and in what time: the task
+# table of docs/guides/quickstart.md.
 # calc trains without DAPO's overlong filter and at half the lr: a truncated calc response is a
 # conversation derailed into invalid tool calls, not correct work cut short, and masking it
-# leaves RL no signal against it; unmasked, the default run's truncated held-out responses fall
-# from 8.2% to 0.4%. Most of a calc response is JSON the model writes with near certainty, so
-# its mean token entropy starts near 0.05 (arithmetic's near 0.42) and ends near 0.005 on a
-# healthy run (lowest step 0.004): its collapse warning fires below 0.003, not the schema's 0.01.
+# leaves RL no signal against it (docs/algorithms.md measures the truncated share with and
+# without). Most of a calc response is JSON the model writes with near certainty, so its mean
+# token entropy starts an order of magnitude under arithmetic's and ends near 0.005 on a
+# healthy run: its collapse warning fires below 0.003, not the schema's 0.01.
 TINY_TASK_DEFAULTS: dict[str, dict[str, dict[str, Any]]] = {
     "arithmetic": {},
     "chain": {"rollout": {"max_new_tokens": 64}, "train": {"max_steps": 280}},

@@ -5,7 +5,7 @@ a plain `F.linear` (MKL sgemm) spends much of its time re-packing the weight int
 blocked layout on every call, and then reads it again. oneDNN can keep the weight in that layout:
 `torch.ops.mkldnn._reorder_linear_weight` packs it once, `_linear_pointwise` multiplies with
 it (what `torch.compile` emits for CPU linears). Measured on the bench/vs_trl.py model (2 threads,
-32 rows): about 1.7x faster matmuls, 25-30% less generation time; packing the 4.2M-parameter
+32 rows): about 1.7x faster matmuls, 25-30% less generation time; packing the 4.25M-parameter
 model costs ~7 ms, paid once per `generate` because the policy changes between rollouts.
 
 The result differs from `F.linear` by float reassociation only (about 1e-6 relative): the same
