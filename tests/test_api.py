@@ -1,5 +1,5 @@
 """The Python API: rlvr.train / rlvr.Trainer with TRL-style rewards on in-memory data, model
-objects, callbacks, named errors, resume; and the callable `rlvr.train` package."""
+objects, callbacks, named errors, resume; and `rlvr.train`, the function, apart from the loop's package `rlvr.training`."""
 
 from __future__ import annotations
 
