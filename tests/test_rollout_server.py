@@ -133,9 +133,8 @@ def test_bad_cpu_lists_name_the_key(text, words):
 
 def test_refusals_name_the_key(tiny_model, tokenizer):
     pad, eos = tokenizer.pad_token_id, [tokenizer.eos_token_id]
-    cfg = load_config(None, {"rollout": {"server.enabled": "true", "engine": "hf"}})
     with pytest.raises(ConfigError, match=r"rollout\.server: rollout\.engine=hf reports no"):
-        ServerEngine.from_config(tiny_model, pad_id=pad, eos_ids=eos, cfg=cfg, site=EngineSite())
+        load_config(None, {"rollout": {"server.enabled": "true", "engine": "hf"}})  # at load
     ranks = EngineSite(world_size=2)
     with pytest.raises(ConfigError, match=r"rollout\.server: one trainer process only"):
         ServerEngine.from_config(tiny_model, pad_id=pad, eos_ids=eos, cfg=_server_cfg(), site=ranks)

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from rlvr.config.algorithm import Algorithm
-from rlvr.config.schema import Config, ConfigError, RolloutConfig
+from rlvr.config.schema import Config, ConfigError
 
 MAX_LR = 1.0  # learning rates above this are refused
 # The CPUs this process could run on before `pin_trainer` narrowed them: the server may use any.
@@ -131,7 +131,7 @@ def validate(cfg: Config) -> None:
         r.vllm.dtype,
     )
     _check(0 < r.vllm.memory < 1, "rollout.vllm.memory", "in (0, 1)", r.vllm.memory)
-    _validate_tools(r)
+    _validate_tools(cfg)
     template = cfg.data.prompt_template
     _check(
         template is None or "{question}" in template,
@@ -198,6 +198,11 @@ def _validate_server(cfg: Config) -> None:
     """`rollout.server.*` (docs/async.md): CPU lists that parse, none set while the server is
     off (they would do nothing), a device this machine has."""
     server = cfg.rollout.server
+    if server.enabled and cfg.rollout.engine == "hf":
+        raise ConfigError(
+            "rollout.server: rollout.engine=hf reports no sampling log-probs, which a batch "
+            "produced beside the update needs; use rollout.engine=fast or vllm"
+        )
     for key in ("cpus", "trainer_cpus", "device"):
         text = getattr(server, key)
         if text and not server.enabled:
@@ -306,8 +311,15 @@ def _validate_reference(cfg: Config) -> None:
         raise ConfigError(f"reward.model: {w.model} does not exist")
 
 
-def _validate_tools(r: RolloutConfig) -> None:
-    """The tool keys (docs/tools.md); the tools themselves are resolved when the run is built."""
+def _validate_tools(cfg: Config) -> None:
+    """The tool keys (docs/tools.md); the tools themselves are resolved when the run is built.
+    The tools are `rollout.tools`, else the built-in task's own (calc's)."""
+    r = cfg.rollout
+    tools = r.tools
+    if not tools and cfg.data.path is None:
+        from rlvr.tasks import TASKS
+
+        tools = tuple(getattr(TASKS.get(cfg.data.task), "tools", ()) or ())
     _check(r.max_tool_calls >= 0, "rollout.max_tool_calls", ">= 0", r.max_tool_calls)
     _check(
         r.max_total_tokens is None or r.max_total_tokens >= r.max_new_tokens,
@@ -323,9 +335,9 @@ def _validate_tools(r: RolloutConfig) -> None:
         r.tool_call_tags,
     )
     _check(
-        not r.tools or r.min_new_tokens == 0,
+        not tools or r.min_new_tokens == 0,
         "rollout.min_new_tokens",
-        "0 with rollout.tools (EOS suppression is for benchmarks without tools)",
+        "0 with tools (EOS suppression is for benchmarks without tools)",
         r.min_new_tokens,
     )
 

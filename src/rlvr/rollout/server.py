@@ -216,11 +216,6 @@ class ServerEngine:
     def from_config(
         cls, model, *, pad_id: int, eos_ids: list[int], cfg: Config, site: EngineSite
     ) -> ServerEngine:
-        if cfg.rollout.engine == "hf":
-            raise ConfigError(
-                "rollout.server: rollout.engine=hf reports no sampling log-probs, which a batch "
-                "produced beside the update needs; use rollout.engine=fast or vllm"
-            )
         if site.world_size > 1:
             raise ConfigError(
                 f"rollout.server: one trainer process only (got {site.world_size} ranks under "

@@ -269,8 +269,6 @@ def build_toolbox(cfg: Config, source: PromptSource, tokenizer, given: Given) ->
     if not specs:
         return None
     extend_sys_path(cfg.reward.python_path)  # "module:function" tools of a script's module
-    if r.min_new_tokens:
-        raise ConfigError("rollout.min_new_tokens: got a value > 0, expected 0 with tools")
     tools = [given.tools.get(s, s) for s in specs]
     if "python" in tools:  # the sandbox the code reward uses: refused now, not at a call
         try:
