@@ -38,7 +38,6 @@ from typing import Any
 
 from rlvr.config.load import dump_yaml, load_config, parse_overrides, to_dict
 from rlvr.config.schema import Config, ConfigError
-from rlvr.run.checkpoint import latest_good_checkpoint
 
 SUMMARY = "DAPO's ablation ladder (naive GRPO ... DAPO) over seeds, with a report"
 
@@ -113,6 +112,7 @@ def rung_config(
 
 def _run(cfg: Config, run_dir: Path, show_progress: bool, log) -> dict[str, Any] | None:
     """Train `cfg` in `run_dir` unless done; the summary, or None when stopped by a signal."""
+    from rlvr.run.checkpoint import latest_good_checkpoint
     from rlvr.training.trainer import train
 
     summary, resume = run_dir / "summary.json", None

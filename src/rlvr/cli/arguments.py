@@ -35,7 +35,7 @@ def train_parser(prog: str = "rlvr train", shown: Config | None = None) -> argpa
         description="Train with GRPO / DAPO. With no arguments: the dapo preset on the built-in "
         "tiny model and the built-in arithmetic task, on the CPU.",
         epilog="config keys, with the values this run would use (override with "
-        "--section.key=value):\n" + help_text(shown or load_config(None)),
+        "--section.key=value):\n" + help_text(shown or load_config(None, check=False)),
     )
     p.add_argument("config", nargs="?", help="YAML file holding changes to the preset")
     p.add_argument("--preset", help=f"one of {preset_names()}")
@@ -77,14 +77,14 @@ class TrainRequest:
     note: str | None = None
 
 
-def train_request(argv: list[str], prog: str = "rlvr train") -> TrainRequest:
+def train_request(argv: list[str], prog: str = "rlvr train", check: bool = True) -> TrainRequest:
     """Parse `rlvr train`'s arguments and resolve the config they run (ConfigError when
-    they do not validate). `--help` lists the values of this config, or of the default run
-    when the other arguments do not validate."""
+    they do not validate; `check=False` resolves without judging, for help). `--help` lists
+    the values of this config, or of the default run when the other arguments do not resolve."""
     if "-h" in argv or "--help" in argv:
         rest = [a for a in argv if a not in ("-h", "--help")]
         try:
-            shown = train_request(rest, prog).cfg
+            shown = train_request(rest, prog, check=False).cfg
         except (ConfigError, FileNotFoundError):
             shown = None
         train_parser(prog, shown).parse_args(["--help"])  # prints and exits
@@ -101,7 +101,7 @@ def train_request(argv: list[str], prog: str = "rlvr train") -> TrainRequest:
             overrides.setdefault("train", {})[key] = value
     if not args.resume:
         # local paths made absolute: config.yaml then resumes from any working directory
-        cfg = resolve_paths(load_config(args.config, overrides, preset=args.preset))
+        cfg = resolve_paths(load_config(args.config, overrides, preset=args.preset, check=check))
         return TrainRequest(args, cfg, None)
     run_dir = Path(args.resume)
     if not (run_dir / "config.yaml").is_file():
@@ -120,6 +120,6 @@ def train_request(argv: list[str], prog: str = "rlvr train") -> TrainRequest:
             f"{', '.join(f'{s}.{k}' for s, k in sorted(RESUME_SAFE))}"
         )
     overrides.setdefault("train", {})["output_dir"] = str(run_dir.resolve())
-    cfg = load_config(run_dir / "config.yaml", overrides)
+    cfg = load_config(run_dir / "config.yaml", overrides, check=check)
     note = check_run_code(cfg, named, args.trust_run_code, f"--resume {run_dir}")
     return TrainRequest(args, cfg, run_dir, note)

@@ -97,6 +97,13 @@ def _config(args, overrides: dict, run_dir: Path | None, model: str) -> Config:
     if args.max_new_tokens:
         rollout["max_new_tokens"] = args.max_new_tokens
     cfg = load_config(base, changes)
+    if _vllm_missing(cfg, overrides):
+        sys.stderr.write(
+            f"note: {run_dir} trained with rollout.engine=vllm, which is not installed here: "
+            "evaluating with rollout.engine=fast (--rollout.engine chooses another)\n"
+        )
+        rollout.update({"engine": "fast", "vllm.dtype": "auto"})
+        cfg = load_config(base, changes)
     if cfg.data.path is not None and cfg.data.eval_path is None:  # score the dataset itself
         cfg = load_config(
             base, {**changes, "data": {**changes.get("data", {}), "eval_path": cfg.data.path}}
@@ -108,6 +115,15 @@ def _config(args, overrides: dict, run_dir: Path | None, model: str) -> Config:
         if note:
             sys.stderr.write(note + "\n")
     return cfg
+
+
+def _vllm_missing(cfg: Config, overrides: dict) -> bool:
+    """A run's stored engine is vllm, vLLM is not importable here, and the command line did
+    not name an engine: the run is evaluated with the default engine instead."""
+    import importlib.util
+
+    named = "engine" in overrides.get("rollout", {})
+    return cfg.rollout.engine == "vllm" and not named and importlib.util.find_spec("vllm") is None
 
 
 def load_for_eval(target: str, dtype: str = "float32"):
@@ -139,6 +155,10 @@ def eval_site(cfg: Config, model, source, toolbox=None):
 
 def run(argv: list[str]) -> int:
     from rlvr.cli.arguments import split_overrides
+
+    over_argv, rest = split_overrides(argv)
+    args, unknown = _parser().parse_known_args(rest)
+    # imported once the arguments parse: `rlvr eval --help` needs neither torch nor a model
     from rlvr.cli.eval_samples import eval_samples, model_passk
     from rlvr.data.prompts import load_prompts
     from rlvr.rewards.scoring import Scorer
@@ -146,8 +166,6 @@ def run(argv: list[str]) -> int:
     from rlvr.training.evaluation import eval_params, evaluate
     from rlvr.training.setup import Given, build_toolbox
 
-    over_argv, rest = split_overrides(argv)
-    args, unknown = _parser().parse_known_args(rest)
     if args.partial and not args.samples:
         raise ConfigError("--partial: applies to --samples (a file of completions) only")
     if args.samples:

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 from rlvr.config.schema import ConfigError
-from rlvr.run.checkpoint import CheckpointError
+from rlvr.run.manifest import CheckpointError
 
 SUMMARY = "a run's model as a plain Hugging Face model (--merge folds in LoRA)"
 
@@ -41,6 +42,11 @@ def run(argv: list[str]) -> int:
         base = json.loads(adapter.read_text())["base_model_name_or_path"]
         export_merged(ckpt, base, Path(args.output))
     else:
+        if args.merge:
+            sys.stderr.write(
+                f"note: {ckpt} holds a whole model, no LoRA adapter: --merge has nothing to "
+                "fold in; writing the model as it is\n"
+            )
         from rlvr.models import load_model, load_tokenizer
 
         load_model(str(ckpt)).save_pretrained(args.output)

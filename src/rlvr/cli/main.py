@@ -8,15 +8,9 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+from contextlib import nullcontext
 
-from rlvr.config.schema import ConfigError
-from rlvr.data.errors import DatasetError
-from rlvr.models import progress_bars
-from rlvr.rewards.combine import RewardError
-from rlvr.rollout.server import ServerError
-from rlvr.run.checkpoint import CheckpointError
-from rlvr.run.distributed import torchrun_rank
-from rlvr.run.health import TrainingHealthError
+from rlvr.run.launch import torchrun_rank
 
 COMMANDS = ("train", "eval", "export", "plot", "ablate", "rm", "config")
 
@@ -58,21 +52,59 @@ def _main(argv: list[str] | None) -> int:
         print(usage())
         return 0
     quiet = "--no-progress" in argv
-    if quiet:  # none of transformers' bars either (loading, saving shards), in child processes
+    if quiet:  # none of transformers' bars either (loading, saving shards), here and in children
         os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     try:
-        with progress_bars(not quiet):  # and in this one, where transformers is imported
+        with _bars_off() if quiet else nullcontext():
             return command(argv[0]).run(argv[1:])
-    except (ConfigError, FileNotFoundError, CheckpointError, DatasetError) as e:
-        sys.stderr.write(f"error: {e}\n")  # plain text: a message may hold [brackets]
+    except Exception as e:
+        rc = exit_code(e)
+        if rc is None:
+            raise
+        sys.stderr.write(f"error: {one_line(e)}\n")  # plain text: a message may hold [brackets]
+        return rc
+
+
+# The errors a user can act on, by module and class, with their exit codes: 2 for input (a
+# config, a file, a checkpoint, a dataset), 1 for a run that failed. Looked up in sys.modules,
+# so that `rlvr --help` imports none of them: an error of a module never imported was never
+# raised.
+ERRORS = (
+    ("rlvr.config.schema", "ConfigError", 2),
+    ("rlvr.data.errors", "DatasetError", 2),
+    ("rlvr.run.manifest", "CheckpointError", 2),
+    ("rlvr.rewards.combine", "RewardError", 1),
+    ("rlvr.run.health", "TrainingHealthError", 1),
+    ("rlvr.rollout.server", "ServerError", 1),
+)
+
+
+def exit_code(e: BaseException) -> int | None:
+    """The exit code of an error the user can act on, None for a bug (its traceback shows)."""
+    for module, name, rc in ERRORS:
+        cls = getattr(sys.modules.get(module), name, None)
+        if cls is not None and isinstance(e, cls):
+            return rc
+    if isinstance(e, OSError):  # a missing file, a read-only or full output directory
         return 2
-    except RewardError as e:  # under reward.on_error=raise; on_error=zero scores it 0
-        sys.stderr.write(f"error: {e} (reward.on_error=zero scores such samples 0)\n")
-        return 1
-    except (TrainingHealthError, ServerError) as e:
-        sys.stderr.write(f"error: {e}\n")
-        return 1
-    except OSError as e:  # a read-only or full output directory, a file removed mid-run
-        where = f"{e.filename}: " if e.filename else ""
-        sys.stderr.write(f"error: {where}{e.strerror or e}\n")
-        return 2
+    return None
+
+
+def one_line(e: BaseException) -> str:
+    """The error's message as the one line the command prints."""
+    reward = getattr(sys.modules.get("rlvr.rewards.combine"), "RewardError", None)
+    if reward is not None and isinstance(e, reward):  # under reward.on_error=raise
+        return f"{e} (reward.on_error=zero scores such samples 0)"
+    if isinstance(e, OSError) and not isinstance(e, FileNotFoundError):
+        return f"{e.filename}: {e.strerror or e}" if e.filename else str(e.strerror or e)
+    return str(e)
+
+
+def _bars_off():
+    """transformers' and the Hub's bars off in this process too, where transformers is already
+    imported (a command run in-process); otherwise the environment variable does it."""
+    if "transformers" not in sys.modules:
+        return nullcontext()
+    from rlvr.models import progress_bars
+
+    return progress_bars(False)

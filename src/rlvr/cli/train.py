@@ -10,18 +10,21 @@ import os
 import sys
 
 from rlvr.cli.arguments import split_overrides, train_request
-from rlvr.run.distributed import torchrun_rank
+from rlvr.config.validate import check_ranks
+from rlvr.run.launch import is_main_rank, launch, torchrun_rank
 
 SUMMARY = "train a policy with GRPO/DAPO (no arguments: the built-in offline demo)"
 
 
 def run(argv: list[str]) -> int:
-    if _nproc(argv) > 1 and "WORLD_SIZE" not in os.environ:
-        train_request(argv)  # a config error is one line here, not one per rank
-        return _launch_torchrun(_nproc(argv), argv)
+    nproc = _nproc(argv)
+    if nproc > 1 and "WORLD_SIZE" not in os.environ:
+        # every check here, in the launcher: a refused config is one line, no rank started
+        check_ranks(train_request(argv).cfg, nproc)
+        return launch(nproc, argv)
     request = train_request(argv)
     args, cfg = request.args, request.cfg
-    if request.note:
+    if request.note and is_main_rank():
         sys.stderr.write(request.note + "\n")
     from rlvr.training.trainer import no_eval_reason, train
 
@@ -32,7 +35,7 @@ def run(argv: list[str]) -> int:
         destroy_process_group=not torchrun_rank(),  # main() ends a rank with os._exit
     )
     summary = run_dir / "summary.json"
-    if request.resume is None and summary.exists():
+    if request.resume is None and summary.exists() and is_main_rank():
         s = json.loads(summary.read_text())
         print(f"run directory: {run_dir}")
         before, after = s["eval_before"].get("accuracy"), s["eval_after"].get("accuracy")
@@ -54,38 +57,3 @@ def _nproc(argv: list[str]) -> int:
     p = argparse.ArgumentParser(add_help=False)
     p.add_argument("--nproc", type=int, default=1)
     return p.parse_known_args(split_overrides(argv)[1])[0].nproc
-
-
-def _launch_torchrun(nproc: int, argv: list[str]) -> int:
-    """`rlvr train --nproc N ...` = `torchrun --standalone --nproc-per-node N -m rlvr train ...`,
-    all on loopback: torchrun would otherwise give the ranks this machine's hostname as
-    MASTER_ADDR, and where that name does not resolve (containers, CI sandboxes) every rank
-    waits out the store's 300 s connect timeout."""
-    import socket
-    import subprocess
-
-    rest, skip = [], False
-    for a in argv:  # drop --nproc N / --nproc=N, keep everything else as given
-        if skip:
-            skip = False
-        elif a == "--nproc":
-            skip = True
-        elif not a.startswith("--nproc="):
-            rest.append(a)
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--local-addr=127.0.0.1",
-        f"--nproc-per-node={nproc}",
-        "-m",
-        "rlvr",
-        "train",
-        *rest,
-    ]
-    env = dict(os.environ)
-    loopback = [n for _, n in socket.if_nameindex() if n.startswith("lo")]
-    if loopback and "GLOO_SOCKET_IFNAME" not in env:  # gloo binds by hostname too
-        env["GLOO_SOCKET_IFNAME"] = loopback[0]
-    return subprocess.call(cmd, env=env)

@@ -241,9 +241,12 @@ def load_config(
     *,
     preset: str | None = None,
     source: str = "command line",
+    check: bool = True,
 ) -> Config:
-    """Defaults -> preset -> YAML file -> overrides, then `validate`. Raises ConfigError;
-    an error in `overrides` names `source` (the Python API passes its own)."""
+    """Defaults -> preset -> YAML file -> overrides, then `validate` (unless `check` is false:
+    help text shows the values without judging them). Raises ConfigError; an error in
+    `overrides` names `source` (the Python API passes its own). Every unknown key and bad value
+    of the file, and of the overrides, is named at once."""
     file_changes: dict[str, Any] = {}
     if path is not None:
         path = Path(path)
@@ -271,10 +274,32 @@ def load_config(
             changes = TINY_TASK_DEFAULTS[task]
             cfg = apply_changes(cfg, changes, f"built-in tiny model defaults for task {task}")
     if file_changes:
-        cfg = apply_changes(cfg, file_changes, str(path))
-    cfg = apply_changes(cfg, overrides, source)
+        cfg = _apply_every(cfg, file_changes, str(path))
+    cfg = _apply_every(cfg, overrides, source)
     cfg = resolve_code_format(cfg)  # humaneval's packaged file, the code reward
-    validate(cfg)
+    if check:
+        validate(cfg)
+    return cfg
+
+
+def _apply_every(cfg: Config, changes: dict[str, Any], source: str) -> Config:
+    """`apply_changes` key by key, so that a file with three mistakes names all three: one
+    ConfigError, its message one line a mistake."""
+    if not isinstance(changes, dict):
+        return apply_changes(cfg, changes, source)
+    errors: list[str] = []
+    for section, values in changes.items():
+        parts = values.items() if section in SECTIONS and isinstance(values, dict) else [None]
+        for part in parts:
+            one = {section: values} if part is None else {section: dict([part])}
+            try:
+                cfg = apply_changes(cfg, one, source)
+            except ConfigError as e:
+                errors.append(str(e))
+    if len(errors) > 1:
+        raise ConfigError(f"{len(errors)} errors:\n" + "\n".join(f"  {e}" for e in errors))
+    if errors:
+        raise ConfigError(errors[0])
     return cfg
 
 

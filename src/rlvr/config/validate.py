@@ -11,14 +11,34 @@ import re
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from rlvr.config.algorithm import Algorithm
 from rlvr.config.schema import Config, ConfigError
 
 MAX_LR = 1.0  # learning rates above this are refused
 # The CPUs this process could run on before `pin_trainer` narrowed them: the server may use any.
 _AVAILABLE = frozenset(os.sched_getaffinity(0))
+
+
+def check_ranks(cfg: Config, world_size: int) -> None:
+    """What the config asks of N data-parallel ranks, checked by `rlvr train --nproc N` before
+    any rank starts and by each rank's setup with its real world size."""
+    if world_size <= 1:
+        return
+    r, t = cfg.rollout, cfg.train
+    if r.prompts_per_step % world_size:
+        raise ConfigError(
+            f"rollout.prompts_per_step: {r.prompts_per_step} is not divisible by the "
+            f"{world_size} ranks (each takes whole groups)"
+        )
+    if t.max_staleness:
+        raise ConfigError(
+            f"train.max_staleness: got {t.max_staleness}, expected 0 under torchrun "
+            "(the batches produced ahead are each rank's own; a checkpoint holds rank 0's)"
+        )
+    if r.server.enabled:
+        raise ConfigError(
+            f"rollout.server: one trainer process only (got {world_size} ranks under "
+            "torchrun); run without rollout.server.enabled"
+        )
 
 
 def _check(ok: bool, key: str, expected: str, value: Any) -> None:
@@ -31,7 +51,10 @@ def validate(cfg: Config) -> None:
     r, a, o, t = cfg.rollout, cfg.algo, cfg.optim, cfg.train
     _validate_staleness(cfg)  # before the algorithm: its engine checks would name another key
     _validate_server(cfg)
-    # The algorithm's settings and what its estimator asks of the rollout, checked once there.
+    # The algorithm's settings and what its estimator asks of the rollout, checked once there
+    # (imported here: the objectives are torch code, and reading a config needs no torch).
+    from rlvr.config.algorithm import Algorithm
+
     Algorithm.from_config(cfg)
     _check(r.prompts_per_step >= 1, "rollout.prompts_per_step", ">= 1", r.prompts_per_step)
     _check(r.max_new_tokens >= 1, "rollout.max_new_tokens", ">= 1", r.max_new_tokens)
@@ -218,6 +241,8 @@ def _validate_server(cfg: Config) -> None:
 
 
 def _check_device(name: str) -> None:
+    import torch  # here: only a config that names a device needs it
+
     try:
         device = torch.device(name)
     except RuntimeError:
@@ -359,6 +384,8 @@ def _check_machine(cfg: Config) -> None:
     )
     device = cfg.model.device
     if device != "auto":
+        import torch  # here: only a config that names a device needs it
+
         try:
             torch.device(device)
         except (RuntimeError, ValueError):

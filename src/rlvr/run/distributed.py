@@ -105,11 +105,6 @@ def shutdown(d: Dist, destroy: bool = True) -> None:
             dist.destroy_process_group()
 
 
-def torchrun_rank() -> bool:
-    """Whether this process is one of several ranks started by torchrun."""
-    return int(os.environ.get("WORLD_SIZE", "1")) > 1
-
-
 def wrap(model: torch.nn.Module, d: Dist, device: torch.device, kind: str) -> torch.nn.Module:
     """The module the training forward/backward runs through. DDP: a wrapper around the
     model. FSDP2: every decoder layer and the root are sharded in place (`fully_shard`)."""

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from rlvr.config.extras import install_hint
 from rlvr.config.schema import Config, ConfigError
 from rlvr.models import load_model
 from rlvr.rollout.base import derive_seed
@@ -98,7 +99,8 @@ def load_policy(
         try:
             import peft
         except ImportError:
-            raise ConfigError("model.lora_rank > 0 needs peft: pip install 'rlvr[peft]'") from None
+            hint = install_hint("peft")
+            raise ConfigError(f"model.lora_rank > 0 needs peft: {hint}") from None
         base = load(m.name_or_path, dtype=m.dtype, device=device)
         if checkpoint is not None:
             model = peft.PeftModel.from_pretrained(base, str(checkpoint), is_trainable=True)

@@ -17,6 +17,7 @@ from rlvr.algos import KLController
 from rlvr.config.algorithm import Algorithm
 from rlvr.config.load import to_dict
 from rlvr.config.schema import Config, ConfigError
+from rlvr.config.validate import check_ranks
 from rlvr.data.prompts import PromptSource, load_prompts
 from rlvr.models import autocast, check_vocabulary, load_tokenizer
 from rlvr.rewards.sandbox import SandboxUnavailable, resolve_isolation
@@ -162,16 +163,7 @@ def setup(
         torch.set_num_threads(cfg.train.threads)
     pin_trainer(cfg)  # rollout.server.trainer_cpus: the trainer's CPUs, one thread each
     d, device = init_distributed(resolve_device(cfg.model.device))
-    if d.enabled and cfg.rollout.prompts_per_step % d.world_size:
-        raise ConfigError(
-            f"rollout.prompts_per_step: {cfg.rollout.prompts_per_step} is not "
-            f"divisible by the {d.world_size} ranks (each takes whole groups)"
-        )
-    if d.enabled and cfg.train.max_staleness:
-        raise ConfigError(
-            f"train.max_staleness: got {cfg.train.max_staleness}, expected 0 under torchrun "
-            "(the batches produced ahead are each rank's own; a checkpoint holds rank 0's)"
-        )
+    check_ranks(cfg, d.world_size)  # `rlvr train --nproc N` checked these before launch
     checkpoint, run_dir = None, None
     if resume_dir is None and d.is_main and cfg.train.output_dir:
         check_run_dir(Path(cfg.train.output_dir))  # refused now; written once all is built
