@@ -220,3 +220,20 @@ def _alive(pid: int) -> bool:
     except OSError:
         return False
     return state != "Z"
+
+
+def test_a_head_size_vllms_cpu_attention_does_not_run_is_named():
+    """vLLM's CPU attention runs heads of 32, 64, 80, ... 512 wide (its CPUAttentionBackend's
+    list); a model with 16-wide heads is refused naming the key and what to use instead."""
+    from transformers import LlamaConfig
+
+    from rlvr.rollout.vllm_release import head_size, model_refusal
+
+    sizes = [32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512]
+    narrow = LlamaConfig(hidden_size=64, num_attention_heads=4)
+    assert head_size(narrow) == 16
+    refusal = model_refusal(narrow, "tiny", sizes)
+    assert refusal.startswith("model.name_or_path: tiny's attention heads are 16 wide")
+    assert "rollout.engine=fast" in refusal
+    assert model_refusal(LlamaConfig(hidden_size=128, num_attention_heads=4), "ok", sizes) is None
+    assert model_refusal(narrow, "tiny", None) is None  # vLLM not here: nothing to ask

@@ -20,7 +20,9 @@ def run(argv: list[str]) -> int:
     nproc = _nproc(argv)
     if nproc > 1 and "WORLD_SIZE" not in os.environ:
         # every check here, in the launcher: a refused config is one line, no rank started
-        check_ranks(train_request(argv).cfg, nproc)
+        cfg = train_request(argv).cfg
+        check_ranks(cfg, nproc)
+        _check_engine(cfg)
         return launch(nproc, argv)
     request = train_request(argv)
     args, cfg = request.args, request.cfg
@@ -50,6 +52,21 @@ def run(argv: list[str]) -> int:
                 f"{s['wall_time_s']:.0f} s)"
             )
     return 0
+
+
+def _check_engine(cfg) -> None:
+    """The engine's limits on the model (vLLM's CPU attention head sizes), checked before the
+    ranks start: inside them it would be one error per rank."""
+    if cfg.rollout.engine != "vllm":
+        return
+    from rlvr.config.schema import ConfigError
+    from rlvr.rollout.vllm_release import VLLMEngineError, check_model
+    from rlvr.training.setup import resolve_device
+
+    try:
+        check_model(cfg.model.name_or_path, resolve_device(cfg.model.device))
+    except VLLMEngineError as e:
+        raise ConfigError(str(e)) from None
 
 
 def _nproc(argv: list[str]) -> int:

@@ -66,7 +66,9 @@ from rlvr.rollout.vllm_release import (  # noqa: F401 (re-exported: the engine's
     VLLMEngineError,
     check_environment,
     check_version,
+    cpu_attention_sizes,
     installed_vllm,
+    model_refusal,
     platform_refusal,
 )
 from rlvr.rollout.vllm_tools import Request, tool_rounds
@@ -135,6 +137,10 @@ class VLLMEngine:
         if device.type == "cuda" and device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())
         self.version = check_environment(device, world_size)
+        sizes = cpu_attention_sizes() if device.type == "cpu" else None
+        refusal = model_refusal(model.config, model.name_or_path, sizes)
+        if refusal:
+            raise VLLMEngineError(refusal)
         self.model, self.pad_id, self.eos_ids, self.device = model, pad_id, list(eos_ids), device
         on_cpu = device.type == "cpu"
         # Weights that training can change; if that is all of them, sleep drops the weights.

@@ -92,3 +92,49 @@ def check_version(version: str, dist: str = "vllm") -> None:
             f"rollout.engine=vllm: {dist} {version} is installed; rlvr supports {dist}"
             f"{','.join(spec)} (README, 'GPU and vLLM')"
         )
+
+
+def head_size(config) -> int:
+    """The width of one attention head of a Hugging Face model config."""
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+
+def cpu_attention_sizes() -> list[int] | None:
+    """The head sizes vLLM's CPU attention runs, asked of the installed vLLM itself (None when
+    vLLM, or that backend, is not importable here)."""
+    try:
+        from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+    except Exception:  # vLLM absent, or a release that keeps the backend elsewhere
+        return None
+    return list(CPUAttentionBackend.get_supported_head_sizes())
+
+
+def model_refusal(config, name: str, sizes: list[int] | None) -> str | None:
+    """Why vLLM's CPU attention cannot run the model whose config this is, or None."""
+    head = head_size(config)
+    if sizes is None or head in sizes:
+        return None
+    return (
+        f"model.name_or_path: {name}'s attention heads are {head} wide, which vLLM's CPU "
+        f"attention does not run (it runs {', '.join(map(str, sizes))}): use "
+        "rollout.engine=fast or hf, or a model whose heads vLLM supports"
+    )
+
+
+def check_model(name_or_path: str, device: torch.device) -> None:
+    """vLLM's limits on the model before any work (`rlvr train` checks them before a rank
+    starts): on the CPU, the attention head sizes of vLLM's CPU backend, read from the model's
+    config.json; VLLMEngineError naming the key otherwise."""
+    if device.type != "cpu":
+        return
+    sizes = cpu_attention_sizes()
+    if sizes is None:
+        return  # check_environment names a missing vLLM when the engine starts
+    from transformers import AutoConfig
+
+    from rlvr.models import resolve_model_path
+
+    config = AutoConfig.from_pretrained(resolve_model_path(name_or_path))
+    refusal = model_refusal(config, name_or_path, sizes)
+    if refusal:
+        raise VLLMEngineError(refusal)
