@@ -118,6 +118,28 @@ def test_package_has_no_import_cycle():
     assert not loops, "import cycles in src/rlvr: " + "; ".join(" -> ".join(c) for c in loops)
 
 
+def test_no_cycle_when_a_package_counts_for_the_names_it_gives():
+    """The stricter reading: `from rlvr.x import y` is an edge to rlvr.x itself, even where y is
+    a submodule, so a package's `__init__` stands for everything imported through it."""
+    mods = package_modules()
+    graph = {}
+    for m, (path, _) in mods.items():
+        out = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = []
+            if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                names = [node.module]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            for name in names:
+                owner = _owner(name, mods) if name.split(".")[0] == "rlvr" else None
+                if owner is not None and owner != m:
+                    out.add(owner)
+        graph[m] = out
+    loops = cycles(graph)
+    assert not loops, "import cycles in src/rlvr: " + "; ".join(" -> ".join(c) for c in loops)
+
+
 def test_walk_sees_function_level_relative_and_type_checking_imports(tmp_path):
     """The walk on a hand-made package: a.py imports b at the top, b imports a inside a
     function (a loop), c imports a only under TYPE_CHECKING (an edge all the same)."""

@@ -43,7 +43,7 @@ class Backend:
         returns "on...", or "off: <why>". The first call of a process decides."""
         if not self.on:
             return OFF_REASON
-        from rlvr.cpu import allocator
+        import rlvr.cpu.allocator as allocator
 
         return allocator.return_freed_memory() if memory_first else allocator.keep_freed_memory()
 
@@ -52,7 +52,7 @@ class Backend:
         the gate is on and they are not built yet."""
         if not self.on:
             return OFF_REASON
-        from rlvr.cpu import native
+        import rlvr.cpu.native as native
 
         return native.status()
 

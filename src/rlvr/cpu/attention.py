@@ -28,7 +28,7 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
 
-from rlvr.cpu import native
+import rlvr.cpu.native as native
 from rlvr.cpu.layers import is_llama_family
 
 NAME = "rlvr_attention"

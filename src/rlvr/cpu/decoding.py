@@ -19,7 +19,7 @@ import contextlib
 import torch
 from torch import nn
 
-from rlvr.cpu import native
+import rlvr.cpu.native as native
 from rlvr.cpu.lean import LeanDecoder
 from rlvr.cpu.packed import packed_linears, packing_available
 from rlvr.cpu.prefix_attention import (

@@ -41,7 +41,7 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
-from rlvr.cpu import native
+import rlvr.cpu.native as native
 from rlvr.cpu.attention import native_attention
 from rlvr.cpu.layers import is_llama_family, is_silu_mlp, rms_norm_eps
 from rlvr.cpu.packed import PackedLinear, pack_linear, packable, packing_available

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from rlvr.cpu import native
+import rlvr.cpu.native as native
 from rlvr.cpu.layers import is_llama_family, is_silu_mlp, rms_norm_eps
 from rlvr.cpu.packed import pack_linear, packable, packing_available
 from rlvr.cpu.prefix_attention import current_layout, prefix_attention

@@ -27,7 +27,7 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
-from rlvr.cpu import native
+import rlvr.cpu.native as native
 
 NATIVE_MAX_ROWS = 256  # up to here the native kernel matched or beat oneDNN (measured)
 EPILOGUES = {"none": 0, "add": 1, "swish": 2, "mul": 3}  # oneDNN's post-op names

@@ -32,7 +32,7 @@ import torch
 from transformers import AttentionInterface
 from transformers.cache_utils import StaticLayer
 
-from rlvr.cpu import native
+import rlvr.cpu.native as native
 from rlvr.cpu.layers import is_llama_family
 
 NAME = "rlvr_prefix"

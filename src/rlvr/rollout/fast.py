@@ -31,7 +31,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel, StaticCache
 from transformers.cache_utils import StaticLayer
 
-from rlvr import cpu
+import rlvr.cpu as cpu
 from rlvr.models import cache_kwarg
 from rlvr.rollout.base import Rollout, SamplingParams, dedupe, left_pad, lengths_from_eos
 from rlvr.rollout.fast_tools import decode_with_tools

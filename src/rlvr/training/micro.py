@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from rlvr import cpu
+import rlvr.cpu as cpu
 from rlvr.algos import LossOutput, kl_k3, overlong_filter_mask
 from rlvr.algos import rollout_correction as rc
 from rlvr.algos.cov import Largest, keep_largest

@@ -44,7 +44,7 @@ from typing import Any, Protocol
 
 import torch
 
-from rlvr import cpu
+import rlvr.cpu as cpu
 from rlvr.config.algorithm import Algorithm
 from rlvr.config.schema import Config
 from rlvr.data.prompts import PromptSource

@@ -26,7 +26,7 @@ from copy import deepcopy
 
 import torch
 
-from rlvr import cpu
+import rlvr.cpu as cpu
 from rlvr.run.distributed import is_sharded
 from rlvr.training.policy import Policy, is_lora
 

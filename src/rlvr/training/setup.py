@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 from rich.console import Console
 
-from rlvr import cpu
+import rlvr.cpu as cpu
 from rlvr.algos import KLController
 from rlvr.config.algorithm import Algorithm
 from rlvr.config.load import to_dict

@@ -7,7 +7,7 @@ import math
 
 import torch
 
-from rlvr import cpu
+import rlvr.cpu as cpu
 from rlvr.algos import rollout_correction as rc
 from rlvr.config.algorithm import Algorithm
 from rlvr.config.schema import Config
