@@ -255,13 +255,21 @@ class RewardConfig:
 
 @dataclass(frozen=True)
 class OptimConfig:
-    """AdamW with linear warm-up then a constant learning rate.
+    """AdamW under a learning-rate schedule (docs/guides/training.md#learning-rate-schedules).
 
-    lr: learning rate after warm-up.
+    lr: learning rate after warm-up (the schedule's peak).
     weight_decay: AdamW weight decay.
     beta1: AdamW beta1.
     beta2: AdamW beta2.
-    warmup_steps: linear warm-up length in optimiser steps.
+    lr_schedule: transformers' schedule of that name (TRL's lr_scheduler_type), over
+        train.max_steps x algo.mu x algo.mini_batches optimiser steps.
+    warmup_steps: linear warm-up length in optimiser steps (0: warmup_ratio's).
+    warmup_ratio: warm-up as a fraction of the schedule's optimiser steps, rounded up (with
+        warmup_steps 0).
+    warmup_from_zero: the warm-up's first optimiser step takes lr 0, as transformers and TRL
+        count (step k takes the schedule after k - 1 steps); false: it takes lr / warm-up
+        steps (step k takes the schedule after k steps, over one more step).
+    min_lr_rate: cosine_with_min_lr's floor, as a fraction of lr.
     max_grad_norm: gradient clipping by global norm (0 = off).
     micro_batch_sequences: sequences per forward/backward; gradients accumulate to the optimiser step.
     share_prompt: forward each distinct prompt once per micro-batch and its G completions on its KV cache (same values).
@@ -276,7 +284,13 @@ class OptimConfig:
     weight_decay: float = 0.0
     beta1: float = 0.9
     beta2: float = 0.999
+    lr_schedule: Literal[
+        "constant_with_warmup", "constant", "linear", "cosine", "cosine_with_min_lr", "polynomial"
+    ] = "constant_with_warmup"
     warmup_steps: int = 0
+    warmup_ratio: float = 0.0
+    warmup_from_zero: bool = False
+    min_lr_rate: float = 0.0
     max_grad_norm: float = 1.0
     micro_batch_sequences: int = 64
     share_prompt: bool = True
@@ -305,7 +319,13 @@ class CriticConfig:
     model: str | None = None
     lr: float = 1e-5
     weight_decay: float = 0.0
+    lr_schedule: Literal[
+        "constant_with_warmup", "constant", "linear", "cosine", "cosine_with_min_lr", "polynomial"
+    ] = "constant_with_warmup"
     warmup_steps: int = 0
+    warmup_ratio: float = 0.0
+    warmup_from_zero: bool = False
+    min_lr_rate: float = 0.0
     max_grad_norm: float = 1.0
     value_clip: float | None = 0.5
     arch: Literal["head", "surprise"] = "head"
