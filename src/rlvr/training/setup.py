@@ -42,8 +42,8 @@ from rlvr.run.stored_config import check_trained_with
 from rlvr.tools import Toolbox, ToolFormat, make_python_tool
 from rlvr.training.collect import PromptSampler
 from rlvr.training.critic import Critic, build_critic
-from rlvr.training.lr_schedule import lr_scheduler
 from rlvr.training.evaluation import eval_params, evaluate
+from rlvr.training.lr_schedule import lr_scheduler
 from rlvr.training.outer import OuterLoop, build_outer
 from rlvr.training.pipeline import Pipeline
 from rlvr.training.policy import Policy, load_policy
