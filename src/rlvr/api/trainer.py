@@ -146,8 +146,13 @@ class Trainer:
             section["name_or_path"] = model_source(model) or type(model).__name__
             section.setdefault("dtype", "auto")  # train the object in its own dtype
         if self.reward_funcs is not None:
-            reward, self.functions = reward_changes(self.reward_funcs, self.reward_weights)
+            chosen = changes.get("reward", {}).get("accuracy")
+            reward, self.functions, note = reward_changes(
+                self.reward_funcs, self.reward_weights, chosen
+            )
             changes.setdefault("reward", {}).update(reward)
+            if note and os.environ.get("RANK", "0") == "0":  # once under torchrun
+                print(note, file=sys.stderr)
         elif self.reward_weights is not None:
             raise ConfigError("reward_weights: given without reward_funcs")
         if self.output_dir is not None:
