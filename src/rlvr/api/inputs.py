@@ -116,7 +116,8 @@ def _named(
 
 def reward_names(funcs: Sequence[str | Callable]) -> tuple[list[str], dict[str, Callable]]:
     """Each reward's name in the config, and the callables by those names: "module:function"
-    when importable, else its own name, numbered past the built-in rewards' and earlier ones."""
+    when importable, else its own name, numbered past the built-in rewards', the reserved
+    ones and earlier ones."""
     from rlvr.rewards import FACTORIES
 
     def name_of(fn: Callable, names: list[str]) -> str:

@@ -9,9 +9,12 @@ CLI's are (defaults -> preset -> built-in model sizes -> `config` -> these argum
 same validation and named errors apply, and the run directory is the CLI's. In-memory datasets
 are written into the run directory (`data/train.jsonl`, `data/eval.jsonl`) and loaded from
 there as a file would be, so their rows are checked the same way and the run resumes without
-them. Reward functions: the first one is the accuracy reward (dynamic sampling and the
-accuracy metrics read it: a score above `reward.correct_threshold`, default 0, is correct);
-the others are added to the total with their weights. A function defined in an importable
+them. Reward functions: the accuracy reward (dynamic sampling and the accuracy metrics read
+it: a score above `reward.correct_threshold`, default 0, is correct) is chosen by name
+(`rlvr.api.inputs.pick_accuracy`: `reward.accuracy` in `config`, else the first whose name says
+correctness, with a note; none: the run has no notion of correctness); all rewards add up to
+the total with their weights. A model built in memory is saved to RUN_DIR/base_model
+(`rlvr.api.model_object`). A function defined in an importable
 module is recorded in config.yaml as "module:function", so `rlvr train --resume` can load it;
 one defined in a script is recorded by name and resumes through this API. A module's
 directory outside the installed packages is recorded as `reward.python_path`.
@@ -319,8 +322,8 @@ def train(
         `tokenizer` unless `model.name_or_path` has one).
     reward_funcs: callables with TRL's signature `fn(prompts, completions, completion_ids,
         **kwargs) -> list[float | None]` and/or reward names ("math", "format", "code",
-        "module:function", "file.py:function"). The first is the accuracy reward; None keeps
-        the config's (the built-in task's verifier by default).
+        "module:function", "file.py:function"). The accuracy reward is chosen by name (see
+        the module); None keeps the config's (the built-in task's verifier by default).
     reward_weights: one weight per reward function (default 1.0 each).
     train_dataset / eval_dataset: a list of dicts, a `datasets.Dataset`, or a path (jsonl,
         parquet, a saved dataset); rows hold the prompt ("prompt": a string or chat messages)

@@ -123,7 +123,8 @@ class AlgoConfig:
     kl_horizon: adaptive kl_coef's horizon in samples: beta *= 1 + clip(KL/target - 1, +-0.2) * N / horizon.
     gamma: discount of the per-token rewards (gae, reinforce_pp).
     lam: GAE lambda (gae): 1 = Monte Carlo returns minus V, 0 = one-step TD errors.
-    dynamic_sampling: keep only groups with 0 < #correct < G, refilling from more generation batches.
+    dynamic_sampling: keep only groups with 0 < #correct < G (under reward.accuracy none: whose
+        G total rewards are not all equal), refilling from more generation batches.
     max_gen_batches: bound on generation batches per step under dynamic sampling.
     refill: dynamic sampling's refill batches: adaptive (about 1.25 x missing / keep-rate prompts,
         at most prompts_per_step) or full (prompts_per_step each, the surplus discarded: verl).
@@ -200,7 +201,9 @@ class AlgoConfig:
 class RewardConfig:
     """How a response is scored. Accuracy stays separate: dynamic sampling filters on it.
 
-    accuracy: accuracy reward: "task" (the built-in task's verifier) or a reward name / module:function.
+    accuracy: accuracy reward: "task" (the built-in task's verifier), a reward name /
+        module:function, or "none" (no notion of correctness: dynamic sampling keeps the
+        groups whose total rewards differ, and no accuracy is logged).
     accuracy_weight: weight of the accuracy reward in the total.
     correct_threshold: a response counts as correct (dynamic sampling, accuracy metrics) when
         the accuracy reward's score is above this (0: score > 0 is correct).
@@ -255,7 +258,7 @@ class RewardConfig:
 
 @dataclass(frozen=True)
 class OptimConfig:
-    """AdamW under a learning-rate schedule (docs/guides/training.md#learning-rate-schedules).
+    """AdamW under a learning-rate schedule (docs/from_trl.md#learning-rate-schedules).
 
     lr: learning rate after warm-up (the schedule's peak).
     weight_decay: AdamW weight decay.
@@ -319,13 +322,7 @@ class CriticConfig:
     model: str | None = None
     lr: float = 1e-5
     weight_decay: float = 0.0
-    lr_schedule: Literal[
-        "constant_with_warmup", "constant", "linear", "cosine", "cosine_with_min_lr", "polynomial"
-    ] = "constant_with_warmup"
     warmup_steps: int = 0
-    warmup_ratio: float = 0.0
-    warmup_from_zero: bool = False
-    min_lr_rate: float = 0.0
     max_grad_norm: float = 1.0
     value_clip: float | None = 0.5
     arch: Literal["head", "surprise"] = "head"
