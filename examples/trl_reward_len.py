@@ -26,8 +26,9 @@ The TRL script (TRL's GRPOTrainer documentation):
 Here the dataset is prompt-only rows made locally (nothing is downloaded), the model is the
 built-in one, and `args` holds GRPOConfig's own field names as a mapping (only those given
 are applied; a `trl.GRPOConfig` object is accepted too where trl is installed). The `grpo`
-preset is TRL's loop: no dynamic sampling, which would drop every group of this reward (it
-is never above 0, so no completion counts as correct); `beta` 0 as TRL's default.
+preset is TRL's loop: no dynamic sampling; `beta` 0 as TRL's default. Under rlvr's default
+`dapo` preset this reward trains too: its name does not say correctness, so dynamic sampling
+keeps the groups whose rewards differ (docs/algorithms.md#dynamic-sampling).
 """
 
 import random

@@ -62,6 +62,7 @@ WEIGHTS = Tolerance(
 DISCRETE = (
     "step",
     "reward/",
+    "rewards/",
     "accuracy",
     "groups/",
     "response/",

@@ -78,7 +78,7 @@ def test_a_model_object_built_in_memory_needs_its_tokenizer_by_name(tmp_path):
 
 
 def test_a_loaded_model_object_finds_its_tokenizer_from_its_config(tmp_path, tiny_model_dir):
-    from rlvr.api.trainer import _tokenizer_of
+    from rlvr.api.model_object import tokenizer_of as _tokenizer_of
     from rlvr.models import load_model
 
     tokenizer = _tokenizer_of(load_model(str(tiny_model_dir)))

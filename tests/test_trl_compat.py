@@ -63,7 +63,8 @@ def test_batch_units_completions_to_prompts_exactly():
         ({"per_device_train_batch_size": 8}, "give num_generations with them"),
         ({"num_iterations": 2, "max_steps": 5}, r"max_steps / .* \(5 / 2\)"),
         ({"top_entropy_quantile": 0.2}, "top_entropy_quantile=0.2: rlvr's algo.top_entropy_q"),
-        ({"lr_scheduler_type": "cosine"}, "lr_scheduler_type='cosine': rlvr's learning rate"),
+        ({"lr_scheduler_type": "inverse_sqrt"}, "lr_scheduler_type='inverse_sqrt': rlvr has"),
+        ({"lr_scheduler_kwargs": {"power": 2.0}}, r"lr_scheduler_kwargs \['power'\]"),
         ({"loss_type": "bnpo"}, "bnpo normalises per micro-batch"),
         ({"loss_type": "cispo"}, "loss_type='cispo': rlvr has grpo, dapo, dr_grpo"),
         ({"scale_rewards": "batch"}, "scale_rewards='batch'"),
@@ -164,12 +165,39 @@ def test_a_grpo_config_object_carries_trl_defaults():
     assert c["rollout"] == {"group_size": 4, "max_new_tokens": 512, "temperature": 1.0,
                             "top_p": 1.0, "top_k": 0, "prompts_per_step": 2}  # fmt: skip
     assert c["train"]["max_steps"] == 3 and c["train"]["seed"] == 42
-    assert any(n.startswith("lr_scheduler_type='linear' (TRL's default) not applied")
-               for n in got.notes)  # fmt: skip
+    assert c["optim"]["lr_schedule"] == "linear" and c["optim"]["warmup_from_zero"] is True
     with pytest.raises(ConfigError, match=r"top_entropy_quantile=0\.2: rlvr's algo\.top_entropy_q"):
         trl_changes(trl.GRPOConfig(output_dir="out", use_cpu=True, top_entropy_quantile=0.2))
-    with pytest.raises(ConfigError, match="lr_scheduler_type='cosine'"):
-        trl_changes(trl.GRPOConfig(output_dir="out", use_cpu=True, lr_scheduler_type="cosine"))
+    cosine = trl_changes(trl.GRPOConfig(output_dir="out", use_cpu=True, lr_scheduler_type="cosine",
+                                        warmup_steps=0.1))  # fmt: skip
+    assert cosine.changes["optim"]["lr_schedule"] == "cosine"
+    assert (cosine.changes["optim"]["warmup_steps"], cosine.changes["optim"]["warmup_ratio"]) == (
+        0, 0.1)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("args", "optim"),
+    [
+        (
+            {"lr_scheduler_type": "cosine", "warmup_ratio": 0.1},
+            {"lr_schedule": "cosine", "warmup_steps": 0, "warmup_ratio": 0.1},
+        ),
+        (
+            {"warmup_steps": 3, "warmup_ratio": 0.5},  # transformers: warmup_steps wins
+            {"warmup_steps": 3, "warmup_ratio": 0.0},
+        ),
+        (
+            {
+                "lr_scheduler_type": "cosine_with_min_lr",
+                "lr_scheduler_kwargs": {"min_lr_rate": 0.1},
+            },
+            {"lr_schedule": "cosine_with_min_lr", "min_lr_rate": 0.1},
+        ),
+    ],
+)
+def test_trl_schedules_carry_with_trls_count(args, optim):
+    got = trl_changes(args).changes["optim"]
+    assert {k: got[k] for k in optim} == optim and got["warmup_from_zero"] is True
 
 
 def test_trl_names_at_the_top_of_a_yaml_file(tmp_path, capsys):

@@ -9,7 +9,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rlvr.algos import DynamicSamplingBuffer, keep_groups, refill_size
+from rlvr.algos import DynamicSamplingBuffer, keep_groups, keep_groups_with_spread, refill_size
 
 from .helpers import PROPS, loop_keep_groups
 
@@ -27,6 +27,20 @@ def test_keep_groups_cases():
     correct = torch.tensor([1, 1, 1, 0, 0, 0, 1, 0, 0, 1, 1, 0]).bool()
     # all right, all wrong, 1 of 3, 2 of 3
     assert keep_groups(correct, 3).tolist() == [False, False, True, True]
+
+
+def test_keep_groups_with_spread_cases():
+    # TRL's length reward -|12 - len| / 12: never above 0, so never "correct"; groups of 3
+    rewards = torch.tensor([-0.5, -0.5, -0.5,      # all equal: dropped
+                            -1.0, -0.25, -0.5,     # spread 0.75: kept
+                            0.0, 0.0, -1e-7,       # any difference keeps it
+                            2.0, 2.0, 2.0])  # fmt: skip
+    assert keep_groups_with_spread(rewards, 3).tolist() == [False, True, True, False]
+    # a binary reward: the spread filter keeps exactly the groups the accuracy filter keeps
+    binary = torch.tensor([1, 1, 1, 0, 0, 0, 1, 0, 0, 1, 1, 0]).float()
+    assert keep_groups_with_spread(binary, 3).tolist() == keep_groups(binary > 0, 3).tolist()
+    with pytest.raises(ValueError, match=r"len\(rewards\)=4 is not a multiple of group_size=3"):
+        keep_groups_with_spread(torch.zeros(4), 3)
 
 
 def test_keep_groups_errors():

@@ -36,7 +36,13 @@ from .kl_reward import (
 )
 from .losses import LossOutput, Ratio, policy_loss
 from .objectives import OBJECTIVES, LossInputs, LossSettings, Objective, register_objective
-from .sampling import DynamicSamplingBuffer, DynamicSamplingResult, keep_groups, refill_size
+from .sampling import (
+    DynamicSamplingBuffer,
+    DynamicSamplingResult,
+    keep_groups,
+    keep_groups_with_spread,
+    refill_size,
+)
 from .shaping import overlong_filter_mask, soft_overlong_penalty
 from .value import (
     explained_from_parts,
@@ -79,6 +85,7 @@ __all__ = [
     "gae_advantages",
     "group_advantages",
     "keep_groups",
+    "keep_groups_with_spread",
     "kl_estimate",
     "kl_k1",
     "kl_k2",

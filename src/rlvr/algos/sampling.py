@@ -4,7 +4,9 @@ A group whose responses are all right or all wrong has zero advantage and gives 
 gradient. DAPO over-samples and keeps only groups with 0 < #correct < G, refilling the
 batch over several generation batches (all from the same pi_old) until it holds the wanted
 number of prompts. Filter on accuracy, not on the shaped reward: length shaping gives an
-all-wrong group a non-zero reward std.
+all-wrong group a non-zero reward std. A run with no notion of correctness (a continuous
+reward) filters on the reward's spread instead, as verl's `filter_groups.metric=score`:
+a group whose G rewards are all equal has zero advantage and is dropped.
 """
 
 from __future__ import annotations
@@ -25,16 +27,32 @@ def keep_groups(correct: Tensor, group_size: int) -> Tensor:
     correct: (N,) bool (or 0/1), groups contiguous. Raises ValueError if N % G != 0 or
     G < 2 (a group of one is always all-right or all-wrong, so nothing could be kept).
     """
-    if not isinstance(group_size, int) or isinstance(group_size, bool) or group_size < 2:
-        raise ValueError(f"group_size must be an int >= 2 for dynamic sampling, got {group_size!r}")
-    if correct.dim() != 1:
-        raise ValueError(f"correct must be 1-D (N,), got shape {tuple(correct.shape)}")
-    if correct.numel() % group_size != 0:
-        raise ValueError(
-            f"len(correct)={correct.numel()} is not a multiple of group_size={group_size}"
-        )
+    _check_groups(correct, group_size, "correct")
     n_correct = (correct != 0).view(-1, group_size).sum(dim=1)
     return (n_correct > 0) & (n_correct < group_size)
+
+
+def keep_groups_with_spread(rewards: Tensor, group_size: int) -> Tensor:
+    """(N // G,) bool: True for groups whose rewards are not all equal (max > min).
+
+    rewards: (N,) float, groups contiguous. A group of equal rewards has zero advantage
+    under every group baseline, so it gives no policy gradient. Raises ValueError as
+    `keep_groups` does.
+    """
+    _check_groups(rewards, group_size, "rewards")
+    grouped = rewards.view(-1, group_size)
+    return grouped.amax(dim=1) > grouped.amin(dim=1)
+
+
+def _check_groups(values: Tensor, group_size: int, name: str) -> None:
+    if not isinstance(group_size, int) or isinstance(group_size, bool) or group_size < 2:
+        raise ValueError(f"group_size must be an int >= 2 for dynamic sampling, got {group_size!r}")
+    if values.dim() != 1:
+        raise ValueError(f"{name} must be 1-D (N,), got shape {tuple(values.shape)}")
+    if values.numel() % group_size != 0:
+        raise ValueError(
+            f"len({name})={values.numel()} is not a multiple of group_size={group_size}"
+        )
 
 
 REFILL_MARGIN = 1.25

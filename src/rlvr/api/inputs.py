@@ -116,7 +116,8 @@ def _named(
 
 def reward_names(funcs: Sequence[str | Callable]) -> tuple[list[str], dict[str, Callable]]:
     """Each reward's name in the config, and the callables by those names: "module:function"
-    when importable, else its own name, numbered past the built-in rewards' and earlier ones."""
+    when importable, else its own name, numbered past the built-in rewards', the reserved
+    ones and earlier ones."""
     from rlvr.rewards import FACTORIES
 
     def name_of(fn: Callable, names: list[str]) -> str:
@@ -128,7 +129,7 @@ def reward_names(funcs: Sequence[str | Callable]) -> tuple[list[str], dict[str, 
         )
         base = re.sub(r"\W", "_", base) or "reward"
         name, n = base, 1
-        while name in FACTORIES or name in names or name in ("accuracy", "task"):
+        while name in FACTORIES or name in names or name in ("accuracy", "task", "none"):
             n += 1
             name = f"{base}_{n}"
         return name
@@ -146,9 +147,58 @@ def tool_names(tools: Sequence[str | Callable]) -> tuple[list[str], dict[str, Ca
     return _named(tools, "tools: {fn!r} is neither a tool name nor a function", name_of)
 
 
+# Words of a reward's name that say it judges correctness (TRL's accuracy_reward, a script's
+# correctness_reward_func or exact_match, rlvr's math and code verifiers).
+CORRECTNESS_WORDS = ("accuracy", "accurate", "correct", "correctness", "exact", "verify",
+                     "verified", "verifier", "math", "code")  # fmt: skip
+
+
+def says_correct(name: str) -> bool:
+    """Whether a reward's name (a function's, or "module:function"'s last part) says it
+    judges correctness: one of its words is a CORRECTNESS_WORDS word."""
+    words = re.split(r"[^a-z0-9]+", name.rsplit(":", 1)[-1].lower())
+    return any(w in CORRECTNESS_WORDS for w in words)
+
+
+def pick_accuracy(names: list[str], chosen: str | None) -> tuple[int | None, str | None]:
+    """Which reward is the accuracy reward (dynamic sampling's filter, the accuracy metric):
+    the one `chosen` names (reward.accuracy given with the rewards: a name as recorded or its
+    function's name; "none": no reward; "task", the default, is no choice), else the first whose name says correctness, else
+    none. Returns its index (None: the run has no notion of correctness) and the note to
+    print when the run picked it."""
+    short = [n.rsplit(":", 1)[-1] for n in names]
+    if chosen not in (None, "task"):  # "task": the default, which reward_funcs replace
+        if chosen == "none":
+            return None, None
+        for i, (name, bare) in enumerate(zip(names, short)):
+            if chosen in (name, bare):
+                return i, None
+        raise ConfigError(
+            f"reward.accuracy: {chosen!r} is none of reward_funcs ({', '.join(short)}); name "
+            "one of them, or 'none' for a run with no notion of correctness"
+        )
+    hits = [i for i, bare in enumerate(short) if says_correct(bare)]
+    how = "reward.accuracy=NAME picks another, 'none' none"
+    if not hits:
+        return None, (
+            f"note: reward.accuracy: none of {', '.join(short)} is named for correctness "
+            f"({', '.join(CORRECTNESS_WORDS)}): no accuracy metric, and dynamic sampling keeps "
+            "the groups whose rewards differ; reward.accuracy=NAME names one"
+        )
+    of = f" (the first of {', '.join(short[i] for i in hits)})" if len(hits) > 1 else ""
+    return hits[0], (
+        f"note: reward.accuracy: {short[hits[0]]!r}{of}, by its name: dynamic sampling and the "
+        f"accuracy metric read it; {how}"
+    )
+
+
 def reward_changes(
-    funcs: Sequence[str | Callable] | str | Callable, weights: Sequence[float] | None
-) -> tuple[dict[str, Any], dict[str, Callable]]:
+    funcs: Sequence[str | Callable] | str | Callable,
+    weights: Sequence[float] | None,
+    chosen: str | None = None,
+) -> tuple[dict[str, Any], dict[str, Callable], str | None]:
+    """The reward section of the config for `funcs` and `weights`, the callables by name, and
+    the note on which of them is the accuracy reward (`pick_accuracy`)."""
     funcs = [funcs] if isinstance(funcs, str) or callable(funcs) else list(funcs)
     if not funcs:
         raise ConfigError("reward_funcs: empty; give at least one reward function or name")
@@ -156,9 +206,14 @@ def reward_changes(
     if len(weights) != len(funcs):
         raise ConfigError(f"reward_weights: {len(weights)} weights for {len(funcs)} reward_funcs")
     names, functions = reward_names(funcs)
-    extra = [f"{name}={float(w)!r}" for name, w in zip(names[1:], weights[1:])]
-    changes = {"accuracy": names[0], "accuracy_weight": float(weights[0]), "extra": extra}
-    return changes, functions
+    index, note = pick_accuracy(names, chosen)
+    extra = [f"{n}={float(w)!r}" for i, (n, w) in enumerate(zip(names, weights)) if i != index]
+    if index is None:
+        changes = {"accuracy": "none", "extra": extra}
+    else:
+        changes = {"accuracy": names[index], "accuracy_weight": float(weights[index]),
+                   "extra": extra}  # fmt: skip
+    return changes, functions, note
 
 
 def jsonable(value: Any) -> Any:

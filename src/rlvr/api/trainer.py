@@ -9,9 +9,12 @@ CLI's are (defaults -> preset -> built-in model sizes -> `config` -> these argum
 same validation and named errors apply, and the run directory is the CLI's. In-memory datasets
 are written into the run directory (`data/train.jsonl`, `data/eval.jsonl`) and loaded from
 there as a file would be, so their rows are checked the same way and the run resumes without
-them. Reward functions: the first one is the accuracy reward (dynamic sampling and the
-accuracy metrics read it: a score above `reward.correct_threshold`, default 0, is correct);
-the others are added to the total with their weights. A function defined in an importable
+them. Reward functions: the accuracy reward (dynamic sampling and the accuracy metrics read
+it: a score above `reward.correct_threshold`, default 0, is correct) is chosen by name
+(`rlvr.api.inputs.pick_accuracy`: `reward.accuracy` in `config`, else the first whose name says
+correctness, with a note; none: the run has no notion of correctness); all rewards add up to
+the total with their weights. A model built in memory is saved to RUN_DIR/base_model
+(`rlvr.api.model_object`). A function defined in an importable
 module is recorded in config.yaml as "module:function", so `rlvr train --resume` can load it;
 one defined in a script is recorded by name and resumes through this API. A module's
 directory outside the installed packages is recorded as `reward.python_path`.
@@ -39,6 +42,7 @@ from rlvr.api.inputs import (
     reward_changes,
     tool_names,
 )
+from rlvr.api.model_object import BASE_DIR, final_model, model_source, save_base, tokenizer_of
 from rlvr.api.trl import differences, peft_changes, trl_changes
 from rlvr.config.load import flat_keys, load_config, to_dict
 from rlvr.config.presets import preset_names
@@ -107,6 +111,7 @@ class Trainer:
         check_callbacks(self.callbacks)
         self.output_dir, self.show_progress = output_dir, show_progress
         self.functions: dict[str, Callable] = {}
+        self.in_memory = False  # a model object with no name or directory to load again
         self.changes = self._changes()  # checks the arguments before any work
         self.config: Config | None = None
 
@@ -137,13 +142,20 @@ class Trainer:
         elif model is not None:
             if not hasattr(model, "forward"):
                 raise ConfigError(f"model: expected a name, a path or a model, got {model!r}")
-            name = _model_source(model) or type(model).__name__  # the record in config.yaml
+            # the record in config.yaml; a model built in memory is saved into the run
+            # directory (_build), and that directory recorded
+            self.in_memory = not model_source(model)
             section = changes.setdefault("model", {})
-            section["name_or_path"] = str(name)
+            section["name_or_path"] = model_source(model) or type(model).__name__
             section.setdefault("dtype", "auto")  # train the object in its own dtype
         if self.reward_funcs is not None:
-            reward, self.functions = reward_changes(self.reward_funcs, self.reward_weights)
+            chosen = changes.get("reward", {}).get("accuracy")
+            reward, self.functions, note = reward_changes(
+                self.reward_funcs, self.reward_weights, chosen
+            )
             changes.setdefault("reward", {}).update(reward)
+            if note and os.environ.get("RANK", "0") == "0":  # once under torchrun
+                print(note, file=sys.stderr)
         elif self.reward_weights is not None:
             raise ConfigError("reward_weights: given without reward_funcs")
         if self.output_dir is not None:
@@ -174,6 +186,8 @@ class Trainer:
             draft_run_dir(run_dir, made=True)
             self._draft = run_dir
         changes.setdefault("train", {})["output_dir"] = str(run_dir)
+        if self.in_memory:
+            changes["model"]["name_or_path"] = str(run_dir / BASE_DIR)
         data = changes.setdefault("data", {})
         taken = resume is None and (run_dir / "metrics.jsonl").exists()
         if taken and any(d is not None for d in in_memory):
@@ -251,9 +265,11 @@ class Trainer:
         self.config = cfg
         tokenizer = self.tokenizer
         if tokenizer is None and not isinstance(self.model_arg, (str, Path)):
-            tokenizer = _tokenizer_of(self.model_arg)
+            tokenizer = tokenizer_of(self.model_arg)
         if tokenizer is not None and tokenizer.pad_token is None:
             tokenizer.pad_token = tokenizer.eos_token  # masks come from lengths: pad may be eos
+        if self.in_memory:
+            save_base(self.model_arg, tokenizer, Path(cfg.train.output_dir))
         given = Given(
             model=None if isinstance(self.model_arg, (str, Path)) else self.model_arg,
             tokenizer=tokenizer,
@@ -278,50 +294,7 @@ class Trainer:
         return TrainResult(run_dir, summary, metrics, self._final_model(run_dir, given))
 
     def _final_model(self, run_dir: Path, given):
-        from rlvr.models import load_model
-        from rlvr.run.checkpoint import latest_good_checkpoint
-
-        cfg = self.config
-        if given.model is not None and cfg.model.lora_rank == 0:
-            return given.model  # trained in place
-        checkpoint = latest_good_checkpoint(run_dir)
-        if checkpoint is None:
-            return None
-        if (checkpoint / "adapter_config.json").is_file():
-            import peft
-
-            base = json.loads((checkpoint / "adapter_config.json").read_text())
-            return peft.PeftModel.from_pretrained(
-                load_model(base["base_model_name_or_path"]), str(checkpoint)
-            ).eval()
-        return load_model(str(checkpoint), dtype=cfg.model.dtype).eval()
-
-
-def _model_source(model: Any) -> str:
-    """Where a model object was loaded from (`from_pretrained`'s name or directory, as its
-    config keeps it); "" for one built in memory."""
-    name = getattr(model, "name_or_path", "") or ""
-    config = getattr(model, "config", None)
-    return str(name or getattr(config, "_name_or_path", "") or getattr(config, "name_or_path", ""))
-
-
-def _tokenizer_of(model: Any):
-    """The tokenizer saved with a model object's source, or ConfigError naming what to pass."""
-    from rlvr.models import load_tokenizer
-
-    source = _model_source(model)
-    if not source:
-        raise ConfigError(
-            f"tokenizer: the {type(model).__name__} object was built in memory (its config has "
-            "no name_or_path to load a tokenizer from); pass tokenizer="
-        )
-    try:
-        return load_tokenizer(source)
-    except (OSError, ValueError) as e:
-        raise ConfigError(
-            f"tokenizer: none found for the model object at its source {source!r} ({e}); "
-            "pass tokenizer="
-        ) from None
+        return final_model(self.config, run_dir, given.model)
 
 
 def train(
@@ -349,8 +322,8 @@ def train(
         `tokenizer` unless `model.name_or_path` has one).
     reward_funcs: callables with TRL's signature `fn(prompts, completions, completion_ids,
         **kwargs) -> list[float | None]` and/or reward names ("math", "format", "code",
-        "module:function", "file.py:function"). The first is the accuracy reward; None keeps
-        the config's (the built-in task's verifier by default).
+        "module:function", "file.py:function"). The accuracy reward is chosen by name (see
+        the module); None keeps the config's (the built-in task's verifier by default).
     reward_weights: one weight per reward function (default 1.0 each).
     train_dataset / eval_dataset: a list of dicts, a `datasets.Dataset`, or a path (jsonl,
         parquet, a saved dataset); rows hold the prompt ("prompt": a string or chat messages)

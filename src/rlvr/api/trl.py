@@ -38,7 +38,8 @@ MAPPED = {
     "eval_steps", "eval_strategy", "logging_steps", "logging_strategy", "loss_type",
     "scale_rewards", "bf16", "fp16", "use_cpu", "use_vllm", "vllm_mode", "vllm_gpu_memory_utilization", "report_to",
     "sync_ref_model", "ref_model_sync_steps", "ref_model_mixup_alpha", "reward_weights",
-    "activation_checkpointing", "lr_scheduler_type", "optim", "adam_epsilon",
+    "activation_checkpointing", "lr_scheduler_type", "optim", "adam_epsilon", "warmup_ratio",
+    "lr_scheduler_kwargs",
 }  # fmt: skip
 # Fields that change nothing here (logging cosmetics, data loading, TRL-internal switches).
 NO_EFFECT = {
@@ -55,7 +56,7 @@ NO_EFFECT = {
 }  # fmt: skip
 # Fields rlvr has no counterpart for: (does this value ask for it?, why rlvr lacks it). An
 # explicit value that asks for it is refused; TRL's own default that does is listed as not
-# applied (lr_scheduler_type 'linear', the KL's importance weighting).
+# applied (the KL's importance weighting).
 WHY_NOT: dict[str, tuple[Any, str]] = {
     "top_entropy_quantile": (lambda v, a: v != 1.0, "rlvr's algo.top_entropy_quantile also "
                              "takes the dropped tokens out of the normaliser and the KL term "
@@ -68,8 +69,6 @@ WHY_NOT: dict[str, tuple[Any, str]] = {
                                   "rlvr has no off-policy sequence masking"),
     "use_bias_correction_kl": (lambda v, a: bool(v) and bool(a.get("beta")),
                                "rlvr's KL term is not weighted by the importance ratio"),
-    "lr_scheduler_type": (lambda v, a: _plain(v) not in ("constant", "constant_with_warmup"),
-                          "rlvr's learning rate is constant after a linear warm-up"),
     "cast_lm_head_to_fp32": (lambda v, a: bool(v), "rlvr computes the head in the model's dtype"),
     "vllm_importance_sampling_correction": (
         lambda v, a: bool(v) and bool(a.get("use_vllm")),
@@ -179,6 +178,7 @@ def trl_changes(args: Any, *, num_rows: int | None = None, world_size: int = 1) 
     _steps(values, given, is_object, num_rows, out)
     _algorithm(values, given, is_object, out, notes)
     _run(values, given, is_object, out)
+    _schedule(values, given, is_object, out)
     logging = (
         values.get("logging_steps", 1)
         if _plain(values.get("logging_strategy", "steps")) != "no"
@@ -315,6 +315,35 @@ def _run(values, given, is_object, out: _Changes) -> None:
             raise ConfigError(f"args: report_to={report!r}: rlvr reports to tensorboard "
                               "(always), wandb and trackio")  # fmt: skip
         out.set("train.report_to", trackers)
+
+
+SCHEDULES = ("linear", "cosine", "cosine_with_min_lr", "constant", "constant_with_warmup",
+             "polynomial")  # fmt: skip
+
+
+def _schedule(values, given, is_object, out: _Changes) -> None:
+    """TRL's learning-rate schedule: its type, its warm-up (warmup_steps wins over
+    warmup_ratio, as in transformers; a float warmup_steps below 1 is a ratio) and
+    cosine_with_min_lr's min_lr_rate, counted as TRL counts (optim.warmup_from_zero)."""
+    keys = {"lr_scheduler_type", "warmup_steps", "warmup_ratio", "lr_scheduler_kwargs"}
+    if not is_object and not keys & given:
+        return
+    kind = _plain(values.get("lr_scheduler_type", "linear"))
+    if kind not in SCHEDULES:
+        raise ConfigError(f"args: lr_scheduler_type={kind!r}: rlvr has {', '.join(SCHEDULES)}")
+    if is_object or "lr_scheduler_type" in given:
+        out.set("optim.lr_schedule", kind)
+    steps, ratio = values.get("warmup_steps") or 0, values.get("warmup_ratio") or 0.0
+    if 0 < steps < 1:
+        steps, ratio = 0, steps
+    out.set("optim.warmup_steps", int(steps))
+    out.set("optim.warmup_ratio", 0.0 if steps else float(ratio))
+    extra = dict(values.get("lr_scheduler_kwargs") or {})
+    if "min_lr_rate" in extra:
+        out.set("optim.min_lr_rate", float(extra.pop("min_lr_rate")))
+    if extra:
+        raise ConfigError(f"args: lr_scheduler_kwargs {sorted(extra)}: rlvr carries min_lr_rate")
+    out.set("optim.warmup_from_zero", True)
 
 
 def peft_changes(config: Any) -> dict[str, dict[str, Any]]:

@@ -123,7 +123,8 @@ class AlgoConfig:
     kl_horizon: adaptive kl_coef's horizon in samples: beta *= 1 + clip(KL/target - 1, +-0.2) * N / horizon.
     gamma: discount of the per-token rewards (gae, reinforce_pp).
     lam: GAE lambda (gae): 1 = Monte Carlo returns minus V, 0 = one-step TD errors.
-    dynamic_sampling: keep only groups with 0 < #correct < G, refilling from more generation batches.
+    dynamic_sampling: keep only groups with 0 < #correct < G (under reward.accuracy none: whose
+        G total rewards are not all equal), refilling from more generation batches.
     max_gen_batches: bound on generation batches per step under dynamic sampling.
     refill: dynamic sampling's refill batches: adaptive (about 1.25 x missing / keep-rate prompts,
         at most prompts_per_step) or full (prompts_per_step each, the surplus discarded: verl).
@@ -200,7 +201,9 @@ class AlgoConfig:
 class RewardConfig:
     """How a response is scored. Accuracy stays separate: dynamic sampling filters on it.
 
-    accuracy: accuracy reward: "task" (the built-in task's verifier) or a reward name / module:function.
+    accuracy: accuracy reward: "task" (the built-in task's verifier), a reward name /
+        module:function, or "none" (no notion of correctness: dynamic sampling keeps the
+        groups whose total rewards differ, and no accuracy is logged).
     accuracy_weight: weight of the accuracy reward in the total.
     correct_threshold: a response counts as correct (dynamic sampling, accuracy metrics) when
         the accuracy reward's score is above this (0: score > 0 is correct).
@@ -255,13 +258,21 @@ class RewardConfig:
 
 @dataclass(frozen=True)
 class OptimConfig:
-    """AdamW with linear warm-up then a constant learning rate.
+    """AdamW under a learning-rate schedule (docs/from_trl.md#learning-rate-schedules).
 
-    lr: learning rate after warm-up.
+    lr: learning rate after warm-up (the schedule's peak).
     weight_decay: AdamW weight decay.
     beta1: AdamW beta1.
     beta2: AdamW beta2.
-    warmup_steps: linear warm-up length in optimiser steps.
+    lr_schedule: transformers' schedule of that name (TRL's lr_scheduler_type), over
+        train.max_steps x algo.mu x algo.mini_batches optimiser steps.
+    warmup_steps: linear warm-up length in optimiser steps (0: warmup_ratio's).
+    warmup_ratio: warm-up as a fraction of the schedule's optimiser steps, rounded up (with
+        warmup_steps 0).
+    warmup_from_zero: the warm-up's first optimiser step takes lr 0, as transformers and TRL
+        count (step k takes the schedule after k - 1 steps); false: it takes lr / warm-up
+        steps (step k takes the schedule after k steps, over one more step).
+    min_lr_rate: cosine_with_min_lr's floor, as a fraction of lr.
     max_grad_norm: gradient clipping by global norm (0 = off).
     micro_batch_sequences: sequences per forward/backward; gradients accumulate to the optimiser step.
     share_prompt: forward each distinct prompt once per micro-batch and its G completions on its KV cache (same values).
@@ -276,7 +287,13 @@ class OptimConfig:
     weight_decay: float = 0.0
     beta1: float = 0.9
     beta2: float = 0.999
+    lr_schedule: Literal[
+        "constant_with_warmup", "constant", "linear", "cosine", "cosine_with_min_lr", "polynomial"
+    ] = "constant_with_warmup"
     warmup_steps: int = 0
+    warmup_ratio: float = 0.0
+    warmup_from_zero: bool = False
+    min_lr_rate: float = 0.0
     max_grad_norm: float = 1.0
     micro_batch_sequences: int = 64
     share_prompt: bool = True

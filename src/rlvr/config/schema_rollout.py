@@ -57,7 +57,8 @@ class RolloutConfig:
     top_k: top-k sampling (0 = off).
     min_new_tokens: suppress EOS before this many tokens (benchmarks force lengths with it; 0 = off).
     seed_per_prompt: draw each prompt's samples from its own seed, whatever else shares the batch
-        (always on under torchrun, so N ranks sample what one process would).
+        (always on under torchrun: one process samples what N ranks do only with it on; off,
+        one seed a generation batch, docs/guides/distributed.md).
     vllm: the vllm engine's settings, `rollout.vllm.KEY` (`VLLMSettings`).
     server: the rollout server, `rollout.server.KEY` (`ServerSettings`).
     tools: tools the model may call inside a response (docs/tools.md): built-in names (calc,

@@ -119,6 +119,15 @@ def validate(cfg: Config) -> None:
     _check(0 <= o.beta1 < 1, "optim.beta1", "in [0, 1)", o.beta1)
     _check(0 <= o.beta2 < 1, "optim.beta2", "in [0, 1)", o.beta2)
     _check(o.warmup_steps >= 0, "optim.warmup_steps", ">= 0", o.warmup_steps)
+    _check(0 <= o.warmup_ratio < 1, "optim.warmup_ratio", "in [0, 1)", o.warmup_ratio)
+    if o.warmup_steps and o.warmup_ratio:
+        raise ConfigError(
+            f"optim.warmup_ratio: {o.warmup_ratio} with optim.warmup_steps {o.warmup_steps} "
+            "(yours or the preset's); give one: optim.warmup_steps=0 to use the ratio"
+        )
+    _check(0 <= o.min_lr_rate < 1, "optim.min_lr_rate", "in [0, 1)", o.min_lr_rate)
+    if o.lr_schedule == "polynomial":  # transformers' polynomial decays to lr_end=1e-7
+        _check(o.lr > 1e-7, "optim.lr", "> 1e-7 (polynomial's lr_end) under polynomial", o.lr)
     _check(o.max_grad_norm >= 0, "optim.max_grad_norm", ">= 0", o.max_grad_norm)
     _check(
         o.micro_batch_sequences >= 1, "optim.micro_batch_sequences", ">= 1", o.micro_batch_sequences

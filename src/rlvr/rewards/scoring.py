@@ -4,7 +4,9 @@ shaping terms (format, soft overlong punishment, user terms) that make up the to
 Every reward function is called as TRL's GRPOTrainer calls one (`rlvr.rewards.combine`
 documents the keyword arguments). "Correct", for dynamic sampling and the accuracy metrics,
 is the task verifier's verdict under `reward.accuracy: task`, and otherwise an accuracy score
-above `reward.correct_threshold` (default 0: a score > 0 is correct).
+above `reward.correct_threshold` (default 0: a score > 0 is correct). Under `reward.accuracy:
+none` the run has no notion of correctness: the total is the other rewards' sum, nothing counts
+as correct, and dynamic sampling keeps the groups whose rewards differ.
 """
 
 from __future__ import annotations
@@ -29,13 +31,15 @@ from rlvr.rollout import Rollout
 class Scores:
     """total: (B,) shaped reward the advantages use; correct: (B,) bool accuracy;
     terms: each term's unweighted (B,) values by name; failures: reward errors scored 0;
-    errors: each failing reward's first error message."""
+    errors: each failing reward's first error message; functions: the terms that are reward
+    functions, by the function's name (TRL's `rewards/<name>/mean`)."""
 
     total: torch.Tensor
     correct: torch.Tensor
     terms: dict[str, torch.Tensor]
     failures: dict[str, int]
     errors: dict[str, str] = field(default_factory=dict)
+    functions: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -127,7 +131,7 @@ class Scorer:
             return _reward_fn(spec, r)
 
         try:
-            accuracy_fn = None if r.accuracy == "task" else fn(r.accuracy)
+            accuracy_fn = None if r.accuracy in ("task", "none") else fn(r.accuracy)
             shaping = [("format", r.format_weight, fn("format"))] if r.format_weight else []
             for item in r.extra:
                 name, weight = item.rsplit("=", 1)
@@ -149,6 +153,17 @@ class Scorer:
             raise ConfigError(f"reward.extra: reward names must be unique, got {names}")
         state = TrainerState(max_steps=cfg.train.max_steps)
         return cls(cfg, task, accuracy_fn, shaping, state)
+
+    @property
+    def graded(self) -> bool:
+        """Whether the run has a notion of correctness (`reward.accuracy` is not "none")."""
+        return self.cfg.reward.accuracy != "none"
+
+    def functions(self) -> dict[str, str]:
+        """The terms that are reward functions, by the function's name."""
+        r = self.cfg.reward
+        out = {} if self.accuracy_fn is None else {"accuracy": _term_name(r.accuracy)}
+        return {**out, **{name: name for name, _, _ in self.shaping}}
 
     def sandbox_bytes(self) -> float:
         """What the rewards' sandboxes may hold at once (`code`: its workers x one sandbox's
@@ -217,6 +232,11 @@ class Scorer:
         """`accuracy`, plus the result of the accuracy reward (failures, errors) when it is
         a function."""
         r = self.cfg.reward
+        if not self.graded:  # what a held-out answer scores: the rewards' total
+            kwargs = kwargs or self.reward_kwargs(prompts, completions, rollout)
+            res = combine_rewards(self.shaping, kwargs, on_error=r.on_error)
+            wrong = torch.zeros(len(prompts), dtype=torch.bool)
+            return torch.tensor(res.total, dtype=torch.float32), wrong, None
         if self.accuracy_fn is None:
             correct = torch.tensor(
                 [self.task.verify(c, p.example) for p, c in zip(prompts, completions)],
@@ -241,11 +261,14 @@ class Scorer:
         if step is not None:
             self.state.global_step = step
         kwargs = self.reward_kwargs(prompts, completions, rollout)
-        accuracy, correct, res = self._accuracy(prompts, completions, rollout, kwargs)
+        if self.graded:
+            accuracy, correct, res = self._accuracy(prompts, completions, rollout, kwargs)
+            terms, total = {"accuracy": accuracy}, r.accuracy_weight * accuracy
+        else:
+            res, terms, total = None, {}, torch.zeros(len(prompts))
+            correct = torch.zeros(len(prompts), dtype=torch.bool)
         failures = dict(res.failures) if res else {}
         errors = dict(res.errors) if res else {}
-        terms = {"accuracy": accuracy}
-        total = r.accuracy_weight * accuracy
         if self.shaping:
             res = combine_rewards(self.shaping, kwargs, on_error=r.on_error)
             total = total + torch.tensor(res.total, dtype=torch.float32)
@@ -263,4 +286,11 @@ class Scorer:
             ).float()
             terms["soft_overlong"] = penalty
             total = total + penalty
-        return Scores(total=total, correct=correct, terms=terms, failures=failures, errors=errors)
+        return Scores(
+            total=total,
+            correct=correct,
+            terms=terms,
+            failures=failures,
+            errors=errors,
+            functions=self.functions(),
+        )

@@ -51,12 +51,33 @@ SKIP_REASONS = {
     "all_filtered": "dynamic sampling filtered every group ({groups/all_correct_frac:.0%} of "
     "responses in all-correct groups, {groups/all_wrong_frac:.0%} in all-wrong ones)",
     "all_truncated": "every kept response was truncated and algo.overlong_filter masked it",
+    "all_equal": "every group's G rewards were equal (no advantage to learn from)",
+}
+
+# Steps in a row with nothing to train on after which the run says, once, what to change.
+ADVICE_AFTER = 3
+ADVICE = {
+    "all_failed": "no response counted as correct (an accuracy score above "
+    "reward.correct_threshold): a reward never above it, such as a continuous or negative "
+    "one, cannot drive dynamic sampling's accuracy filter; name the reward that says correct "
+    "with reward.accuracy=NAME, set reward.accuracy=none (keep the groups whose rewards "
+    "differ), lower reward.correct_threshold, or set algo.dynamic_sampling=false",
+    "all_solved": "every response was correct: the prompts are too easy for the model; "
+    "train on harder data or raise reward.correct_threshold",
+    "all_equal": "the reward gave every response of a group the same value: check that it "
+    "tells responses apart, or raise rollout.temperature for more varied responses",
+    "all_filtered": "dynamic sampling kept no group in algo.max_gen_batches generation "
+    "batches; raise algo.max_gen_batches or set algo.dynamic_sampling=false",
+    "all_truncated": "every response hit rollout.max_new_tokens; raise it or set "
+    "algo.overlong_filter=false",
 }
 
 
 def skip_reason(m: dict) -> str | None:
     """Which SKIP_REASONS key applies to a step's metrics, or None when it trained."""
     if m.get("groups/kept", 1) == 0 or m.get("empty_batches", 0):
+        if m.get("groups/equal_reward_frac", 0.0) >= 1.0:
+            return "all_equal"
         if m.get("groups/all_correct_frac", 0.0) >= 1.0:
             return "all_solved"
         if m.get("groups/all_wrong_frac", 0.0) >= 1.0:
@@ -72,6 +93,7 @@ class HealthGuard:
         self.max_bad_steps, self.entropy_floor = max_bad_steps, entropy_floor
         self.bad_streak = 0
         self._active: set[str] = set()
+        self.skip_streak, self._advised = 0, False
 
     def check(self, step: int, metrics: dict, last_checkpoint: Path | None) -> list[str]:
         """Add `warn/*`, `info/solved` and `update/*` to `metrics`; return messages for
@@ -111,16 +133,24 @@ class HealthGuard:
     def _skipped(self, step: int, metrics: dict) -> list[str]:
         reason = skip_reason(metrics)
         metrics["update/skipped"] = float(reason is not None)
+        self.skip_streak = 0 if reason is None else self.skip_streak + 1
         if reason is None:
             self._active = {k for k in self._active if not k.startswith("skip:")}
             return []
         metrics["update/skip_reason"] = reason
+        out = []
+        if self.skip_streak == ADVICE_AFTER and not self._advised:  # once a run
+            self._advised = True
+            out.append(
+                f"step {step}: no update in {ADVICE_AFTER} steps in a row ({reason}): "
+                + ADVICE[reason]
+            )
         key = f"skip:{reason}"
         if key in self._active:
-            return []
+            return out
         self._active = {k for k in self._active if not k.startswith("skip:")} | {key}
         text = SKIP_REASONS[reason].format_map(_Fmt(metrics))
-        return [f"step {step}: no update, nothing to train on: {text}"]
+        return [f"step {step}: no update, nothing to train on: {text}", *out]
 
     def _failures(self, step: int, metrics: dict) -> list[str]:
         n = int(metrics.get("responses", 0))

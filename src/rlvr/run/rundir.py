@@ -40,7 +40,8 @@ from rlvr.run.private import FILE_MODE, private_dir, write_private
 
 LOCK = "rlvr.lock"
 
-# The names a run writes into its directory (the Python API's datasets included).
+# The names a run writes into its directory (the Python API's datasets and a model built in
+# memory, rlvr.api.model_object, included).
 RUN_FILES = (
     "config.yaml",
     "metrics.jsonl",
@@ -50,6 +51,7 @@ RUN_FILES = (
     "checkpoints",
     "data/train.jsonl",
     "data/eval.jsonl",
+    "base_model",
 )
 
 _held: dict[Path, int] = {}  # run directory (resolved) -> the lock file's descriptor

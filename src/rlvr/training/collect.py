@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from rlvr.algos import DynamicSamplingBuffer, keep_groups, refill_size
+from rlvr.algos import DynamicSamplingBuffer, keep_groups, keep_groups_with_spread, refill_size
 from rlvr.config.algorithm import Algorithm
 from rlvr.config.schema import Config
 from rlvr.data.prompts import Prompt
@@ -62,11 +62,14 @@ def _one_token_repeated(ids: list[int], min_len: int = 4) -> bool:
 
 
 class Tally:
-    """Sums over everything generated in a step (all generation batches, all ranks)."""
+    """Sums over everything generated in a step (all generation batches, all ranks).
+    `graded`: the run has a notion of correctness; without one the step reports no
+    accuracy and counts the groups whose G rewards are equal instead."""
 
-    def __init__(self) -> None:
+    def __init__(self, graded: bool = True) -> None:
         self.sums: Counter[str] = Counter()
         self.len_max = 0
+        self.graded = graded
 
     def add(self, rollout: Rollout, scores: Scores, completions: list[str], G: int) -> None:
         per_group = scores.correct.view(-1, G).sum(1)
@@ -91,6 +94,12 @@ class Tally:
         s["reward_sq"] += float((scores.total**2).sum())
         for name, values in scores.terms.items():
             s[f"reward/{name}"] += float(values.sum())
+        for term, name in scores.functions.items():  # TRL's rewards/<name>/mean and /std
+            s[f"rewards/{name}/sum"] += float(scores.terms[term].sum())
+            s[f"rewards/{name}/sq"] += float((scores.terms[term] ** 2).sum())
+        if not self.graded:
+            spread = keep_groups_with_spread(scores.total, G) if G > 1 else torch.ones(0)
+            s["equal_reward"] += int((~spread.bool()).sum()) * G
         for name, count in scores.failures.items():
             s[f"failures/{name}"] += count
         self.len_max = max(self.len_max, max(lengths, default=0))
@@ -108,9 +117,16 @@ class Tally:
             "reward/std": math.sqrt(max(total["reward_sq"] / n - mean**2, 0.0)),
             **{k: v / n for k, v in total.items() if k.startswith("reward/")},
             **{k: v for k, v in total.items() if k.startswith("failures/")},
-            "accuracy": total["correct"] / n,
-            "groups/all_correct_frac": total["all_correct"] / n,
-            "groups/all_wrong_frac": total["all_wrong"] / n,
+            **_function_means(total, n),
+            **(
+                {
+                    "accuracy": total["correct"] / n,
+                    "groups/all_correct_frac": total["all_correct"] / n,
+                    "groups/all_wrong_frac": total["all_wrong"] / n,
+                }
+                if self.graded
+                else {"groups/equal_reward_frac": total["equal_reward"] / n}
+            ),
             "groups/identical_frac": total["identical"] / n,
             "response/length_mean": total["tokens"] / n,
             "response/length_max": d.max(self.len_max),
@@ -122,6 +138,18 @@ class Tally:
         if "tools/samples" in total:
             out.update(tool_metrics(total))
         return out
+
+
+def _function_means(total: dict[str, float], n: float) -> dict[str, float]:
+    """TRL's `rewards/<name>/mean` and `/std` (population) of each reward function."""
+    out = {}
+    for key in total:
+        if key.startswith("rewards/") and key.endswith("/sum"):
+            name = key[: -len("/sum")]
+            mean = total[key] / n
+            out[f"{name}/mean"] = mean
+            out[f"{name}/std"] = math.sqrt(max(total[f"{name}/sq"] / n - mean**2, 0.0))
+    return out
 
 
 def tool_sums(rollout: Rollout, correct: torch.Tensor) -> dict[str, float]:
@@ -181,6 +209,11 @@ def _groups(rows: list[Prompt], rollout: Rollout, scores: Scores, G: int) -> lis
         ]
         for g in range(len(rows) // G)
     ]
+
+
+def _gathered(d: Dist, parts: list[torch.Tensor]) -> torch.Tensor:
+    """This rank's values of a generation batch joined with every other rank's, in order."""
+    return torch.cat(d.gather(torch.cat(parts)))
 
 
 def _sampling_params(
@@ -245,7 +278,7 @@ def collect(
     buffer = DynamicSamplingBuffer(
         target, cfg.algo.max_gen_batches if cfg.algo.dynamic_sampling else 1
     )
-    tally, examples, timing = Tally(), [], Timing()
+    tally, examples, timing = Tally(scorer.graded), [], Timing()
     size = target  # prompts in this generation batch: a whole one first, then refills
     while not buffer.ready:
         batch = sampler.take(size)  # the same on every rank
@@ -266,10 +299,11 @@ def collect(
             want = max(cfg.train.log_samples - len(examples), 0)
             examples += _examples(part.rows[:want], part.completions, part.rollout, part.scores)
             groups += _groups(part.rows, part.rollout, part.scores, G)
-        mine_correct = torch.cat([part.scores.correct for part in done])
-        correct = torch.cat(d.gather(mine_correct))  # every group of the batch, in order
-        if cfg.algo.dynamic_sampling:
-            keep = keep_groups(correct, G)
+        if cfg.algo.dynamic_sampling:  # on every group of the batch, in order
+            if scorer.graded:
+                keep = keep_groups(_gathered(d, [part.scores.correct for part in done]), G)
+            else:
+                keep = keep_groups_with_spread(_gathered(d, [p.scores.total for p in done]), G)
         else:
             keep = torch.ones(size, dtype=torch.bool)
         # one payload per group of the batch: this rank's samples of it (none: another rank's)

@@ -44,6 +44,7 @@ from rlvr.tools import Toolbox, ToolFormat, make_python_tool
 from rlvr.training.collect import PromptSampler
 from rlvr.training.critic import Critic, build_critic
 from rlvr.training.evaluation import eval_params, evaluate
+from rlvr.training.lr_schedule import lr_scheduler
 from rlvr.training.outer import OuterLoop, build_outer
 from rlvr.training.pipeline import Pipeline
 from rlvr.training.policy import Policy, load_policy
@@ -234,7 +235,8 @@ def _prepared(cfg: Config, d: Dist, resume: bool) -> Path:
 
 
 def _optimizer(cfg: Config, model: torch.nn.Module):
-    """AdamW over the trainable parameters and the linear warm-up schedule."""
+    """AdamW over the trainable parameters and the learning-rate schedule
+    (`rlvr.training.lr_schedule`)."""
     o = cfg.optim
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(
@@ -246,10 +248,7 @@ def _optimizer(cfg: Config, model: torch.nn.Module):
         # measured 8 ms -> 2 ms per step on bench/vs_trl.py's 4.25M-parameter model.
         fused=all(p.device.type in ("cpu", "cuda") and p.is_floating_point() for p in trainable),
     )
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: min(1.0, (s + 1) / o.warmup_steps) if o.warmup_steps else 1.0
-    )
-    return optimizer, scheduler
+    return optimizer, lr_scheduler(cfg, optimizer)
 
 
 def build_toolbox(cfg: Config, source: PromptSource, tokenizer, given: Given) -> Toolbox | None:
