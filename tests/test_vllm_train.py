@@ -87,8 +87,9 @@ def test_resumed_run_samples_with_the_resumed_policy(tmp_path):
 
 
 def test_two_gloo_ranks_are_refused_by_name(tmp_path, capfd, monkeypatch):
-    """vLLM's external launcher over the trainer's gloo ranks on the CPU is refused at start,
-    on every rank, in one line (tests/test_rollout_vllm.py has the rule itself)."""
+    """vLLM's external launcher over the trainer's gloo ranks on the CPU is refused by
+    `rlvr train --nproc 2` before any rank starts, in one line, exit 2
+    (tests/test_rollout_vllm.py has the rule itself)."""
     # an engine started earlier in this process left torchrun's names (RANK, WORLD_SIZE, ...)
     # for vLLM's external launcher; with them `rlvr train` takes itself for a torchrun rank
     for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
@@ -96,10 +97,25 @@ def test_two_gloo_ranks_are_refused_by_name(tmp_path, capfd, monkeypatch):
     rc = main(["train", "--nproc", "2", "--output-dir", str(tmp_path / "run"), "--max-steps", "1",
                *SMALL])  # fmt: skip
     out = capfd.readouterr()
-    assert rc != 0
-    assert "rollout.engine=vllm on the CPU runs in one process; this run has 2 ranks" in (
-        out.out + out.err
+    assert rc == 2
+    lines = out.err.splitlines()
+    assert len(lines) == 1, lines
+    assert lines[0].startswith(
+        "error: rollout.engine=vllm on the CPU runs in one process; this run has 2 ranks"
     )
+    assert not (tmp_path / "run").exists()
+
+
+def test_heads_vllms_cpu_attention_does_not_run_are_refused_by_name(
+    tiny_model_dir, tmp_path, capfd
+):
+    """conftest's tiny model has heads 16 wide, which vLLM's CPU attention does not run: one
+    line naming the key, exit 2, before vLLM starts."""
+    rc = main(["train", f"--model.name_or_path={tiny_model_dir}", "--max-steps", "1",
+               "--output-dir", str(tmp_path / "run"), *SMALL])  # fmt: skip
+    err = capfd.readouterr().err
+    assert rc == 2
+    assert f"error: model.name_or_path: {tiny_model_dir}'s attention heads are 16 wide" in err
 
 
 def test_vllm_through_the_rollout_server(tmp_path):

@@ -22,7 +22,7 @@ def run(argv: list[str]) -> int:
         # every check here, in the launcher: a refused config is one line, no rank started
         cfg = train_request(argv).cfg
         check_ranks(cfg, nproc)
-        _check_engine(cfg)
+        _check_engine(cfg, nproc)
         return launch(nproc, argv)
     request = train_request(argv)
     args, cfg = request.args, request.cfg
@@ -54,17 +54,20 @@ def run(argv: list[str]) -> int:
     return 0
 
 
-def _check_engine(cfg) -> None:
-    """The engine's limits on the model (vLLM's CPU attention head sizes), checked before the
-    ranks start: inside them it would be one error per rank."""
+def _check_engine(cfg, nproc: int) -> None:
+    """The engine's limits, checked before the ranks start (inside them each rank would
+    print its own error): for vllm, an install that runs on this device with N ranks, and a
+    model whose attention vLLM's CPU backend runs."""
     if cfg.rollout.engine != "vllm":
         return
     from rlvr.config.schema import ConfigError
-    from rlvr.rollout.vllm_release import VLLMEngineError, check_model
+    from rlvr.rollout.vllm_release import VLLMEngineError, check_environment, check_model
     from rlvr.training.setup import resolve_device
 
+    device = resolve_device(cfg.model.device)
     try:
-        check_model(cfg.model.name_or_path, resolve_device(cfg.model.device))
+        check_environment(device, nproc)
+        check_model(cfg.model.name_or_path, device)
     except VLLMEngineError as e:
         raise ConfigError(str(e)) from None
 
