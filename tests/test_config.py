@@ -61,8 +61,8 @@ def test_tiny_preset_defaults_follow_the_preset(tmp_path):
     assert (ppo.optim.lr, ppo.train.max_steps, ppo.critic.lr) == (2e-4, 200, 1e-3)
     assert load_config(None, [], preset="grpo").optim.lr == 4e-4  # other presets keep 4e-4
     assert load_config(None, ["--optim.lr=3e-4"], preset="ppo").optim.lr == 3e-4  # user wins
-    chain = load_config(None, ["--data.task=chain"], preset="ppo")
-    assert (chain.optim.lr, chain.rollout.max_new_tokens) == (2e-4, 64)  # both layers apply
+    sort = load_config(None, ["--data.task=sort"], preset="ppo")
+    assert (sort.optim.lr, sort.rollout.max_new_tokens) == (2e-4, 16)  # both layers apply
     model_dir = tmp_path / "m"
     model_dir.mkdir()
     real = load_config(None, [f"--model.name_or_path={model_dir}"], preset="ppo")
@@ -71,8 +71,9 @@ def test_tiny_preset_defaults_follow_the_preset(tmp_path):
 
 def test_tiny_task_defaults_follow_the_task(tmp_path):
     assert load_config().rollout.max_new_tokens == 32  # arithmetic: the default run
-    chain = load_config(None, ["--data.task=chain"])
-    assert chain.rollout.max_new_tokens == 64 and chain.optim.lr == 4e-4
+    assert load_config(None, ["--data.task=sort"]).optim.lr == 4e-4  # the shared lr
+    chain = load_config(None, ["--data.task=chain"])  # half the shared lr
+    assert (chain.rollout.max_new_tokens, chain.optim.lr, chain.train.max_steps) == (64, 2e-4, 280)
     calc = load_config(None, ["--data.task=calc"], preset="grpo")
     assert (calc.rollout.max_new_tokens, calc.rollout.max_total_tokens) == (160, 224)
     assert calc.rollout.tools == ()  # the task's own tool

@@ -1,8 +1,11 @@
 """RL really learns every built-in task: `rlvr train --data.task=T` with the built-in model and
-the task's own defaults lifts held-out accuracy by at least 30 points; the default runs of
-arithmetic, sort and calc (whole) end at 0.90 / 0.88 / 0.85 or more (measured 0.949-0.973 over
-3 seeds, 0.934 and 0.934; docs/guides/quickstart.md, "The built-in model and tasks"), chain
-after 120 of its 280 steps at 0.85 or more (measured 0.898 at step 120, 256 prompts)."""
+the task's own defaults lifts held-out accuracy by at least 30 points and ends above a floor.
+A run's end moves with the host's rounding, so each floor sits under the task's measured range
+(seeds 0-2 on two CPU kernel sets, 256 prompts; docs/guides/quickstart.md, "The built-in model
+and tasks") by about 2.5 standard errors of this test's 128-prompt evaluation (0.04-0.06):
+arithmetic (whole run, 0.961-0.977) 0.91, sort (whole run, 0.934-0.953) 0.88, chain after 120
+of its 280 steps (0.922-0.961 at step 120) 0.86, calc (whole run, 0.934 on seed 0 only) 0.85,
+the bar the quick start sets for it."""
 
 import json
 
@@ -14,8 +17,8 @@ from rlvr.tasks import TASKS
 # Steps per task: the whole default run (TINY_DEFAULTS, TINY_TASK_DEFAULTS) where it is short,
 # 120 of chain's 280; about 10 minutes here, calc's 150 steps the most.
 STEPS = {"arithmetic": 100, "chain": 120, "sort": 60, "calc": 150}
-# held-out accuracy at the end, and its rise from the start, with a margin
-FLOOR = {"arithmetic": 0.90, "chain": 0.85, "sort": 0.88, "calc": 0.85}
+# held-out accuracy at the end: the measured range's low end less the evaluation's noise
+FLOOR = {"arithmetic": 0.91, "chain": 0.86, "sort": 0.88, "calc": 0.85}
 
 
 def test_every_built_in_task_has_a_learning_test():
