@@ -4,7 +4,7 @@ A run's end moves with the host's rounding, so each floor sits under the task's 
 (seeds 0-2 on two CPU kernel sets, 256 prompts; docs/guides/quickstart.md, "The built-in model
 and tasks") by about 2.5 standard errors of this test's 128-prompt evaluation (0.04-0.06):
 arithmetic (whole run, 0.961-0.977) 0.91, sort (whole run, 0.934-0.953) 0.88, chain after 120
-of its 280 steps (0.922-0.961 at step 120) 0.86, calc (whole run, 0.934 on seed 0 only) 0.85,
+of its 280 steps (0.922-0.961 at step 120) 0.86, calc (whole run, 0.891-0.934 over seeds 0-2 here) 0.85,
 the bar the quick start sets for it."""
 
 import json
