@@ -23,8 +23,8 @@ from pathlib import Path
 import torch
 
 from rlvr.algos.passk import pass_at_k
-from rlvr.data.dataset import json_lines
 from rlvr.data.errors import DatasetError
+from rlvr.data.text import json_lines
 
 CHUNK = 256  # samples per reward call: reward.timeout_s limits one call
 

@@ -58,10 +58,11 @@ def _main(argv: list[str] | None) -> int:
         with _bars_off() if quiet else nullcontext():
             return command(argv[0]).run(argv[1:])
     except Exception as e:
-        rc = exit_code(e)
-        if rc is None:
+        known = user_error(e)
+        if known is None:
             raise
-        sys.stderr.write(f"error: {one_line(e)}\n")  # plain text: a message may hold [brackets]
+        rc, line = known
+        sys.stderr.write(f"error: {line}\n")  # plain text: a message may hold [brackets]
         return rc
 
 
@@ -70,34 +71,28 @@ def _main(argv: list[str] | None) -> int:
 # so that `rlvr --help` imports none of them: an error of a module never imported was never
 # raised.
 ERRORS = (
-    ("rlvr.config.schema", "ConfigError", 2),
-    ("rlvr.data.errors", "DatasetError", 2),
-    ("rlvr.run.manifest", "CheckpointError", 2),
-    ("rlvr.rewards.combine", "RewardError", 1),
-    ("rlvr.run.health", "TrainingHealthError", 1),
-    ("rlvr.rollout.server", "ServerError", 1),
+    ("rlvr.config.schema", "ConfigError", 2, ""),
+    ("rlvr.data.errors", "DatasetError", 2, ""),
+    ("rlvr.run.manifest", "CheckpointError", 2, ""),
+    # under reward.on_error=raise
+    ("rlvr.rewards.combine", "RewardError", 1, " (reward.on_error=zero scores such samples 0)"),
+    ("rlvr.run.health", "TrainingHealthError", 1, ""),
+    ("rlvr.rollout.server", "ServerError", 1, ""),
 )
 
 
-def exit_code(e: BaseException) -> int | None:
-    """The exit code of an error the user can act on, None for a bug (its traceback shows)."""
-    for module, name, rc in ERRORS:
+def user_error(e: BaseException) -> tuple[int, str] | None:
+    """(exit code, the one line printed) for an error the user can act on; None for a bug
+    (its traceback shows)."""
+    for module, name, rc, hint in ERRORS:
         cls = getattr(sys.modules.get(module), name, None)
         if cls is not None and isinstance(e, cls):
-            return rc
-    if isinstance(e, OSError):  # a missing file, a read-only or full output directory
-        return 2
+            return rc, f"{e}{hint}"
+    if isinstance(e, FileNotFoundError):
+        return 2, str(e)
+    if isinstance(e, OSError):  # a read-only or full output directory, a file removed mid-run
+        return 2, f"{e.filename}: {e.strerror or e}" if e.filename else str(e.strerror or e)
     return None
-
-
-def one_line(e: BaseException) -> str:
-    """The error's message as the one line the command prints."""
-    reward = getattr(sys.modules.get("rlvr.rewards.combine"), "RewardError", None)
-    if reward is not None and isinstance(e, reward):  # under reward.on_error=raise
-        return f"{e} (reward.on_error=zero scores such samples 0)"
-    if isinstance(e, OSError) and not isinstance(e, FileNotFoundError):
-        return f"{e.filename}: {e.strerror or e}" if e.filename else str(e.strerror or e)
-    return str(e)
 
 
 def _bars_off():

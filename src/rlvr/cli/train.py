@@ -10,7 +10,7 @@ import os
 import sys
 
 from rlvr.cli.arguments import split_overrides, train_request
-from rlvr.config.validate import check_ranks
+from rlvr.config.placement import check_ranks
 from rlvr.run.launch import is_main_rank, launch, torchrun_rank
 
 SUMMARY = "train a policy with GRPO/DAPO (no arguments: the built-in offline demo)"

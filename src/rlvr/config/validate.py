@@ -11,34 +11,10 @@ import re
 from pathlib import Path
 from typing import Any
 
+from rlvr.config.placement import validate_server
 from rlvr.config.schema import Config, ConfigError
 
 MAX_LR = 1.0  # learning rates above this are refused
-# The CPUs this process could run on before `pin_trainer` narrowed them: the server may use any.
-_AVAILABLE = frozenset(os.sched_getaffinity(0))
-
-
-def check_ranks(cfg: Config, world_size: int) -> None:
-    """What the config asks of N data-parallel ranks, checked by `rlvr train --nproc N` before
-    any rank starts and by each rank's setup with its real world size."""
-    if world_size <= 1:
-        return
-    r, t = cfg.rollout, cfg.train
-    if r.prompts_per_step % world_size:
-        raise ConfigError(
-            f"rollout.prompts_per_step: {r.prompts_per_step} is not divisible by the "
-            f"{world_size} ranks (each takes whole groups)"
-        )
-    if t.max_staleness:
-        raise ConfigError(
-            f"train.max_staleness: got {t.max_staleness}, expected 0 under torchrun "
-            "(the batches produced ahead are each rank's own; a checkpoint holds rank 0's)"
-        )
-    if r.server.enabled:
-        raise ConfigError(
-            f"rollout.server: one trainer process only (got {world_size} ranks under "
-            "torchrun); run without rollout.server.enabled"
-        )
 
 
 def _check(ok: bool, key: str, expected: str, value: Any) -> None:
@@ -50,7 +26,7 @@ def validate(cfg: Config) -> None:
     """Range checks that need no model or data (those are checked at load, also before work)."""
     r, a, o, t = cfg.rollout, cfg.algo, cfg.optim, cfg.train
     _validate_staleness(cfg)  # before the algorithm: its engine checks would name another key
-    _validate_server(cfg)
+    validate_server(cfg)
     # The algorithm's settings and what its estimator asks of the rollout, checked once there
     # (imported here: the objectives are torch code, and reading a config needs no torch).
     from rlvr.config.algorithm import Algorithm
@@ -206,67 +182,6 @@ def _validate_staleness(cfg: Config) -> None:
         f"a sample {k} versions old needs its behaviour log-probs in the loss",
         k,
     )
-
-
-def parse_cpus(key: str, text: str) -> set[int]:
-    """The CPUs of a list like "0", "0-3,8" (`rollout.server.cpus`); ConfigError naming `key`
-    for anything else, or for a CPU this process may not run on."""
-    cpus: set[int] = set()
-    try:
-        for part in filter(None, (p.strip() for p in text.split(","))):
-            lo, _, hi = part.partition("-")
-            cpus.update(range(int(lo), int(hi or lo) + 1))
-    except ValueError:
-        raise ConfigError(f"{key}: got {text!r}, expected CPUs like 0 or 0-3,8") from None
-    if not cpus or not cpus <= _AVAILABLE:
-        raise ConfigError(
-            f"{key}: got {text!r}, expected CPUs among those this process may use "
-            f"({_cpu_text(_AVAILABLE)})"
-        )
-    return cpus
-
-
-def _validate_server(cfg: Config) -> None:
-    """`rollout.server.*` (docs/async.md): CPU lists that parse, none set while the server is
-    off (they would do nothing), a device this machine has."""
-    server = cfg.rollout.server
-    if server.enabled and cfg.rollout.engine == "hf":
-        raise ConfigError(
-            "rollout.server: rollout.engine=hf reports no sampling log-probs, which a batch "
-            "produced beside the update needs; use rollout.engine=fast or vllm"
-        )
-    for key in ("cpus", "trainer_cpus", "device"):
-        text = getattr(server, key)
-        if text and not server.enabled:
-            raise ConfigError(
-                f"rollout.server.{key}: got {text!r}, but rollout.server.enabled is false "
-                "(it places the server's process): enable the server or leave it empty"
-            )
-    for key in ("cpus", "trainer_cpus"):
-        if getattr(server, key):
-            parse_cpus(f"rollout.server.{key}", getattr(server, key))
-    if server.device:
-        _check_device(server.device)
-
-
-def _check_device(name: str) -> None:
-    import torch  # here: only a config that names a device needs it
-
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise ConfigError(
-            f"rollout.server.device: got {name!r}, expected a torch device such as cpu or cuda:1"
-        ) from None
-    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if device.type == "cuda" and (device.index or 0) >= count:
-        raise ConfigError(
-            f"rollout.server.device: {name!r} asked for, but this machine has {count} CUDA devices"
-        )
-
-
-def _cpu_text(cpus: set[int]) -> str:
-    return ",".join(map(str, sorted(cpus)))
 
 
 def _validate_ppo(cfg: Config) -> None:

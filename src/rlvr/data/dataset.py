@@ -34,9 +34,7 @@ and the field.
 
 from __future__ import annotations
 
-import codecs
 import json
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,6 +43,7 @@ from rlvr.config.formats import CODE_FORMATS
 from rlvr.data.code import FIELDS as CODE_FIELDS
 from rlvr.data.code import code_row
 from rlvr.data.errors import DatasetError
+from rlvr.data.text import decode_line, json_lines_of, one_line, parse_json, utf8_bytes
 
 FORMATS: dict[str, dict[str, str]] = {
     "none": {"prompt_field": "prompt", "answer_field": "answer"},
@@ -72,15 +71,15 @@ def _rows(path: Path, split: str):
     name = path.name
     gz = path.name.endswith(".jsonl.gz")
     if path.is_file() and (path.suffix in (".jsonl", ".json") or gz):
-        data = _utf8_bytes(path)
+        data = utf8_bytes(path)
         if path.suffix == ".json" and data.lstrip().startswith(b"["):
-            rows = _json(_decode(data, name, 0), name, None)
+            rows = parse_json(decode_line(data, name, 0), name, None)
             if not isinstance(rows, list):
                 raise DatasetError(name, None, "expected a JSON array of objects")
             for i, r in enumerate(rows):
                 yield _checked_text(f"{name}[{i}]", r)
             return
-        for lineno, row in _json_lines(data, name):
+        for lineno, row in json_lines_of(data, name):
             yield _checked_text(f"{name}:{lineno}", row)
         return
     if path.is_file() and path.suffix == ".parquet":
@@ -90,7 +89,7 @@ def _rows(path: Path, split: str):
         try:
             table = pq.read_table(path)
         except (pyarrow.ArrowException, OSError) as e:
-            raise DatasetError(name, None, f"not a readable parquet file ({_line(e)})") from None
+            raise DatasetError(name, None, f"not a readable parquet file ({one_line(e)})") from None
         yield from ((f"{name}[{i}]", r) for i, r in enumerate(table.to_pylist()))
         return
     if path.is_dir() and path.suffix in (".jsonl", ".json", ".parquet"):
@@ -100,86 +99,8 @@ def _rows(path: Path, split: str):
     except DatasetError:
         raise
     except Exception as e:  # datasets' own errors: empty directory, no data files, bad csv
-        raise DatasetError(name, None, f"cannot be read as a dataset: {_line(e)}") from None
+        raise DatasetError(name, None, f"cannot be read as a dataset: {one_line(e)}") from None
     yield from ((f"{name}[{i}]", r) for i, r in enumerate(rows))
-
-
-def json_lines(path: Path) -> Iterator[tuple[int, Any]]:
-    """(line number, value) of each non-blank line of a JSON Lines file (gzipped when its
-    name ends in .gz): UTF-8, a byte-order mark accepted, NaN and Infinity refused; a bad line
-    raises DatasetError naming the file and line."""
-    return _json_lines(_utf8_bytes(path), path.name)
-
-
-def _json_lines(data: bytes, name: str) -> Iterator[tuple[int, Any]]:
-    # JSON Lines end lines with "\n" only: str.splitlines would also split inside a string
-    # holding U+2028 or U+0085, which JSON allows unescaped
-    for lineno, raw in enumerate(data.split(b"\n"), 1):
-        line = _decode(raw, name, lineno)
-        if line.strip():
-            yield lineno, _json(line, name, lineno)
-
-
-def _json(text: str, name: str, lineno: int | None):
-    """`json.loads(text)` of line `lineno` (None: the whole file) with NaN/Infinity refused
-    (not JSON, and a NaN answer would be scored as the string "nan") and nesting too deep for
-    the parser named; DatasetError otherwise."""
-
-    def constant(word: str):
-        raise DatasetError(f"{name}:{lineno or 1}", None, f"{word} is not a JSON value")
-
-    try:
-        return json.loads(text, parse_constant=constant)
-    except json.JSONDecodeError as e:
-        raise DatasetError(f"{name}:{lineno or e.lineno}", None, f"bad JSON: {e.msg}") from None
-    except RecursionError:
-        where = f"{name}:{lineno}" if lineno else name
-        raise DatasetError(where, None, "JSON nested too deeply to be a dataset row") from None
-
-
-def _line(e: BaseException, limit: int = 300) -> str:
-    text = " ".join(str(e).split()) or type(e).__name__
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def _utf8_bytes(path: Path) -> bytes:
-    """The file's bytes without a UTF-8 byte-order mark (Windows editors write one: accepted);
-    UTF-16/32 (their BOMs) is refused by name."""
-    data = path.read_bytes()
-    if path.name.endswith(".gz"):
-        import gzip
-
-        try:
-            data = gzip.decompress(data)
-        except (OSError, EOFError) as e:
-            raise DatasetError(path.name, None, f"not a readable gzip file ({_line(e)})") from None
-    if data.startswith(codecs.BOM_UTF8):
-        return data[len(codecs.BOM_UTF8) :]
-    for bom, encoding in (
-        (codecs.BOM_UTF32_LE, "UTF-32"),
-        (codecs.BOM_UTF16_LE, "UTF-16"),
-        (codecs.BOM_UTF16_BE, "UTF-16"),
-        (codecs.BOM_UTF32_BE, "UTF-32"),
-    ):
-        if data.startswith(bom):
-            raise DatasetError(f"{path.name}:1", None, f"the file is {encoding}; save it as UTF-8")
-    return data
-
-
-def _decode(raw: bytes, name: str, lineno: int) -> str:
-    """`raw` as UTF-8, or DatasetError naming the line (0: a whole .json file) and column."""
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        bad, column = raw[e.start], e.start + 1
-        if lineno == 0:  # a whole file: find the line
-            lineno = raw.count(b"\n", 0, e.start) + 1
-            column = e.start - raw.rfind(b"\n", 0, e.start)
-        raise DatasetError(
-            f"{name}:{lineno}",
-            None,
-            f"not valid UTF-8 (byte 0x{bad:02x} at column {column}); save the file as UTF-8",
-        ) from None
 
 
 def _checked_text(where: str, row):

@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from rlvr.config.validate import check_ranks, parse_cpus
+from rlvr.config.placement import check_ranks, parse_cpus
 from rlvr.rewards.sandbox.liveness import Helper, wait_until
 from rlvr.rollout.base import EngineSite, Rollout, SamplingParams
 from rlvr.rollout.weight_sync import is_peft, policy_weights, trainable_names

@@ -16,8 +16,8 @@ import rlvr.cpu as cpu
 from rlvr.algos import KLController
 from rlvr.config.algorithm import Algorithm
 from rlvr.config.load import to_dict
+from rlvr.config.placement import check_ranks
 from rlvr.config.schema import Config, ConfigError
-from rlvr.config.validate import check_ranks
 from rlvr.data.prompts import PromptSource, load_prompts
 from rlvr.models import autocast, check_vocabulary, load_tokenizer
 from rlvr.rewards.sandbox import SandboxUnavailable, resolve_isolation
