@@ -19,8 +19,8 @@ import pytest
 from rlvr.cli import main
 from rlvr.config.extras import extra_requirements, install_hint
 from rlvr.config.load import load_config
+from rlvr.config.placement import check_ranks
 from rlvr.config.schema import ConfigError
-from rlvr.config.validate import check_ranks
 from rlvr.run.launch import children, torchrun_command
 
 COMMANDS = ["train", "eval", "export", "plot", "ablate", "rm", "config"]

@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from rlvr.config.load import load_config
+from rlvr.config.placement import parse_cpus
 from rlvr.config.schema import Config, ConfigError
-from rlvr.config.validate import parse_cpus
 from rlvr.models import eos_ids
 from rlvr.rollout import FastEngine, SamplingParams
 from rlvr.rollout.base import EngineSite
