@@ -33,7 +33,14 @@ from transformers.cache_utils import StaticLayer
 
 import rlvr.cpu as cpu
 from rlvr.models import cache_kwarg
-from rlvr.rollout.base import Rollout, SamplingParams, dedupe, left_pad, lengths_from_eos
+from rlvr.rollout.base import (
+    EngineDefaults,
+    Rollout,
+    SamplingParams,
+    dedupe,
+    left_pad,
+    lengths_from_eos,
+)
 from rlvr.rollout.fast_tools import decode_with_tools
 from rlvr.rollout.live_cache import LiveLayer
 from rlvr.rollout.streams import CounterStreams, select_rows
@@ -110,7 +117,7 @@ def row_generators(
     return [torch.Generator(device=device).manual_seed(s) for s in seeds]
 
 
-class FastEngine:
+class FastEngine(EngineDefaults):
     """Samples on the live policy module with its own decoding loop (see the module doc).
 
     `backend`: the CPU backend's gate for this model (`rlvr.cpu.backend`; by default decided
@@ -165,6 +172,7 @@ class FastEngine:
         self._cache_kw = cache_kwarg(model)
 
     resident_bytes = 0  # samples on the policy module: nothing held through the update
+    reports_log_probs = True  # its own sampler's, as the trainer computes them
 
     @classmethod
     def from_config(cls, model, *, pad_id: int, eos_ids: list[int], cfg, site) -> FastEngine:

