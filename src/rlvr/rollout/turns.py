@@ -103,6 +103,37 @@ class ToolTally:
         }
 
 
+class ToolRows:
+    """What the fast engine's batched loops with tools (`fast_tools`, `ragged`) write for
+    each of B output rows, T columns wide: the ids, the sampled log-probs (0 on tool tokens),
+    the tool mask, the model's own tokens so far, which rows ended on an EOS, where each row's
+    current turn starts, and the tool calls (`tally`)."""
+
+    def __init__(self, toolbox: Toolbox, B: int, T: int, pad_id: int, device):
+        self.completion = torch.full((B, T), pad_id, dtype=torch.long, device=device)
+        self.log_probs = torch.zeros((B, T), dtype=torch.float32, device=device)
+        self.tool_mask = torch.zeros((B, T), dtype=torch.bool)
+        self.model_count = torch.zeros(B, dtype=torch.long, device=device)
+        self.eos_seen = torch.zeros(B, dtype=torch.bool)
+        self.turn_start = [0] * B
+        self.tally = ToolTally(toolbox, B)
+
+    def rollout(self, rows: list[list[int]], lengths: torch.Tensor, group_size: int) -> Rollout:
+        """The rows as a `Rollout` with their `lengths` ((B,), on the CPU), cut to the
+        longest; a row that ended on no EOS is truncated."""
+        width = int(lengths.max()) if len(rows) else 0
+        return Rollout(
+            prompt_ids=rows,
+            completion_ids=self.completion[:, :width].cpu(),
+            lengths=lengths,
+            truncated=~self.eos_seen,
+            group_size=group_size,
+            sampling_log_probs=self.log_probs[:, :width].cpu(),
+            tool_mask=self.tool_mask[:, :width],
+            **self.tally.rollout_fields(),
+        )
+
+
 def turns_rollout(
     prompts: list[list[int]],
     turns: list[RowTurns],
