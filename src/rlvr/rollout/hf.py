@@ -128,15 +128,7 @@ class HFEngine(EngineDefaults):
             stop = _CallClosed(tb.close_ids, allowed, ids.shape[1])
             new = self._generate(ids, mask, params, max(budget), stop)
             for k, i in enumerate(active):
-                t = turns[i]
-                for token in new[k, : budget[k]].tolist():
-                    if t.add_model_token(token, self.eos_ids, tb, max_new, total):
-                        t.run_tool(tb, total)
-                        break
-                    if t.done:
-                        break
-                else:
-                    t.done = True  # the row's budget ended this round
+                turns[i].add_round(new[k, : budget[k]].tolist(), self.eos_ids, tb, max_new, total)
         return turns_rollout(rows, turns, self.pad_id, params.n)
 
 

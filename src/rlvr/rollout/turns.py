@@ -57,6 +57,28 @@ class RowTurns:
             return False
         return self.calls < toolbox.max_calls and toolbox.ends_call(self.ids[self.turn_start :])
 
+    def add_round(
+        self,
+        tokens: list[int],
+        eos_ids,
+        toolbox: Toolbox,
+        max_new: int,
+        total: int,
+        log_probs: list[float] | None = None,
+    ) -> None:
+        """Append what one round generated for the row (`tokens`, their `log_probs`, else
+        0) up to the token that ends the model's turn: at a call, the tool runs and its turn
+        is appended. A round that ends on none (the budget it was given is spent, or the
+        model's context) ends the row."""
+        lps = [0.0] * len(tokens) if log_probs is None else log_probs
+        for token, lp in zip(tokens, lps):
+            if self.add_model_token(token, eos_ids, toolbox, max_new, total, lp):
+                self.run_tool(toolbox, total)
+                return
+            if self.done:
+                return
+        self.done = True
+
     def run_tool(self, toolbox: Toolbox, total: int) -> list[int]:
         """Run the call ending the current turn; append (and return) the tool turn's ids,
         cut at the budget (the row is then done, truncated)."""

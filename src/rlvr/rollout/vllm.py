@@ -239,7 +239,6 @@ class VLLMEngine(EngineDefaults):
             return self.llm.generate(prompts, sampling, use_tqdm=False) if prompts else []
 
     def generate(self, prompt_ids: list[list[int]], params: SamplingParams) -> Rollout:
-        from vllm import SamplingParams as VSamplingParams
         from vllm.inputs import TokensPrompt
 
         seeds = sample_seeds(params, len(prompt_ids))
@@ -260,17 +259,8 @@ class VLLMEngine(EngineDefaults):
             for seed in prompt_seeds:
                 requests.append(TokensPrompt(prompt_token_ids=list(prompt)))
                 sampling.append(
-                    VSamplingParams(
-                        n=1,
-                        temperature=0.0 if params.greedy else params.temperature,
-                        top_p=params.top_p,
-                        top_k=params.top_k,  # 0: off, in vLLM as here
-                        max_tokens=params.max_new_tokens,
-                        min_tokens=params.min_new_tokens,
-                        stop_token_ids=self.eos_ids,
-                        seed=seed,
-                        logprobs=0,  # the sampled token's
-                        detokenize=False,
+                    vllm_sampling(
+                        params, params.max_new_tokens, self.eos_ids, seed, params.min_new_tokens
                     )
                 )
         outputs = self._vllm_generate(requests, sampling)
@@ -279,31 +269,39 @@ class VLLMEngine(EngineDefaults):
 
     def _requests(self, params: SamplingParams):
         """A `vllm_tools.Generate` on this engine: one vLLM request per row."""
-        from vllm import SamplingParams as VSamplingParams
         from vllm.inputs import TokensPrompt
 
         def generate(requests: list[Request]) -> list[tuple[list[int], list[float]]]:
             prompts = [TokensPrompt(prompt_token_ids=list(r.ids)) for r in requests]
-            sampling = [
-                VSamplingParams(
-                    n=1,
-                    temperature=0.0 if params.greedy else params.temperature,
-                    top_p=params.top_p,
-                    top_k=params.top_k,
-                    max_tokens=r.max_tokens,
-                    stop_token_ids=r.stop_ids,
-                    seed=r.seed,
-                    logprobs=0,
-                    detokenize=False,
-                )
-                for r in requests
-            ]
+            sampling = [vllm_sampling(params, r.max_tokens, r.stop_ids, r.seed) for r in requests]
             out = [o.outputs[0] for o in self._vllm_generate(prompts, sampling)]
             return [
                 (list(c.token_ids), _token_log_probs(list(c.token_ids), c.logprobs)) for c in out
             ]
 
         return generate
+
+
+def vllm_sampling(
+    params: SamplingParams, max_tokens: int, stop_ids: list[int], seed: int, min_tokens: int = 0
+):
+    """vLLM's sampling parameters of one request (one row: n=1, its own `seed`), ids in and
+    out, with the sampled token's log-prob; `params`' temperature (0: greedy), top-p and
+    top-k (0 is off in vLLM as here)."""
+    from vllm import SamplingParams as VSamplingParams
+
+    return VSamplingParams(
+        n=1,
+        temperature=0.0 if params.greedy else params.temperature,
+        top_p=params.top_p,
+        top_k=params.top_k,
+        max_tokens=max_tokens,
+        min_tokens=min_tokens,
+        stop_token_ids=stop_ids,
+        seed=seed,
+        logprobs=0,  # the sampled token's
+        detokenize=False,
+    )
 
 
 def rollout_from_outputs(
