@@ -127,16 +127,19 @@ def _check_consistency(cfg: Config) -> None:
 
 def _correction(cfg: Config) -> CorrectionSettings | None:
     """Rollout correction's settings (None when off), and what it and bypass need: an engine
-    that reports its sampling log-probs, or staleness, under which the producer computes
-    them for the hf engine (rlvr.training.pipeline)."""
+    that reports its sampling log-probs (`RolloutEngine.reports_log_probs`), or staleness,
+    under which the producer computes them (rlvr.training.pipeline)."""
+    from rlvr.rollout.registry import ENGINES, reporting_log_probs
+
     a, engine = cfg.algo, cfg.rollout.engine
+    reports = engine not in ENGINES or ENGINES[engine].reports_log_probs
     for key, on in (("rollout_correction", a.rollout_correction != "none"),
                     ("rollout_bypass", a.rollout_bypass)):  # fmt: skip
         check(
-            not on or engine != "hf" or cfg.train.max_staleness > 0,
+            not on or reports or cfg.train.max_staleness > 0,
             f"algo.{key}",
-            f"{'none' if key == 'rollout_correction' else 'false'} with rollout.engine=hf "
-            "(it reports no sampling log-probs; use fast or vllm)",
+            f"{'none' if key == 'rollout_correction' else 'false'} with rollout.engine={engine} "
+            f"(it reports no sampling log-probs; use {' or '.join(reporting_log_probs())})",
             getattr(a, key),
         )
     check(
