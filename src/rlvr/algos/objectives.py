@@ -29,6 +29,9 @@ Registered here:
     gmpo  GMPO's clipped geometric mean of the token ratios per response (`rlvr.algos.gmpo`)
     clip_cov, kl_cov  the entropy-mechanism paper's covariance-selected tokens: cut at random
           from PPO's clipped loss, or given a |log rho| penalty (`rlvr.algos.cov`)
+    dppo_tv, dppo_kl  DPPO's mask from the binary total-variation or KL divergence of each
+          token's probability (thresholds clip_low / clip_high, as verl reads them), with the
+          plain policy gradient on the kept tokens (`rlvr.algos.dppo`)
 
 Each objective declares its settings next to its function: the shared `LossSettings`, or a
 subclass with parameters of its own (`SapoSettings`: tau_pos, tau_neg), and the shared ones it
@@ -53,6 +56,7 @@ from .cov import (
     kl_cov_loss,
     kl_cov_stages,
 )
+from .dppo import dppo_loss
 from .gmpo import check_gmpo, gmpo_loss
 from .loss_inputs import LossInputs, LossSettings
 from .losses import LossOutput, clipped_surrogate_loss
@@ -207,3 +211,16 @@ def clip_cov(inputs: LossInputs, settings: ClipCovSettings) -> LossOutput:
 def kl_cov(inputs: LossInputs, settings: KLCovSettings) -> LossOutput:
     """KL-Cov (arXiv 2505.22617): -A rho, plus k |log rho| on the top-k tokens by cov."""
     return kl_cov_loss(inputs, settings)
+
+
+@register_objective("dppo_tv", unused=("ratio",))
+def dppo_tv(inputs: LossInputs, settings: LossSettings) -> LossOutput:
+    """DPPO-Binary-TV (arXiv 2602.04879): -A sg(min(rho, C)) logp where |p - p_old| is
+    within the threshold on the advantage's side, 0 elsewhere."""
+    return dppo_loss(inputs, settings, "tv")
+
+
+@register_objective("dppo_kl", unused=("ratio",))
+def dppo_kl(inputs: LossInputs, settings: LossSettings) -> LossOutput:
+    """DPPO-Binary-KL (arXiv 2602.04879): as dppo_tv with the binary KL of p_old and p."""
+    return dppo_loss(inputs, settings, "kl")

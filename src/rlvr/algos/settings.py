@@ -44,9 +44,11 @@ def default_of(f: Field) -> Any:
 class LossSettings:
     """The objective's parameters (docs/algorithms.md#config-keys), plain values.
 
-    clip_low: ratio bounds [1 - clip_low, 1 + clip_high]; 0 <= clip_low <= 1 (1: no lower bound).
-    clip_high: the upper bound's eps (DAPO's clip-higher: 0.28).
-    dual_clip: c > 1 capping a negative advantage's loss at -c A, or None.
+    clip_low: ratio bounds [1 - clip_low, 1 + clip_high]; 0 <= clip_low <= 1 (1: no lower bound);
+        under dppo_tv / dppo_kl the divergence threshold for A <= 0 (the paper: TV 0.15, KL 0.05).
+    clip_high: the upper bound's eps (DAPO's clip-higher: 0.28); under dppo_* the threshold for A > 0.
+    dual_clip: c > 1 capping a negative advantage's loss at -c A, or None; under dppo_* the cap
+        C of the ratio weight min(rho, C) (verl's clip_ratio_c; None: no cap, the paper's).
     agg: the aggregation (sample_mean, token_mean, token_sum_norm).
     kl_coef: the KL penalty's weight in the loss (0 when the KL is in the reward).
     kl_kind: its estimator (k1, k2, k3).

@@ -81,6 +81,23 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
         },
         "reward": dict(_DAPO["reward"]),
     },
+    # DPPO (arXiv 2602.04879), as its authors run it in verl (examples/dppo_trainer): the
+    # binary-TV mask at 0.15 on both sides, the ratio weight uncapped, Dr. GRPO's advantage and
+    # its constant normaliser (no length or difficulty bias), the engine's log-probs as pi_old
+    # (bypass: the divergence is measured from the policy that sampled), no KL, rewards +1/-1
+    # (verl's dapo reward manager). dppo_kl's threshold there is 0.05.
+    "dppo": {
+        "algo": {
+            "advantage": "dr_grpo",
+            "loss": "dppo_tv",
+            "clip_low": 0.15,
+            "clip_high": 0.15,
+            "kl_coef": 0.0,
+            "agg": "token_sum_norm",
+            "rollout_bypass": True,
+        },
+        "reward": {"wrong_score": -1.0},
+    },
     "dr_grpo": {
         "algo": {
             "advantage": "dr_grpo",
