@@ -22,10 +22,11 @@ from rlvr.algos import (
 
 from .helpers import PROPS, loop_group_advantages, loop_rloo
 
-# The registry's group estimators as plain (rewards, group_size) callables.
+# The registry's group estimators of one reward as plain (rewards, group_size) callables
+# (gdpo reads each reward term and whitens over the batch: tests/algos/test_gdpo.py).
 GROUP = [
     lambda r, G, name=name: ADVANTAGES[name](AdvantageInputs(rewards=r, group_size=G))
-    for name in sorted(set(ADVANTAGES) - TOKEN_LEVEL)
+    for name in sorted(set(ADVANTAGES) - TOKEN_LEVEL - {"gdpo"})
 ]
 
 
@@ -123,7 +124,7 @@ def test_population_std_and_integer_rewards():
 
 
 def test_registry():
-    assert set(ADVANTAGES) == {"grpo", "dr_grpo", "rloo", "gae", "reinforce_pp"}
+    assert set(ADVANTAGES) == {"grpo", "dr_grpo", "rloo", "gae", "reinforce_pp", "gdpo"}
     r = torch.tensor([1.0, 0.0, 0.0, 1.0], dtype=torch.float64)
 
     def call(name, **kw):

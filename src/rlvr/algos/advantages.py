@@ -150,7 +150,9 @@ class AdvantageInputs:
     gamma, lam: discount and GAE lambda.
     std, eps: the group std estimator and its epsilon (grpo).
     global_sum: sums floats over every rank's share of the batch, so that batch-level
-        normalisation (GAE whitening, REINFORCE++) uses the whole batch; None = this is it.
+        normalisation (GAE whitening, REINFORCE++, GDPO) uses the whole batch; None = this is it.
+    reward_terms: (K, N) each reward's unweighted scores, in `reward_weights`' order: gdpo.
+    reward_weights: (K,) their weights in the total.
     """
 
     rewards: Tensor
@@ -163,6 +165,8 @@ class AdvantageInputs:
     std: StdKind = "unbiased"
     eps: float = 1e-6
     global_sum: GlobalSum | None = None
+    reward_terms: Tensor | None = None
+    reward_weights: tuple[float, ...] = ()
 
     def need(self, *names: str, by: str) -> list[Tensor]:
         missing = [n for n in names if getattr(self, n) is None]
@@ -189,6 +193,17 @@ def reinforce_pp_advantages(x: AdvantageInputs) -> Tensor:
     return masked_whiten(returns, m, unbiased=False, global_sum=x.global_sum)
 
 
+def _gdpo(x: AdvantageInputs) -> Tensor:
+    """GDPO: each reward normalised within its group, weighted, summed, whitened (rlvr.algos.gdpo)."""
+    from .gdpo import gdpo_advantages
+
+    terms, mask = x.need("reward_terms", "response_mask", by="gdpo")
+    return gdpo_advantages(
+        terms, x.reward_weights, x.group_size, mask, std=x.std, eps=x.eps,
+        global_sum=x.global_sum,
+    )  # fmt: skip
+
+
 ADVANTAGES: dict[str, Callable[[AdvantageInputs], Tensor]] = {
     # GRPO: (R - mean) / (std + eps), per group.
     "grpo": lambda x: group_advantages(x.rewards, x.group_size, std=x.std, eps=x.eps),
@@ -196,6 +211,8 @@ ADVANTAGES: dict[str, Callable[[AdvantageInputs], Tensor]] = {
     "dr_grpo": lambda x: dr_grpo_advantages(x.rewards, x.group_size),
     # RLOO: R minus the mean of the other G-1 rewards of the group.
     "rloo": lambda x: rloo_advantages(x.rewards, x.group_size),
+    # GDPO: each reward normalised within its group, then the weighted sum whitened.
+    "gdpo": _gdpo,
     # PPO: GAE on per-token rewards and critic values, whitened over the batch.
     "gae": gae_advantages,
     # REINFORCE++: discounted per-token returns, normalised over the batch.

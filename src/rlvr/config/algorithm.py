@@ -13,11 +13,16 @@ update and the config checks instead of each testing config strings
     needs_old_log_probs, needs_reference: which no-grad passes a step runs
     correction, bypass  rollout correction's weights (None = off) and whether the engine's
                      log-probs are pi_old (docs/algorithms.md#rollout-correction)
+    sequence_mask    off-policy sequence masking's threshold, any objective (None = off;
+                     docs/algorithms.md#off-policy-sequence-masking)
+    gdpo_terms       under advantage gdpo: the reward terms it normalises one by one, with
+                     their weights in the total (docs/algorithms.md#gdpo)
     adaptive_refill  dynamic sampling's refill batch: sized from the keep rate, or whole
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 import torch
@@ -46,6 +51,8 @@ class Algorithm:
     adaptive_refill: bool = True  # dynamic sampling's refills sized from the keep rate
     correction: CorrectionSettings | None = None  # rollout correction's weights, or off
     bypass: bool = False  # the engine's log-probs serve as pi_old (no old-log-prob forward)
+    sequence_mask: float | None = None  # off-policy sequence masking's threshold, or off
+    gdpo_terms: tuple[tuple[str, float], ...] = ()  # GDPO's rewards and their weights
 
     @classmethod
     def from_config(cls, cfg: Config) -> Algorithm:
@@ -80,11 +87,33 @@ class Algorithm:
             adaptive_refill=a.refill == "adaptive",
             correction=_correction(cfg),
             bypass=a.rollout_bypass,
+            sequence_mask=_sequence_mask(cfg),
+            gdpo_terms=_gdpo_terms(cfg),
         )
 
-    def group_advantages(self, rewards: torch.Tensor, group_size: int) -> torch.Tensor:
-        """(N,) advantages from each whole group's rewards (the group estimators)."""
-        inputs = AdvantageInputs(rewards=rewards, group_size=group_size, std=self.std)
+    def group_advantages(
+        self,
+        rewards: torch.Tensor,
+        group_size: int,
+        terms: Mapping[str, torch.Tensor] | None = None,
+        response_mask: torch.Tensor | None = None,
+        global_sum=None,
+    ) -> torch.Tensor:
+        """(N,) advantages from each whole group's rewards (the group estimators); GDPO reads
+        each of its reward terms (N,) by name from `terms` and whitens over `response_mask`'s
+        tokens (N, T), on every rank through `global_sum`."""
+        reward_terms = None
+        if self.gdpo_terms:
+            terms = terms or {}
+            missing = [name for name, _ in self.gdpo_terms if name not in terms]
+            if missing:
+                raise ValueError(f"algo.advantage gdpo: no scores for reward terms {missing}")
+            reward_terms = torch.stack([terms[name].float() for name, _ in self.gdpo_terms])
+        inputs = AdvantageInputs(
+            rewards=rewards, group_size=group_size, std=self.std, response_mask=response_mask,
+            global_sum=global_sum, reward_terms=reward_terms,
+            reward_weights=tuple(w for _, w in self.gdpo_terms),
+        )  # fmt: skip
         return ADVANTAGES[self.advantage](inputs)
 
     def loss(self, inputs: LossInputs) -> LossOutput:
@@ -170,3 +199,50 @@ def _correction(cfg: Config) -> CorrectionSettings | None:
         name = str(e).split(":", 1)[0]
         key = {"level": "rollout_correction", "cap": "rollout_is_cap"}.get(name, f"rollout_{name}")
         raise ConfigError(f"algo.{key}:{str(e).split(':', 1)[1]}") from None
+
+
+def _sequence_mask(cfg: Config) -> float | None:
+    """Off-policy sequence masking's threshold (None = off)."""
+    t = cfg.algo.off_policy_mask_threshold
+    check(t is None or t >= 0, "algo.off_policy_mask_threshold", "none or >= 0 (TRL's: 0.5)", t)
+    return t
+
+
+def reward_terms(cfg: Config) -> dict[str, float]:
+    """The terms of the reward's total by name (`Scores.terms`), each with its weight:
+    accuracy (unless reward.accuracy is none), format, each extra, soft_overlong."""
+    r = cfg.reward
+    out = {} if r.accuracy == "none" else {"accuracy": r.accuracy_weight}
+    if r.format_weight:
+        out["format"] = r.format_weight
+    for item in r.extra:
+        name, _, weight = item.rpartition("=")
+        try:
+            out[name.rsplit(":", 1)[-1]] = float(weight)
+        except ValueError:
+            continue  # the scorer names a malformed extra
+    if cfg.algo.soft_overlong:
+        out["soft_overlong"] = 1.0
+    return out
+
+
+def _gdpo_terms(cfg: Config) -> tuple[tuple[str, float], ...]:
+    """GDPO's reward terms and weights (empty unless algo.advantage is gdpo)."""
+    a = cfg.algo
+    if a.advantage != "gdpo":
+        check(not a.gdpo_reward_keys, "algo.gdpo_reward_keys", "empty unless algo.advantage "
+              "is gdpo", list(a.gdpo_reward_keys))  # fmt: skip
+        return ()
+    check(
+        cfg.reward.model is None,
+        "algo.advantage",
+        "not gdpo with reward.model (the model's probability replaces a term of the total)",
+        a.advantage,
+    )
+    terms = reward_terms(cfg)
+    keys = a.gdpo_reward_keys or tuple(terms)
+    unknown = [k for k in keys if k not in terms]
+    check(not unknown, "algo.gdpo_reward_keys", f"names of the run's reward terms {sorted(terms)}",
+          list(keys))  # fmt: skip
+    check(len(set(keys)) == len(keys), "algo.gdpo_reward_keys", "each name once", list(keys))
+    return tuple((k, terms[k]) for k in keys)

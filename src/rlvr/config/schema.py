@@ -113,13 +113,17 @@ class AlgoConfig:
 
     advantage: grpo (r - mean)/(std + eps), dr_grpo (r - mean), rloo (leave-one-out), gae (PPO:
         GAE over a critic's values, whitened over the batch; needs the critic section),
-        reinforce_pp (REINFORCE++: discounted per-token returns normalised over the batch).
+        reinforce_pp (REINFORCE++: discounted per-token returns normalised over the batch),
+        gdpo (each reward normalised within its group, then their weighted sum whitened).
     std: std estimator for grpo advantages: unbiased (torch.std, /(G-1)) or population (/G).
-    clip_low: eps_low; the ratio's lower bound is 1 - clip_low.
-    clip_high: eps_high; the ratio's upper bound is 1 + clip_high (DAPO clip-higher: 0.28).
-    dual_clip: dual-clip constant c > 1 capping the loss of negative advantages (none = off).
+    clip_low: eps_low; the ratio's lower bound is 1 - clip_low (dppo_tv, dppo_kl: the divergence
+        threshold for A <= 0, as verl's clip_ratio_low).
+    clip_high: eps_high; the ratio's upper bound is 1 + clip_high (DAPO clip-higher: 0.28;
+        dppo_tv, dppo_kl: the divergence threshold for A > 0).
+    dual_clip: dual-clip constant c > 1 capping the loss of negative advantages (none = off;
+        dppo_tv, dppo_kl: the cap C of the ratio weight min(rho, C), verl's clip_ratio_c).
     loss: the policy objective: a name of rlvr.algos.OBJECTIVES (clip: PPO/GRPO/DAPO's clipped
-        surrogate; gspo; cispo; sapo; gmpo; clip_cov; kl_cov) or a user's "module:function" / "path/to/file.py:function" with the
+        surrogate; gspo; cispo; sapo; gmpo; clip_cov; kl_cov; dppo_tv; dppo_kl) or a user's "module:function" / "path/to/file.py:function" with the
         signature fn(LossInputs, LossSettings) -> LossOutput (docs/algorithms.md#adding-an-objective).
     ratio: token (PPO/GRPO/DAPO importance ratio per token) or sequence (GSPO).
     agg: loss aggregation: sample_mean (GRPO), token_mean (DAPO), token_sum_norm (Dr. GRPO).
@@ -155,6 +159,12 @@ class AlgoConfig:
     rollout_mask_high: weights above it are zeroed (IcePop / rejection; none = no upper bound).
     rollout_bypass: the engine's log-probs are pi_old of the ratio (verl's bypass_mode): no
         old-log-prob forward where mu > 1 or several mini-batches would need one.
+    off_policy_mask_threshold: off-policy sequence masking (DeepSeek-V3.2; TRL's name): a response
+        with a negative advantage whose mean log mu - log pi_theta over its tokens is above this
+        is left out of the policy loss, under any objective (none = off; TRL's example: 0.5).
+    gdpo_reward_keys: the rewards GDPO normalises one by one (verl's gdpo_reward_keys): names
+        of reward terms (accuracy, format, soft_overlong, an extra's name); empty = every term
+        of the total. Only under advantage gdpo.
     loss_settings: the objective's own settings, each written as a key of this section
         (`algo.tau_pos` under loss sapo; sapo: tau_pos, tau_neg; clip_cov: clip_cov_ratio,
         clip_cov_lb, clip_cov_ub; kl_cov: kl_cov_ratio, kl_cov_coef; a user's objective: what
@@ -162,7 +172,7 @@ class AlgoConfig:
         (docs/algorithms.md#adding-an-objective).
     """
 
-    advantage: Literal["grpo", "dr_grpo", "rloo", "gae", "reinforce_pp"] = "grpo"
+    advantage: Literal["grpo", "dr_grpo", "rloo", "gae", "reinforce_pp", "gdpo"] = "grpo"
     std: Literal["unbiased", "population"] = "unbiased"
     clip_low: float = LossSettings.clip_low
     clip_high: float = LossSettings.clip_high
@@ -194,6 +204,8 @@ class AlgoConfig:
     rollout_mask_low: float | None = None
     rollout_mask_high: float | None = None
     rollout_bypass: bool = False
+    off_policy_mask_threshold: float | None = None
+    gdpo_reward_keys: tuple[str, ...] = ()
     loss_settings: dict[str, Any] = field(default_factory=dict)
 
 
