@@ -1,4 +1,4 @@
-"""Short signatures in the step (STYLE.md 13), read from the code: no function of
+"""Short signatures in the step, read from the code: no function of
 `rlvr.training` takes more than six parameters, and only the modules that build a run from the
 config take the whole `Config`; every other function of the step takes the small objects they
 build once (the run's `Algorithm`, `UpdateSettings`, the step's `UpdateContext`, ...)."""
