@@ -45,7 +45,9 @@ from rlvr.tasks.arithmetic import ArithmeticTask
 from rlvr.tasks.base import Example
 from rlvr.training.batch import Sample, collate, token_log_probs
 from rlvr.training.collect import collect
-from rlvr.training.critic import CriticTargets, build_critic, critic_update, predict_values
+from rlvr.training.critic import CriticTargets, critic_update, predict_values
+from rlvr.training.policy import build_critic
+from rlvr.training.settings import CriticContext
 from rlvr.training.setup import setup
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -70,8 +72,7 @@ def _rollouts(cfg, n: int) -> list[Sample]:
     with torch.no_grad():
         while len(out) < n:
             step += 1
-            got = collect(step, cfg, run.engine, run.tokenizer, run.scorer, run.source.train,
-                          run.sampler, run.d)  # fmt: skip
+            got = collect(step, run)
             out += got.batch.samples
     return out[:n]
 
@@ -164,13 +165,14 @@ def _ridge(x_train, train, x_test, test) -> float:
 
 def _critic_curve(cfg, train, test, score, pad_id: int, evals: int) -> list[dict]:
     critic = build_critic(cfg, torch.device("cpu"), Dist())
+    c = CriticContext.from_config(cfg, pad_id, "cpu", Dist())
     per_step = cfg.rollout.prompts_per_step
     steps = len(train) // per_step
     r_test, m_test = _grid(test, score)
     curve = []
 
     def evaluate(step: int) -> None:
-        v = predict_values(critic, test, r_test.shape[1], cfg, pad_id, "cpu")
+        v = predict_values(critic, test, r_test.shape[1], c)
         ev = explained_variance(v, r_test, m_test)
         curve.append({"step": step, "rollouts": step * per_step, "ev": ev})
 
@@ -179,9 +181,9 @@ def _critic_curve(cfg, train, test, score, pad_id: int, evals: int) -> list[dict
         batch = [Sample(s.prompt_ids, s.completion_ids, s.truncated, score(s), s.correct, i)
                  for i, s in enumerate(train[k * per_step : (k + 1) * per_step])]  # fmt: skip
         returns, mask = _grid(batch, lambda s: s.reward)
-        old = predict_values(critic, batch, returns.shape[1], cfg, pad_id, "cpu")
+        old = predict_values(critic, batch, returns.shape[1], c)
         t = CriticTargets(old_values=old, returns=returns, mask=mask)
-        critic_update(critic, batch, len(batch), t, cfg, pad_id, "cpu")
+        critic_update(critic, batch, len(batch), t, c)
         if (k + 1) % max(1, steps // evals) == 0 or k + 1 == steps:
             evaluate(k + 1)
     return curve

@@ -171,7 +171,9 @@ def child_trl(args) -> dict:
     from rlvr.models import eos_ids, load_tokenizer, resolve_model_path
     from rlvr.rewards.scoring import Scorer
     from rlvr.rollout import ENGINES
-    from rlvr.training.evaluation import eval_params, evaluate
+    from rlvr.training.evaluation import evaluate
+    from rlvr.training.overlap import Generator
+    from rlvr.training.settings import eval_params
 
     cfg = rlvr_config(args)
     r, a, o = cfg.rollout, cfg.algo, cfg.optim
@@ -202,13 +204,8 @@ def child_trl(args) -> dict:
                     eval_state["engine"] = ENGINES[r.engine](
                         model, pad_id=tok.pad_token_id, eos_ids=eos_ids(tok, model)
                     )
-                ev = evaluate(
-                    eval_state["engine"],
-                    tok,
-                    eval_state["scorer"],
-                    eval_state["prompts"],
-                    params=eval_params(cfg),
-                )
+                gen = Generator(eval_state["engine"], tok, eval_state["scorer"])
+                ev = evaluate(gen, eval_state["prompts"], params=eval_params(cfg))
                 if clock.record(step, ev, time.perf_counter() - t0, train_s, args.target):
                     control.should_training_stop = True
             if clock.train_seconds() > args.max_minutes * 60:

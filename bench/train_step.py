@@ -22,8 +22,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _shared import QWEN2_SHAPE
 
+from rlvr.config.algorithm import Algorithm
 from rlvr.config.load import load_config
 from rlvr.training.batch import Batch, Sample
+from rlvr.training.settings import step_context
 from rlvr.training.update import advantages, policy_update
 
 
@@ -90,9 +92,11 @@ def main() -> None:
             opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
             sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
             work = Batch.from_groups([batch[i : i + args.group] for i in range(0, B, args.group)])
-            work = replace(work, advantages=advantages(work, cfgs[share]))
+            algorithm = Algorithm.from_config(cfgs[share])
+            u = step_context(cfgs[share], algorithm, model, pad_id, "cpu")
+            work = replace(work, advantages=advantages(work, algorithm, args.group))
             t0 = time.perf_counter()
-            policy_update(model, work, cfgs[share], opt, sched, pad_id, "cpu")
+            policy_update(work, u, opt, sched)
             if r:
                 times[share].append(time.perf_counter() - t0)
     off, on = statistics.median(times[False]), statistics.median(times[True])

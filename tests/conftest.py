@@ -189,3 +189,14 @@ def pytest_collection_modifyitems(items):
         code = getattr(getattr(item, "function", None), "__code__", None)
         if code is not None and SAME_RUN_HELPERS & set(code.co_names):
             item.add_marker(pytest.mark.compares_runs)
+
+
+def update_context(cfg, model, pad_id: int = 0, device="cpu", **counts):
+    """The `UpdateContext` a run's step gives `model` under `cfg` (its algorithm built from
+    the config), with `num_tokens` / `num_sequences` when given."""
+    from dataclasses import replace
+
+    from rlvr.config.algorithm import Algorithm
+    from rlvr.training.settings import step_context
+
+    return replace(step_context(cfg, Algorithm.from_config(cfg), model, pad_id, device), **counts)

@@ -5,6 +5,7 @@ where it is not importable; where it is (the vLLM venv, scripts/vllm_env.sh),
 tests/test_vllm_engine.py builds it through `build_engine` with each caller's site."""
 
 import importlib.util
+from dataclasses import replace
 
 import pytest
 import torch
@@ -41,7 +42,8 @@ def _site(caller: str, cfg, model, tokenizer, toolbox=None) -> EngineSite:
     source = load_prompts(cfg, tokenizer, model.config.max_position_embeddings)
     if caller == "train":
         backend = FastEngine(model, pad_id=0, eos_ids=[0]).backend  # the model's own gate
-        return engine_site(cfg, model, torch.device("cpu"), Dist(), backend, toolbox, source)
+        site = engine_site(cfg, model, torch.device("cpu"), Dist(), backend, source)
+        return replace(site, tools=toolbox)
     if caller == "eval":
         return eval_site(cfg, model, source, toolbox)
     return EngineSite()  # rlvr rm: the model's device, no tools

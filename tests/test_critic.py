@@ -13,7 +13,9 @@ from torch.testing import assert_close
 from rlvr.config.load import load_config
 from rlvr.run.distributed import Dist
 from rlvr.training.batch import Sample
-from rlvr.training.critic import CriticTargets, build_critic, critic_update, predict_values
+from rlvr.training.critic import CriticTargets, critic_update, predict_values
+from rlvr.training.policy import build_critic
+from rlvr.training.settings import CriticContext
 
 CPU = torch.device("cpu")
 
@@ -51,17 +53,24 @@ def test_values_position_padding_and_company(tiny_model_dir, tokenizer):
     critic = build_critic(cfg, CPU, Dist())
     samples = _samples()
     pad = tokenizer.pad_token_id
-    together = predict_values(critic, samples, 6, cfg, pad, CPU)
+    together = predict_values(critic, samples, 6, CriticContext.from_config(cfg, pad, CPU, Dist()))
     assert together.shape == (4, 6)
     for i, s in enumerate(samples):
-        alone = predict_values(critic, [s], len(s.completion_ids), cfg, pad, CPU)
+        alone = predict_values(
+            critic, [s], len(s.completion_ids), CriticContext.from_config(cfg, pad, CPU, Dist())
+        )
         assert_close(together[i, : len(s.completion_ids)], alone[0], atol=1e-5, rtol=0)
         assert (together[i, len(s.completion_ids) :] == 0).all()
         # V_t is the state before token t: V_0 is read at the prompt's last position, so it
         # equals the value of a one-token completion whatever that token is.
         other = Sample(s.prompt_ids, [7], False, 0.0, False, 0)
         assert_close(
-            predict_values(critic, [other], 1, cfg, pad, CPU)[0, 0], alone[0, 0], atol=1e-5, rtol=0
+            predict_values(critic, [other], 1, CriticContext.from_config(cfg, pad, CPU, Dist()))[
+                0, 0
+            ],
+            alone[0, 0],
+            atol=1e-5,
+            rtol=0,
         )
     # The value head starts near zero (small weights, zero bias).
     assert together.abs().max() < 0.5
@@ -73,10 +82,21 @@ def _fit(cfg, samples, tokenizer, steps=1, critic=None):
     mask, returns = _targets(samples, width)
     metrics = []
     for _ in range(steps):
-        old = predict_values(critic, samples, width, cfg, tokenizer.pad_token_id, CPU)
+        old = predict_values(
+            critic,
+            samples,
+            width,
+            CriticContext.from_config(cfg, tokenizer.pad_token_id, CPU, Dist()),
+        )
         t = CriticTargets(old_values=old, returns=returns, mask=mask)
         metrics.append(
-            critic_update(critic, samples, len(samples), t, cfg, tokenizer.pad_token_id, CPU)
+            critic_update(
+                critic,
+                samples,
+                len(samples),
+                t,
+                CriticContext.from_config(cfg, tokenizer.pad_token_id, CPU, Dist()),
+            )
         )
     return critic, metrics
 
@@ -211,8 +231,10 @@ def test_tool_tokens_get_no_advantage_no_value_target_and_gae_skips_them(tiny_mo
     critic targets are 0, the model's tokens get what GAE gives the row without the tool
     tokens, and returns at tool positions do not change the critic's update."""
     from rlvr.algos import gae
+    from rlvr.config.algorithm import Algorithm
     from rlvr.training.batch import Batch
     from rlvr.training.ppo import token_advantages
+    from rlvr.training.settings import UpdateSettings
 
     cfg = _cfg(tiny_model_dir, lam=0.9, gamma=0.95)
     tool = torch.tensor([False, False, True, True, True, False, False])
@@ -222,7 +244,14 @@ def test_tool_tokens_get_no_advantage_no_value_target_and_gae_skips_them(tiny_mo
         Sample([9, 12], ids[:4], False, 0.0, False, 1),
     ]
     values = torch.randn(2, 7, generator=torch.Generator().manual_seed(4))
-    got = token_advantages(Batch(samples, 2), cfg, None, Dist(), values)
+    got = token_advantages(
+        Batch(samples, 2),
+        Algorithm.from_config(cfg),
+        UpdateSettings.from_config(cfg),
+        None,
+        Dist(),
+        values,
+    )
     mask = got.critic_targets.mask
     assert mask[0].tolist() == [1, 1, 0, 0, 0, 1, 1] and mask[1].tolist() == [1] * 4 + [0] * 3
     assert torch.all(got.advantages[0, 2:5] == 0) and torch.all(
@@ -236,9 +265,17 @@ def test_tool_tokens_get_no_advantage_no_value_target_and_gae_skips_them(tiny_mo
 
     def update(returns):
         critic = build_critic(cfg, CPU, Dist())
-        old = predict_values(critic, samples, 7, cfg, tokenizer.pad_token_id, CPU)
+        old = predict_values(
+            critic, samples, 7, CriticContext.from_config(cfg, tokenizer.pad_token_id, CPU, Dist())
+        )
         t = CriticTargets(old_values=old, returns=returns, mask=mask)
-        critic_update(critic, samples, 2, t, cfg, tokenizer.pad_token_id, CPU)
+        critic_update(
+            critic,
+            samples,
+            2,
+            t,
+            CriticContext.from_config(cfg, tokenizer.pad_token_id, CPU, Dist()),
+        )
         return _weights(critic)
 
     noisy = got.critic_targets.returns.clone()

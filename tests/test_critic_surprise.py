@@ -17,7 +17,9 @@ from rlvr.config.load import load_config
 from rlvr.config.schema import ConfigError
 from rlvr.run.distributed import Dist
 from rlvr.training.batch import Sample
-from rlvr.training.critic import CriticTargets, build_critic, critic_update, predict_values
+from rlvr.training.critic import CriticTargets, critic_update, predict_values
+from rlvr.training.policy import build_critic
+from rlvr.training.settings import CriticContext
 
 CPU = torch.device("cpu")
 
@@ -85,18 +87,22 @@ def test_starts_as_the_plain_head_and_its_readout_learns(tiny_model_dir, tokeniz
     head = build_critic(_cfg(tiny_model_dir, "head"), CPU, Dist())
     cfg = _cfg(tiny_model_dir)
     critic = build_critic(cfg, CPU, Dist())
-    v0 = predict_values(critic, samples, 5, cfg, pad, CPU, feats)
-    assert_close(v0, predict_values(head, samples, 5, cfg, pad, CPU))  # a = 0, b = 0
+    v0 = predict_values(critic, samples, 5, CriticContext.from_config(cfg, pad, CPU, Dist()), feats)
+    assert_close(
+        v0, predict_values(head, samples, 5, CriticContext.from_config(cfg, pad, CPU, Dist()))
+    )  # a = 0, b = 0
     with pytest.raises(RuntimeError, match="surprise_features"):
-        predict_values(critic, samples, 5, cfg, pad, CPU)
+        predict_values(critic, samples, 5, CriticContext.from_config(cfg, pad, CPU, Dist()))
     mask = torch.zeros(4, 5)
     for i, s in enumerate(samples):
         mask[i, : len(s.completion_ids)] = 1
     returns = (1.0 + feats[..., 0]) * mask  # a target the features carry
     for _ in range(3):
-        old = predict_values(critic, samples, 5, cfg, pad, CPU, feats)
+        old = predict_values(
+            critic, samples, 5, CriticContext.from_config(cfg, pad, CPU, Dist()), feats
+        )
         t = CriticTargets(old_values=old, returns=returns, mask=mask, features=feats)
-        critic_update(critic, samples, 4, t, cfg, pad, CPU)
+        critic_update(critic, samples, 4, t, CriticContext.from_config(cfg, pad, CPU, Dist()))
     assert critic.model.surprise.weight.abs().sum() > 0  # the readout moved off zero
     assert "surprise.weight" in critic.state()["weights"]
 
@@ -109,16 +115,22 @@ def test_micro_batches_cut_the_features_by_row(tiny_model_dir, tokenizer):
     with torch.no_grad():
         critic.model.surprise.weight.copy_(torch.tensor([[0.3, -0.2]]))
     assert_close(
-        predict_values(critic, samples, 5, whole, pad, CPU, feats),
-        predict_values(critic, samples, 5, one, pad, CPU, feats),
+        predict_values(
+            critic, samples, 5, CriticContext.from_config(whole, pad, CPU, Dist()), feats
+        ),
+        predict_values(critic, samples, 5, CriticContext.from_config(one, pad, CPU, Dist()), feats),
         atol=1e-6,
         rtol=0,
     )
     # each row's values use that row's features: changing row 2's moves only row 2
     other = feats.clone()
     other[2] -= 1.0
-    a = predict_values(critic, samples, 5, whole, pad, CPU, feats)
-    b = predict_values(critic, samples, 5, whole, pad, CPU, other)
+    a = predict_values(
+        critic, samples, 5, CriticContext.from_config(whole, pad, CPU, Dist()), feats
+    )
+    b = predict_values(
+        critic, samples, 5, CriticContext.from_config(whole, pad, CPU, Dist()), other
+    )
     assert torch.equal(a[[0, 1, 3]], b[[0, 1, 3]]) and not torch.equal(a[2], b[2])
 
 

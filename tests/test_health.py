@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from conftest import update_context
 from rlvr.config.load import load_config
 from rlvr.run.health import HealthGuard, TrainingHealthError
 from rlvr.training.batch import Batch, Sample
@@ -32,7 +33,7 @@ def test_nan_loss_skips_the_update_and_keeps_the_weights(tiny_model):
     samples = Batch(samples.samples, 1, advantages=torch.tensor([float("nan"), 1.0]))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
-    m = policy_update(model, samples, cfg, opt, sched, pad_id=0, device="cpu")
+    m = policy_update(samples, update_context(cfg, model), opt, sched)
     assert m["nonfinite_updates"] == 1 and m["optimizer_steps"] == 0
     for a, b in zip(before, model.parameters()):
         assert torch.equal(a, b)

@@ -17,6 +17,7 @@ import torch
 from safetensors.torch import load_file
 
 import rlvr
+from conftest import update_context
 from e2e_objectives import centred_pg, centred_stats
 from rlvr.algos import policy_loss
 from rlvr.algos.objectives import (
@@ -113,7 +114,9 @@ def _grads(model, samples, cfg, micro, algo):
     opt = torch.optim.SGD(model.parameters(), lr=1.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
     before = [p.detach().clone() for p in model.parameters()]
-    policy_update(model, _batch(samples, cfg), cfg, opt, sched, 0, "cpu", algo=algo)
+    policy_update(
+        _batch(samples, cfg), replace(update_context(cfg, model), algorithm=algo), opt, sched
+    )
     return [b - p.detach() for b, p in zip(before, model.parameters())]
 
 
@@ -168,7 +171,7 @@ def test_each_objective_gives_the_whole_batch_update_in_micro_batches(
     )  # fmt: skip
     algo = Algorithm.from_config(cfg)
     batch = _batch(samples, cfg)
-    old = batch_log_probs(tiny_model, batch, cfg, 0, "cpu")
+    old = batch_log_probs(tiny_model, batch, update_context(cfg, tiny_model))
     if extra.get("loss") == "kl_cov":
         # |log rho|'s gradient at rho = 1 is 0, so the sign of the float noise between a
         # batched and a one-row forward (~1e-7, machine-dependent) would decide it: start the
@@ -183,7 +186,10 @@ def test_each_objective_gives_the_whole_batch_update_in_micro_batches(
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
         before = [p.detach().clone() for p in model.parameters()]
         m = policy_update(
-            model, replace(batch, old_log_probs=old), c, opt, sched, 0, "cpu", algo=algo
+            replace(batch, old_log_probs=old),
+            replace(update_context(c, model), algorithm=algo),
+            opt,
+            sched,
         )
         moved.append([b - p.detach() for b, p in zip(before, model.parameters())])
         metrics.append(m)
@@ -213,10 +219,10 @@ def test_user_objective_is_loaded_and_its_metrics_reach_the_update(tiny_model):
     )  # fmt: skip
     model = copy.deepcopy(tiny_model)
     batch = _batch(samples, cfg)
-    batch = replace(batch, old_log_probs=batch_log_probs(model, batch, cfg, 0, "cpu"))
+    batch = replace(batch, old_log_probs=batch_log_probs(model, batch, update_context(cfg, model)))
     opt = torch.optim.SGD(model.parameters(), lr=1.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
-    metrics = policy_update(model, batch, cfg, opt, sched, 0, "cpu")
+    metrics = policy_update(batch, update_context(cfg, model), opt, sched)
     assert 0.0 <= metrics["truncated_frac"] <= 1.0 and metrics["optimizer_steps"] == 2
     assert metrics["loss_tokens"] > 0
 

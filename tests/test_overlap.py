@@ -41,13 +41,15 @@ def _reward(**values) -> Config:
 
 def test_the_gate_overlaps_only_where_a_reward_runs_programs():
     cfg = Config()
-    assert overlap_parts(cfg, Scorer.build(cfg, task=object())) == 1  # "auto", a verifier
+    assert (
+        overlap_parts(cfg.reward.overlap, Scorer.build(cfg, task=object())) == 1
+    )  # "auto", a verifier
     code = _reward(accuracy="code")
-    assert overlap_parts(code, Scorer.build(code, task=None)) == PARTS
+    assert overlap_parts(code.reward.overlap, Scorer.build(code, task=None)) == PARTS
     forced = _reward(overlap="on")
-    assert overlap_parts(forced, Scorer.build(forced, task=object())) == PARTS
+    assert overlap_parts(forced.reward.overlap, Scorer.build(forced, task=object())) == PARTS
     off = _reward(accuracy="code", overlap="off")
-    assert overlap_parts(off, Scorer.build(off, task=None)) == 1
+    assert overlap_parts(off.reward.overlap, Scorer.build(off, task=None)) == 1
 
 
 def _run(tmp_path, overlap: str) -> list[dict]:

@@ -5,6 +5,7 @@ import copy
 import pytest
 import torch
 
+from conftest import update_context
 from rlvr.config.load import load_config
 from rlvr.config.schema import ConfigError
 from rlvr.cpu.packed import packed_linears, packing_available
@@ -27,7 +28,7 @@ def _updated(model, cfg_overrides, seed=0):
     opt = torch.optim.SGD(model.parameters(), lr=1.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
     torch.manual_seed(seed)
-    metrics = policy_update(model, samples, cfg, opt, sched, pad_id=0, device="cpu")
+    metrics = policy_update(samples, update_context(cfg, model), opt, sched)
     return model, metrics
 
 
@@ -85,7 +86,11 @@ def test_gradient_checkpointing_gives_the_same_update(tiny_model):
 
 
 def test_gradient_checkpointing_turns_prompt_sharing_off():
-    from rlvr.training.micro import shares_prompt as _share
+    from rlvr.training.micro import shares_prompt
+    from rlvr.training.settings import UpdateSettings
+
+    def _share(cfg, model):
+        return shares_prompt(UpdateSettings.from_config(cfg), model)
 
     on = load_config(None, {"optim": {"gradient_checkpointing": True}})
     off = load_config(None, {})

@@ -10,6 +10,7 @@ from dataclasses import replace
 import pytest
 import torch
 
+from conftest import update_context
 from rlvr.config.algorithm import Algorithm
 from rlvr.config.load import load_config
 from rlvr.config.schema import ConfigError
@@ -56,10 +57,12 @@ def _sampled(engine_model, seed=0):
 def _update(model, samples, cfg):
     model = copy.deepcopy(model)
     batch = Batch.from_groups([samples[i : i + G] for i in range(0, len(samples), G)])
-    batch = replace(batch, advantages=advantages(batch, cfg))
+    batch = replace(
+        batch, advantages=advantages(batch, Algorithm.from_config(cfg), cfg.rollout.group_size)
+    )
     opt = torch.optim.SGD(model.parameters(), lr=1.0)  # new params = old - grad
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
-    metrics = policy_update(model, batch, cfg, opt, sched, pad_id=0, device="cpu")
+    metrics = policy_update(batch, update_context(cfg, model), opt, sched)
     return model, metrics
 
 

@@ -7,6 +7,7 @@ from dataclasses import replace
 import pytest
 import torch
 
+from conftest import update_context
 from rlvr.config.load import load_config
 from rlvr.models import load_model
 from rlvr.training.batch import (
@@ -81,7 +82,9 @@ def _grads(model, samples, cfg):
     model = copy.deepcopy(model)
     n_tok = float(sum(0 if s.truncated else len(s.completion_ids) for s in samples))
     n_seq = float(sum(not s.truncated for s in samples))
-    r = _micro_loss(model, _batch(samples, cfg), cfg, 0, "cpu", n_tok, n_seq)
+    r = _micro_loss(
+        _batch(samples, cfg), update_context(cfg, model, num_tokens=n_tok, num_sequences=n_seq)
+    )
     r.out.loss.backward()
     grads = {k: p.grad for k, p in model.named_parameters() if p.grad is not None}
     return r.out.loss.detach(), grads, (r.loss_tokens, r.entropy_sum, r.generated_tokens)
@@ -106,10 +109,12 @@ def test_policy_loss_gradients_match(model, preset):
 def _step(model, samples, cfg):
     model, samples = copy.deepcopy(model), _batch(samples, cfg)
     if cfg.algo.kl_coef > 0:
-        samples = replace(samples, ref_log_probs=batch_log_probs(model, samples, cfg, 0, "cpu"))
+        samples = replace(
+            samples, ref_log_probs=batch_log_probs(model, samples, update_context(cfg, model))
+        )
     opt = torch.optim.SGD(model.parameters(), lr=1.0)  # new params = old - grad
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
-    metrics = policy_update(model, samples, cfg, opt, sched, pad_id=0, device="cpu")
+    metrics = policy_update(samples, update_context(cfg, model), opt, sched)
     return model, metrics
 
 
@@ -133,8 +138,8 @@ def test_policy_update_same_parameters(model, preset, micro, algo):
 @pytest.mark.compares_runs
 def test_batch_log_probs_match(model):
     batch = _batch(_samples(), _cfg(False))
-    plain = batch_log_probs(model, batch, _cfg(False, micro=5), 0, "cpu")
-    shared = batch_log_probs(model, batch, _cfg(True, micro=5), 0, "cpu")
+    plain = batch_log_probs(model, batch, update_context(_cfg(False, micro=5), model, 0, "cpu"))
+    shared = batch_log_probs(model, batch, update_context(_cfg(True, micro=5), model, 0, "cpu"))
     assert plain.shape == (len(batch), batch.width)
     for i, s in enumerate(batch.samples):  # zeros past each response's length
         assert (plain[i, len(s.completion_ids) :] == 0).all()
@@ -144,7 +149,7 @@ def test_batch_log_probs_match(model):
 
 def test_dummy_micro_batch_has_no_loss(model):
     model = copy.deepcopy(model)
-    r = _micro_loss(model, _dummy(0), _cfg(True), 0, "cpu", 1.0, 1.0)
+    r = _micro_loss(_dummy(0), update_context(_cfg(True), model, num_tokens=1.0, num_sequences=1.0))
     r.out.loss.backward()
     loss = r.out.loss.detach()
     grads = {k: p.grad for k, p in model.named_parameters() if p.grad is not None}

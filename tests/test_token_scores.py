@@ -16,6 +16,7 @@ import pytest
 import torch
 from transformers import Gemma2Config, Gemma2ForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
+from conftest import update_context
 from rlvr.config.load import load_config
 from rlvr.training.batch import (
     Batch,
@@ -26,7 +27,7 @@ from rlvr.training.batch import (
     token_log_probs,
 )
 from rlvr.training.micro import micro_loss as _micro_loss
-from rlvr.training.token_scores import chunk_tokens, score_hidden
+from rlvr.training.token_scores import LMHead, chunk_tokens, score_hidden
 
 VOCAB = 50_000
 SLOW = pytest.mark.slow
@@ -223,7 +224,12 @@ def test_policy_loss_and_gradients_match_one_piece(model, share):
     results = {}
     for chunk in (0, 7):
         assert chunk_tokens(int(mask.numel()), VOCAB, chunk) == (chunk or mask.numel())
-        r = _micro_loss(model, batch, _cfg(share, chunk), 0, "cpu", *counts)
+        r = _micro_loss(
+            batch,
+            update_context(
+                _cfg(share, chunk), model, num_tokens=counts[0], num_sequences=counts[1]
+            ),
+        )
         r.out.loss.backward()
         results[chunk] = (r, _grads(model))
     (r0, g0), (r7, g7) = results[0], results[7]
@@ -267,7 +273,7 @@ def test_score_hidden_against_a_plain_loop():
     head = torch.nn.Linear(4, 11, bias=True)
     hidden, targets = torch.randn(2, 3, 4), torch.randint(0, 11, (2, 3))
     lp, ent = score_hidden(
-        head, hidden, targets, temperature=0.5, with_entropy=True, softcap=1.5, chunk=2
+        LMHead(head, softcap=1.5), hidden, targets, temperature=0.5, with_entropy=True, chunk=2
     )
     for b in range(2):
         for t in range(3):

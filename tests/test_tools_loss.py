@@ -4,6 +4,7 @@ conversation."""
 
 import torch
 
+from conftest import update_context
 from rlvr.config.load import load_config
 from rlvr.training.batch import Batch, Sample, collate, token_log_probs
 from rlvr.training.micro import loss_counts as _loss_counts
@@ -22,9 +23,11 @@ def _sample(tool: list[int], after: list[int], truncated=False, reward=1.0, grou
 
 def _loss_and_grads(model, samples: list[Sample], cfg):
     batch = Batch(samples, 1, advantages=torch.tensor([1.0, -1.0][: len(samples)]))
-    counts = _loss_counts(samples, cfg)
+    counts = _loss_counts(samples, cfg.algo.overlong_filter)
     model.zero_grad()
-    r = _micro_loss(model, batch, cfg, 0, "cpu", *counts)
+    r = _micro_loss(
+        batch, update_context(cfg, model, num_tokens=counts[0], num_sequences=counts[1])
+    )
     r.out.loss.backward()
     return counts, r, [p.grad.clone() for p in model.parameters()]
 
@@ -74,7 +77,7 @@ def test_log_probs_after_a_tool_turn_see_the_whole_conversation(tiny_model):
 def test_ppo_mask_skips_tool_tokens():
     cfg = load_config(preset="ppo")
     samples = [_sample([30, 31], [50, 2]), _sample([30, 31], [], truncated=True)]
-    mask = loss_mask(Batch(samples, 2), cfg)
+    mask = loss_mask(Batch(samples, 2), cfg.algo.overlong_filter)
     assert mask.tolist() == [
         [True] * 4 + [False, False] + [True, True],
         [True] * 4 + [False] * 4,

@@ -7,6 +7,8 @@ from dataclasses import replace
 import pytest
 import torch
 
+from conftest import update_context
+from rlvr.config.algorithm import Algorithm
 from rlvr.config.load import load_config
 from rlvr.training.batch import Batch, Sample
 from rlvr.training.update import advantages, batch_log_probs, policy_update
@@ -36,7 +38,9 @@ def _batch(samples, cfg) -> Batch:
     """One rank holding every group (consecutive runs of G samples), with its advantages."""
     G = cfg.rollout.group_size
     batch = Batch.from_groups([samples[i : i + G] for i in range(0, len(samples), G)])
-    return replace(batch, advantages=advantages(batch, cfg))
+    return replace(
+        batch, advantages=advantages(batch, Algorithm.from_config(cfg), cfg.rollout.group_size)
+    )
 
 
 def _step(model, samples, cfg, micro):
@@ -44,10 +48,12 @@ def _step(model, samples, cfg, micro):
     model = copy.deepcopy(model)
     samples = _batch(samples, cfg)
     if cfg.algo.kl_coef > 0:
-        samples = replace(samples, ref_log_probs=batch_log_probs(model, samples, cfg, 0, "cpu"))
+        samples = replace(
+            samples, ref_log_probs=batch_log_probs(model, samples, update_context(cfg, model))
+        )
     opt = torch.optim.SGD(model.parameters(), lr=1.0)  # new params = old - grad: compare grads
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
-    metrics = policy_update(model, samples, cfg, opt, sched, pad_id=0, device="cpu")
+    metrics = policy_update(samples, update_context(cfg, model), opt, sched)
     return model, metrics
 
 
@@ -77,7 +83,7 @@ def test_old_log_probs_are_the_live_ones_before_the_first_update(tiny_model):
     )
     model = copy.deepcopy(tiny_model)
     full = _batch(_samples(groups=2), cfg)
-    full = replace(full, old_log_probs=batch_log_probs(model, full, cfg, 0, "cpu"))
+    full = replace(full, old_log_probs=batch_log_probs(model, full, update_context(cfg, model)))
 
     def group(k):  # one group, alone in its own batch
         part = Batch.from_groups([full.samples[4 * k : 4 * k + 4]])
@@ -86,9 +92,9 @@ def test_old_log_probs_are_the_live_ones_before_the_first_update(tiny_model):
 
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
-    m_first = policy_update(model, group(0), cfg, opt, sched, 0, "cpu")
+    m_first = policy_update(group(0), update_context(cfg, model), opt, sched)
     assert m_first["ratio_mean"] == pytest.approx(1.0, abs=1e-6)
-    m_second = policy_update(model, group(1), cfg, opt, sched, 0, "cpu")
+    m_second = policy_update(group(1), update_context(cfg, model), opt, sched)
     assert m_second["ratio_mean"] != pytest.approx(1.0, abs=1e-7)
 
 
@@ -115,7 +121,7 @@ def test_logprob_diff_is_engine_minus_trainer_over_generated_tokens(tiny_model):
     )
     model = copy.deepcopy(tiny_model)
     batch = _batch(_samples(groups=2), cfg)
-    trainer = batch_log_probs(model, batch, cfg, 0, "cpu")
+    trainer = batch_log_probs(model, batch, update_context(cfg, model))
     offset = torch.arange(len(batch), dtype=torch.float32) * 0.01
     lengths = torch.tensor([len(s.completion_ids) for s in batch.samples])
     samples = [
@@ -124,7 +130,7 @@ def test_logprob_diff_is_engine_minus_trainer_over_generated_tokens(tiny_model):
     ]
     opt = torch.optim.SGD(model.parameters(), lr=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
-    m = policy_update(model, replace(batch, samples=samples), cfg, opt, sched, 0, "cpu")
+    m = policy_update(replace(batch, samples=samples), update_context(cfg, model), opt, sched)
     want = float((offset * lengths).sum() / lengths.sum())
     assert m["rollout/logprob_diff_mean"] == pytest.approx(want, abs=1e-5)
     assert m["rollout/logprob_diff_max"] == pytest.approx(float(offset.max()), abs=1e-5)
@@ -136,7 +142,7 @@ def test_logprob_diff_is_engine_minus_trainer_over_generated_tokens(tiny_model):
     assert k3 > 1e-5
     assert m["rollout/mismatch_kl_k3"] == pytest.approx(k3, rel=1e-3)
     assert any(s.truncated for s in samples)  # they count too
-    m = policy_update(model, batch, cfg, opt, sched, 0, "cpu")
+    m = policy_update(batch, update_context(cfg, model), opt, sched)
     assert not any(k.startswith("rollout/logprob_diff") for k in m)
 
 
@@ -146,4 +152,4 @@ def test_a_rank_without_rows_in_a_mini_batch_counts_nothing():
     from rlvr.training.micro import loss_counts as _loss_counts
 
     cfg = load_config(None, {"algo": {"overlong_filter": True}})
-    assert _loss_counts([], cfg) == [0.0, 0.0]
+    assert _loss_counts([], cfg.algo.overlong_filter) == [0.0, 0.0]

@@ -221,7 +221,7 @@ def test_build_engine_with_each_callers_site_and_the_vllm_section(tok):
     )  # fmt: skip
     source = load_prompts(cfg, tok, model.config.max_position_embeddings)
     sites = {
-        "train": engine_site(cfg, model, torch.device(DEVICE), Dist(), None, None, source),
+        "train": engine_site(cfg, model, torch.device(DEVICE), Dist(), None, source),
         "eval": eval_site(cfg, model, source),
         "rm": EngineSite(),
     }

@@ -157,8 +157,10 @@ def _samples(groups: int = 4, G: int = 3, seed: int = 0):
 
 
 def _update_case(model, pad_id, preset, algo, share, stale):
+    from rlvr.config.algorithm import Algorithm
     from rlvr.config.load import load_config
     from rlvr.training.batch import Batch
+    from rlvr.training.settings import step_context
     from rlvr.training.update import advantages, batch_log_probs, policy_update
 
     cfg = load_config(
@@ -175,12 +177,14 @@ def _update_case(model, pad_id, preset, algo, share, stale):
     G = cfg.rollout.group_size
     batch = Batch.from_groups([samples[i : i + G] for i in range(0, len(samples), G)])
     g = torch.Generator().manual_seed(1)
-    lp = batch_log_probs(model, batch, cfg, pad_id, "cpu")
+    algorithm = Algorithm.from_config(cfg)
+    u = step_context(cfg, algorithm, model, pad_id, "cpu")
+    lp = batch_log_probs(model, batch, u)
     valid = (lp != 0).float()
     if preset in TOKEN_LEVEL_PRESETS:
         adv = torch.randn(lp.shape, generator=g) * valid
     else:
-        adv = advantages(batch, cfg)
+        adv = advantages(batch, algorithm, G)
     batch = replace(batch, advantages=adv)
     if stale:
         batch = replace(batch, old_log_probs=lp + 0.3 * torch.randn(lp.shape, generator=g) * valid)
@@ -188,7 +192,7 @@ def _update_case(model, pad_id, preset, algo, share, stale):
         batch = replace(batch, ref_log_probs=lp + 0.2 * torch.randn(lp.shape, generator=g) * valid)
     opt = torch.optim.SGD(model.parameters(), lr=1.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
-    metrics = policy_update(model, batch, cfg, opt, sched, pad_id=pad_id, device="cpu")
+    metrics = policy_update(batch, u, opt, sched)
     return {"metrics": metrics, "weights": fingerprint(dict(model.named_parameters()))}
 
 

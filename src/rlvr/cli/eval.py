@@ -163,7 +163,9 @@ def run(argv: list[str]) -> int:
     from rlvr.data.prompts import load_prompts
     from rlvr.rewards.scoring import Scorer
     from rlvr.rollout import build_engine
-    from rlvr.training.evaluation import eval_params, evaluate
+    from rlvr.training.evaluation import evaluate
+    from rlvr.training.overlap import Generator
+    from rlvr.training.settings import eval_params
     from rlvr.training.setup import Given, build_toolbox
 
     if args.partial and not args.samples:
@@ -185,16 +187,10 @@ def run(argv: list[str]) -> int:
     engine = build_engine(cfg, model, tokenizer, eval_site(cfg, model, source, toolbox))
     sampled_rows: list[dict] = []
     greedy_rows: list[dict] = []
-    sampled = evaluate(
-        engine, tokenizer, scorer, source.eval, params=eval_params(cfg), records=sampled_rows
-    )
+    gen = Generator(engine, tokenizer, scorer)
+    sampled = evaluate(gen, source.eval, params=eval_params(cfg), records=sampled_rows)
     greedy = evaluate(
-        engine,
-        tokenizer,
-        scorer,
-        source.eval,
-        params=eval_params(cfg, greedy=True, n=1),
-        records=greedy_rows,
+        gen, source.eval, params=eval_params(cfg, greedy=True, n=1), records=greedy_rows
     )
     result = {
         "model": target,

@@ -6,8 +6,9 @@ update and the config checks instead of each testing config strings
                      user's "module:function"); `algo.ratio=sequence` with the default `clip`
                      is GSPO; under `algo.top_entropy_quantile` < 1 it trains on the top
                      entropy share of tokens only (rlvr.algos.top_entropy)
-    settings         its parameters (clip bounds, dual clip, aggregation, the loss's KL),
-                     range-checked once, by LossSettings
+    settings         its parameters: an instance of the settings class it declares
+                     (LossSettings' clip bounds, dual clip, aggregation and the loss's KL, and
+                     its own), range-checked once, by that class (rlvr.config.objective)
     advantage        the estimator (rlvr.algos.ADVANTAGES); token_level: it reads per-token
                      rewards (gae, reinforce_pp), uses_critic: a value model (gae)
     needs_old_log_probs, needs_reference: which no-grad passes a step runs

@@ -17,7 +17,9 @@ from rlvr.rewards.scoring import Scorer
 from rlvr.rm.records import Record
 from rlvr.rollout import derive_seed
 from rlvr.tasks.base import format_ok
-from rlvr.training.evaluation import eval_params, evaluate
+from rlvr.training.evaluation import evaluate
+from rlvr.training.overlap import Generator
+from rlvr.training.settings import eval_params
 
 
 def sample_records(
@@ -27,7 +29,7 @@ def sample_records(
     """`n` responses per prompt; groups numbered from `first_group` in prompt order."""
     params = replace(eval_params(cfg, n=n), seed=derive_seed(seed, "rm-data", split))
     rows: list[dict] = []
-    evaluate(engine, tokenizer, scorer, prompts, params=params, records=rows)
+    evaluate(Generator(engine, tokenizer, scorer), prompts, params=params, records=rows)
     return [
         Record(
             prompt=r["prompt"],

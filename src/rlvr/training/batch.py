@@ -17,7 +17,7 @@ from transformers import DynamicCache
 from rlvr.models import cache_kwarg, unwrap_model
 from rlvr.rollout.base import Rollout, dedupe, left_pad
 from rlvr.run.distributed import is_sharded
-from rlvr.training.token_scores import final_logit_softcap, head_inputs, score_hidden
+from rlvr.training.token_scores import LMHead, final_logit_softcap, head_inputs, score_hidden
 
 
 @dataclass(frozen=True)
@@ -258,14 +258,9 @@ def _score_hidden(
     root's post-backward)."""
     if is_sharded(model):
         model.unshard()
+    head = LMHead(unwrap_model(model).get_output_embeddings(), final_logit_softcap(model))
     return score_hidden(
-        unwrap_model(model).get_output_embeddings(),
-        hidden,
-        targets,
-        temperature=temperature,
-        softcap=final_logit_softcap(model),
-        with_entropy=with_entropy,
-        chunk=chunk,
+        head, hidden, targets, temperature=temperature, with_entropy=with_entropy, chunk=chunk
     )
 
 

@@ -11,19 +11,20 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Protocol
 
 import torch
 
 from rlvr.algos import DynamicSamplingBuffer, keep_groups, keep_groups_with_spread, refill_size
 from rlvr.config.algorithm import Algorithm
-from rlvr.config.schema import Config
-from rlvr.data.prompts import Prompt
-from rlvr.rewards.scoring import Scorer, Scores
-from rlvr.rollout import Rollout, RolloutEngine, SamplingParams, derive_seed
+from rlvr.data.prompts import Prompt, PromptSource
+from rlvr.rewards.scoring import Scores
+from rlvr.rollout import Rollout, SamplingParams, derive_seed
 from rlvr.run.distributed import Dist
 from rlvr.training.batch import Batch, Sample
-from rlvr.training.overlap import Timing, generate_and_score, overlap_parts
+from rlvr.training.overlap import Generation, Timing, generate_and_score, overlap_parts
+from rlvr.training.settings import CollectSettings
 
 
 class PromptSampler:
@@ -43,6 +44,18 @@ class PromptSampler:
             out.append(int(self._order[i]))
             self.position += 1
         return out
+
+
+class Collecting(Generation, Protocol):
+    """The parts of a run (`rlvr.training.setup.Run`, built once) that collection reads:
+    the engine, tokenizer and scorer, the training prompts and their sampler, the ranks, the
+    run's `Algorithm` and `CollectSettings`."""
+
+    source: PromptSource
+    sampler: PromptSampler
+    d: Dist
+    algorithm: Algorithm
+    collect_settings: CollectSettings
 
 
 @dataclass
@@ -217,26 +230,16 @@ def _gathered(d: Dist, parts: list[torch.Tensor]) -> torch.Tensor:
 
 
 def _sampling_params(
-    cfg: Config, step: int, gen_batch: int, prompts: list[int] | None, first: int
+    c: CollectSettings, step: int, gen_batch: int, prompts: list[int] | None, first: int
 ) -> SamplingParams:
     """One generation batch's sampling; with `prompts` (the dataset indices of this rank's
     prompts, the first at place `first` in the batch) one seed per prompt."""
-    r, seed = cfg.rollout, cfg.train.seed
     row_seeds = None
     if prompts is not None:
         row_seeds = tuple(
-            derive_seed(seed, "gen", step, gen_batch, p, first + k) for k, p in enumerate(prompts)
+            derive_seed(c.seed, "gen", step, gen_batch, p, first + k) for k, p in enumerate(prompts)
         )
-    return SamplingParams(
-        n=r.group_size,
-        max_new_tokens=r.max_new_tokens,
-        temperature=r.temperature,
-        top_p=r.top_p,
-        top_k=r.top_k,
-        min_new_tokens=r.min_new_tokens,
-        seed=derive_seed(seed, "gen", step, gen_batch),
-        row_seeds=row_seeds,
-    )
+    return replace(c.params, seed=derive_seed(c.seed, "gen", step, gen_batch), row_seeds=row_seeds)
 
 
 def _examples(rows: list[Prompt], completions: list[str], rollout: Rollout, scores: Scores):
@@ -254,30 +257,17 @@ def _examples(rows: list[Prompt], completions: list[str], rollout: Rollout, scor
     ]
 
 
-def collect(
-    step: int,
-    cfg: Config,
-    engine: RolloutEngine,
-    tokenizer,
-    scorer: Scorer,
-    prompts: list[Prompt],
-    sampler: PromptSampler,
-    d: Dist | None = None,
-    algo: Algorithm | None = None,
-) -> Collected:
+def collect(step: int, run: Collecting) -> Collected:
     """Generate and score until `prompts_per_step` groups are in hand
-    (docs/algorithms.md#dynamic-sampling). `algo`: the run's Algorithm (by default built
-    from `cfg`)."""
-    d = d or Dist()
-    algo = algo or Algorithm.from_config(cfg)
-    G, target = cfg.rollout.group_size, cfg.rollout.prompts_per_step
-    parts = overlap_parts(cfg, scorer)
+    (docs/algorithms.md#dynamic-sampling)."""
+    c, d, scorer, sampler = run.collect_settings, run.d, run.scorer, run.sampler
+    prompts = run.source.train
+    G, target = c.group_size, c.prompts_per_step
+    parts = overlap_parts(c.overlap, scorer)
     # overlapping parts sample each prompt from its own seed, so the parts draw what one
     # whole batch would
-    per_prompt_seeds = cfg.rollout.seed_per_prompt or d.enabled or parts > 1
-    buffer = DynamicSamplingBuffer(
-        target, cfg.algo.max_gen_batches if cfg.algo.dynamic_sampling else 1
-    )
+    per_prompt_seeds = c.seed_per_prompt or d.enabled or parts > 1
+    buffer = DynamicSamplingBuffer(target, c.max_gen_batches)
     tally, examples, timing = Tally(scorer.graded), [], Timing()
     size = target  # prompts in this generation batch: a whole one first, then refills
     while not buffer.ready:
@@ -288,18 +278,16 @@ def collect(
 
         def params_for(a: int, b: int, lo=lo, batch=batch, gen_batch=gen_batch):
             seeds = [batch[g] for g in range(lo + a, lo + b)] if per_prompt_seeds else None
-            return _sampling_params(cfg, step, gen_batch, seeds, lo + a)
+            return _sampling_params(c, step, gen_batch, seeds, lo + a)
 
-        done = generate_and_score(
-            engine, tokenizer, scorer, mine, params_for, step=step, parts=parts, timing=timing
-        )
+        done = generate_and_score(run, mine, params_for, step=step, parts=parts, timing=timing)
         groups: list[list[Sample]] = []
         for part in done:
             tally.add(part.rollout, part.scores, part.completions, G)
-            want = max(cfg.train.log_samples - len(examples), 0)
+            want = max(c.log_samples - len(examples), 0)
             examples += _examples(part.rows[:want], part.completions, part.rollout, part.scores)
             groups += _groups(part.rows, part.rollout, part.scores, G)
-        if cfg.algo.dynamic_sampling:  # on every group of the batch, in order
+        if c.dynamic_sampling:  # on every group of the batch, in order
             if scorer.graded:
                 keep = keep_groups(_gathered(d, [part.scores.correct for part in done]), G)
             else:
@@ -309,7 +297,7 @@ def collect(
         # one payload per group of the batch: this rank's samples of it (none: another rank's)
         others: list[list[Sample]] = [[] for _ in range(size - (hi - lo))]
         buffer.add(others[:lo] + groups + others[lo:], keep)
-        if algo.adaptive_refill:
+        if run.algorithm.adaptive_refill:
             size = refill_size(target, len(buffer), buffer.num_groups_seen)
     result = buffer.pop()
     metrics = tally.metrics(d)

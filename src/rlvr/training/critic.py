@@ -25,17 +25,9 @@ import torch
 from torch import nn
 
 from rlvr.algos import surprise_features, value_loss
-from rlvr.config.schema import Config, ConfigError
-from rlvr.models import load_model
-from rlvr.run.distributed import (
-    Dist,
-    full_state,
-    gathered,
-    is_sharded,
-    load_optimizer_state,
-    wrap,
-)
+from rlvr.run.distributed import full_state, gathered, is_sharded
 from rlvr.training.batch import Batch, Sample, collate
+from rlvr.training.settings import CriticContext
 
 
 class ValueModel(nn.Module):
@@ -84,36 +76,6 @@ class ValueModel(nn.Module):
         return values + self.surprise(features.float()).squeeze(-1)
 
 
-def _backbone(name: str, cfg: Config, device: torch.device) -> tuple[nn.Module, int]:
-    lm = load_model(name, dtype=cfg.model.dtype, device=device)
-    backbone = getattr(lm, lm.base_model_prefix, None)
-    if backbone is None or not hasattr(lm.config, "hidden_size"):
-        raise ConfigError(f"critic.model: {name!r} has no transformer backbone to put a head on")
-    if cfg.optim.gradient_checkpointing:
-        kwargs = {"use_reentrant": False}
-        if hasattr(backbone, "activation_checkpointing_enable"):
-            backbone.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
-        else:
-            backbone.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
-    if cfg.model.lora_rank > 0:
-        import peft
-
-        from rlvr.training.policy import lora_targets
-
-        m = cfg.model
-        lora = peft.LoraConfig(
-            r=m.lora_rank,
-            lora_alpha=m.lora_alpha,
-            lora_dropout=m.lora_dropout,
-            target_modules=lora_targets(m.lora_target_modules),
-        )
-        try:
-            backbone = peft.get_peft_model(backbone, lora)
-        except ValueError as e:
-            raise ConfigError(f"model.lora_target_modules (critic): {e}") from None
-    return backbone, lm.config.hidden_size
-
-
 @dataclass
 class Critic:
     """The value model, the module its training forward runs through (DDP-wrapped or
@@ -136,44 +98,6 @@ class Critic:
         }
 
 
-def build_critic(
-    cfg: Config, device: torch.device, d: Dist, state: dict[str, Any] | None = None
-) -> Critic:
-    """The critic, from `critic.model` (or the policy's starting weights), or resumed from a
-    checkpoint's `state` (`Critic.state`)."""
-    name = cfg.critic.model or cfg.model.name_or_path
-    backbone, hidden = _backbone(name, cfg, device)
-    surprise = cfg.critic.arch == "surprise"
-    model = ValueModel(backbone, hidden, seed=cfg.train.seed, surprise=surprise).to(device)
-    if state is not None:
-        _load_weights(model, state["weights"])
-    model.eval()  # dropout off, as the policy (train mode only inside the update)
-    module = wrap(model, d, device, cfg.train.parallel)
-    trainable = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(
-        trainable,
-        lr=cfg.critic.lr,
-        betas=(cfg.optim.beta1, cfg.optim.beta2),
-        weight_decay=cfg.critic.weight_decay,
-        fused=all(p.device.type in ("cpu", "cuda") and p.is_floating_point() for p in trainable),
-    )
-    if state is not None:
-        load_optimizer_state(model, optimizer, state["optimizer"])
-    return Critic(model, module, optimizer)
-
-
-def _load_weights(model: ValueModel, weights: dict[str, torch.Tensor]) -> None:
-    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
-    _, unexpected = model.load_state_dict(weights, strict=False)
-    lost = sorted(trainable - set(weights))
-    if unexpected or lost:
-        raise ConfigError(
-            "critic checkpoint does not match the critic built from the config "
-            f"(missing {lost[:5]}, unexpected {list(unexpected)[:5]}): resume with the "
-            "run's own config"
-        )
-
-
 def _micro_batches(rows: list[int], samples: list[Sample], size: int) -> list[list[int]]:
     order = sorted(rows, key=lambda i: len(samples[i].prompt_ids) + len(samples[i].completion_ids))
     return [order[i : i + size] for i in range(0, len(order), size)]
@@ -182,24 +106,23 @@ def _micro_batches(rows: list[int], samples: list[Sample], size: int) -> list[li
 def _forward(
     module: nn.Module,
     samples: list[Sample],
-    pad_id: int,
-    device,
+    c: CriticContext,
     features: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Values of `samples` (collated here); `features`: their rows of the step's
     (N, T, 2) `surprise_features`, cut to the micro-batch's width."""
-    mb = collate(samples, pad_id, device)
+    mb = collate(samples, c.pad_id, c.device)
     width = mb.response_mask.shape[1]
     if features is not None:
-        features = features[:, :width].to(device)
+        features = features[:, :width].to(c.device)
     return module(mb.input_ids, mb.attention_mask, mb.position_ids, mb.prompt_width, width,
                   features)  # fmt: skip
 
 
-def critic_features(batch: Batch, cfg: Config) -> torch.Tensor | None:
+def critic_features(batch: Batch, c: CriticContext) -> torch.Tensor | None:
     """(N, T, 2) `surprise_features` of the batch's reference log-probs over each
     response's own tokens, for `critic.arch=surprise`; None for the plain head."""
-    if cfg.critic.arch != "surprise":
+    if not c.surprise:
         return None
     if batch.ref_log_probs is None:
         raise RuntimeError("critic.arch=surprise: the step has no reference log-probs")
@@ -212,19 +135,17 @@ def predict_values(
     critic: Critic,
     samples: list[Sample],
     width: int,
-    cfg: Config,
-    pad_id: int,
-    device,
+    c: CriticContext,
     features: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """(N, width) V of every response token at rollout time (V_old), 0 past each length;
     `features`: (N, width, 2) from `critic_features` (critic.arch=surprise)."""
     out = torch.zeros(len(samples), width)
-    size = cfg.optim.micro_batch_sequences
+    size = c.micro_batch_sequences
     with gathered(critic.model):  # FSDP2: whole weights, so ranks may run different counts
         for rows in _micro_batches(list(range(len(samples))), samples, size):
             f = None if features is None else features[rows]
-            v = _forward(critic.model, [samples[i] for i in rows], pad_id, device, f).float()
+            v = _forward(critic.model, [samples[i] for i in rows], c, f).float()
             for k, i in enumerate(rows):
                 n = len(samples[i].completion_ids)
                 out[i, :n] = v[k, :n].cpu()
@@ -247,41 +168,37 @@ def critic_update(
     samples: list[Sample],
     num_groups: int,
     targets: CriticTargets,
-    cfg: Config,
-    pad_id: int,
-    device,
-    d: Dist | None = None,
+    c: CriticContext,
 ) -> dict[str, float]:
     """mu passes x mini-batches (of whole groups, in the step's global group order: one
     optimiser step each) x micro-batches of the clipped value loss. Returns the step's
     critic metrics: vf_loss (mean over optimiser steps), vf_clipfrac (token-weighted),
     grad_norm (mean), optimizer_steps."""
-    d = d or Dist()
     was_training = critic.module.training
     critic.module.train()
     try:
-        return _update(critic, samples, num_groups, targets, cfg, pad_id, device, d)
+        return _update(critic, samples, num_groups, targets, c)
     finally:
         critic.module.train(was_training)
 
 
-def _update(critic, samples, num_groups, targets, cfg, pad_id, device, d) -> dict[str, float]:
-    a, c = cfg.algo, cfg.critic
-    per_mini = max(1, math.ceil(num_groups / a.mini_batches))
+def _update(critic, samples, num_groups, targets, c: CriticContext) -> dict[str, float]:
+    d = c.d
+    per_mini = max(1, math.ceil(num_groups / c.mini_batches))
     loss_sum, clip_tokens, tokens, grad_norms, steps = 0.0, 0.0, 0.0, [], 0
-    for _ in range(a.mu):
+    for _ in range(c.mu):
         for lo in range(0, num_groups, per_mini):
             rows = [i for i, s in enumerate(samples) if lo <= s.group < lo + per_mini]
             (n_tok,) = d.sum([float(targets.mask[rows].sum())])
-            micros = _micro_batches(rows, samples, cfg.optim.micro_batch_sequences) or [[]]
+            micros = _micro_batches(rows, samples, c.micro_batch_sequences) or [[]]
             if is_sharded(critic.model):  # every forward is a collective: equal counts
                 micros += [[]] * (int(d.max(len(micros))) - len(micros))
             for k, micro in enumerate(micros):
                 last = k == len(micros) - 1
                 accumulate = d.enabled and not last and hasattr(critic.module, "no_sync")
                 with critic.module.no_sync() if accumulate else contextlib.nullcontext():
-                    out = _micro_loss(critic, samples, micro, targets, c.value_clip, n_tok,
-                                      pad_id, device)  # fmt: skip
+                    out = _micro_loss(critic, [samples[i] for i in micro], micro, targets,
+                                      n_tok, c)  # fmt: skip
                     (out.loss * d.world_size).backward()  # undo DDP's mean: global counts
                 loss_sum += out.metrics["vf_loss"]
                 clip_tokens += out.metrics["vf_clipfrac"] * out.metrics["num_tokens"]
@@ -303,15 +220,17 @@ def _update(critic, samples, num_groups, targets, cfg, pad_id, device, d) -> dic
     }
 
 
-def _micro_loss(critic, samples, micro, targets, clip, n_tok, pad_id, device):
-    """The micro-batch's value loss normalised by the mini-batch's global token count."""
+def _micro_loss(critic, chosen: list[Sample], micro: list[int], targets, n_tok, c: CriticContext):
+    """The micro-batch's value loss normalised by the mini-batch's global token count;
+    `chosen`: the samples of the rows `micro` (none: a placeholder with no loss)."""
+    device = c.device
     rows = micro or [0]
-    batch = [samples[i] for i in micro] if micro else [Sample.placeholder(pad_id)]
+    batch = chosen if micro else [Sample.placeholder(c.pad_id)]
     idx = torch.tensor(rows, dtype=torch.long)
     features = targets.features
     if features is not None:
         features = features[idx] if micro else torch.zeros(1, 1, features.shape[-1])
-    values = _forward(critic.module, batch, pad_id, device, features)
+    values = _forward(critic.module, batch, c, features)
     T = values.shape[1]
 
     def cut(t: torch.Tensor) -> torch.Tensor:
@@ -323,6 +242,6 @@ def _micro_loss(critic, samples, micro, targets, clip, n_tok, pad_id, device):
         cut(targets.old_values),
         cut(targets.returns),
         cut(targets.mask),
-        clip=clip,
+        clip=c.value_clip,
         num_tokens=n_tok,
     )

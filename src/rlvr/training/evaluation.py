@@ -6,33 +6,15 @@ from dataclasses import replace
 
 import torch
 
-from rlvr.config.schema import Config
 from rlvr.data.prompts import Prompt
-from rlvr.rewards.scoring import Scorer
-from rlvr.rollout import RolloutEngine, SamplingParams, decode_completions, derive_seed
+from rlvr.rollout import SamplingParams, decode_completions, derive_seed
 from rlvr.run.distributed import Dist
-
-
-def eval_params(cfg: Config, *, greedy: bool = False, n: int | None = None) -> SamplingParams:
-    """The held-out evaluation's sampling: the rollout's settings, `train.eval_samples`
-    answers per prompt (or `n`), greedy when asked."""
-    r = cfg.rollout
-    return SamplingParams(
-        n=n or cfg.train.eval_samples,
-        max_new_tokens=r.max_new_tokens,
-        temperature=r.temperature,
-        top_p=r.top_p,
-        top_k=r.top_k,
-        seed=derive_seed("eval"),
-        greedy=greedy,
-    )
+from rlvr.training.overlap import Generation
 
 
 @torch.no_grad()
 def evaluate(
-    engine: RolloutEngine,
-    tokenizer,
-    scorer: Scorer,
+    gen: Generation,
     prompts: list[Prompt],
     *,
     params: SamplingParams,
@@ -40,13 +22,15 @@ def evaluate(
     d: Dist | None = None,
     records: list[dict] | None = None,
 ) -> dict[str, float]:
-    """Sample `params.n` answers per held-out prompt; accuracy is their mean (avg@n), pass_at_k
-    the share of prompts with at least one correct answer. Greedy when `params.greedy`.
+    """Sample `params.n` answers per held-out prompt (`gen`: the engine, tokenizer and
+    scorer); accuracy is their mean (avg@n), pass_at_k the share of prompts with at least one
+    correct answer. Greedy when `params.greedy`.
 
     Every prompt draws from its own seed (its index in `prompts`), so the result does not
     depend on chunking or on how many ranks share the prompts (rank r takes every r-th).
     `records`, when given, receives one dict per answer (prompt, completion, reward, ...)."""
     d = d or Dist()
+    engine, tokenizer, scorer = gen.engine, gen.tokenizer, gen.scorer
     if not prompts:
         return {}
     mine = list(range(d.rank, len(prompts), d.world_size))

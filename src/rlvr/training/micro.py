@@ -13,11 +13,9 @@ from rlvr.algos import LossOutput, kl_k3, overlong_filter_mask
 from rlvr.algos import rollout_correction as rc
 from rlvr.algos.cov import Largest, keep_largest
 from rlvr.algos.objectives import DRAW_SEED, LossInputs
-from rlvr.config.algorithm import Algorithm
-from rlvr.config.schema import Config
 from rlvr.models import autocast
 from rlvr.rollout.base import derive_seed
-from rlvr.run.distributed import Dist, is_sharded
+from rlvr.run.distributed import is_sharded
 from rlvr.training.batch import (
     Batch,
     Sample,
@@ -27,22 +25,7 @@ from rlvr.training.batch import (
     to_width,
     token_log_probs,
 )
-
-
-@dataclass
-class UpdateContext:
-    """What every micro-batch of one `policy_update` uses (built once by the update)."""
-
-    model: torch.nn.Module
-    module: torch.nn.Module
-    cfg: Config
-    optimizer: torch.optim.Optimizer
-    scheduler: object
-    pad_id: int
-    device: object
-    d: Dist
-    backend: cpu.Backend
-    algo: Algorithm
+from rlvr.training.settings import UpdateContext, UpdateSettings
 
 
 def generated_mask(response_mask: torch.Tensor, samples: list[Sample]) -> torch.Tensor:
@@ -54,18 +37,20 @@ def generated_mask(response_mask: torch.Tensor, samples: list[Sample]) -> torch.
     )
 
 
-def loss_mask(response_mask: torch.Tensor, samples: list[Sample], cfg: Config) -> torch.Tensor:
+def loss_mask(
+    response_mask: torch.Tensor, samples: list[Sample], overlong_filter: bool
+) -> torch.Tensor:
     """The tokens that enter the loss: the generated ones, minus every token of a truncated
     response under overlong filtering (it leaves the normaliser too, docs/algorithms.md)."""
     mask = generated_mask(response_mask, samples)
-    if cfg.algo.overlong_filter:
+    if overlong_filter:
         truncated = [s.truncated for s in samples]
         truncated = torch.tensor(truncated, dtype=torch.bool, device=mask.device)  # [] too
         mask = overlong_filter_mask(mask, truncated)
     return mask
 
 
-def loss_counts(samples: list[Sample], cfg: Config) -> list[float]:
+def loss_counts(samples: list[Sample], overlong_filter: bool) -> list[float]:
     """Loss tokens and sequences with any (the normalisers) of these samples; tool tokens
     are not loss tokens."""
     width = max((len(s.completion_ids) for s in samples), default=0)
@@ -74,34 +59,36 @@ def loss_counts(samples: list[Sample], cfg: Config) -> list[float]:
         if samples
         else (torch.zeros((0, 0)))
     )
-    per_row = loss_mask(response, samples, cfg).sum(1)
+    per_row = loss_mask(response, samples, overlong_filter).sum(1)
     return [float(per_row.sum()), float((per_row > 0).sum())]
 
 
-def shares_prompt(cfg: Config, model) -> bool:
+def shares_prompt(settings: UpdateSettings, model) -> bool:
     """Prompt sharing runs one or two forwards per micro-batch depending on its lengths; under
     FSDP2 every forward is a collective that all ranks must join, so there it stays off. It
     also needs the prompt's KV cache, which gradient checkpointing turns off."""
-    o = cfg.optim
-    return o.share_prompt and not o.gradient_checkpointing and not is_sharded(model)
+    s = settings
+    return s.share_prompt and not s.gradient_checkpointing and not is_sharded(model)
 
 
-def micro_log_probs(model, micro: list[Sample], cfg: Config, pad_id: int, device, backend, **kw):
-    """The micro-batch collated, and its token log-probs (shared prompts or not)."""
-    share = shares_prompt(cfg, model)
-    mb = (collate_shared if share else collate)(micro, pad_id, device)
+def micro_log_probs(model, micro: list[Sample], u: UpdateContext, with_entropy: bool = False):
+    """The micro-batch collated, and its token log-probs under `model` (the training module,
+    the old policy or the reference; shared prompts or not)."""
+    s = u.settings
+    share = shares_prompt(s, model)
+    mb = (collate_shared if share else collate)(micro, u.pad_id, u.device)
     score = shared_token_log_probs if share else token_log_probs
     # The CPU backend's native passes (rlvr.cpu.fused), where its gate is on. Not under
     # gradient checkpointing: its recomputation runs in the backward, after this block, with
     # the modules' own forwards.
-    backend = cpu.OFF if cfg.optim.gradient_checkpointing else backend
-    with autocast(cfg.model.autocast, device), backend.training_ops(model):
+    backend = cpu.OFF if s.gradient_checkpointing else u.backend
+    with autocast(s.autocast, u.device), backend.training_ops(model):
         return mb, score(
             model,
             mb,
-            temperature=cfg.rollout.temperature,
-            chunk=cfg.optim.logits_chunk_tokens,
-            **kw,
+            temperature=s.temperature,
+            with_entropy=with_entropy,
+            chunk=s.logits_chunk_tokens,
         )
 
 
@@ -119,15 +106,14 @@ class MicroResult:
 
 
 def micro_inputs(
-    module, micro: Batch, cfg: Config, pad_id: int, device, backend, num_tokens, num_sequences,
-    algo: Algorithm, batch_stats: dict[str, torch.Tensor] | None = None,
-):  # fmt: skip
+    micro: Batch, u: UpdateContext, batch_stats: dict[str, torch.Tensor] | None = None
+):
     """The objective's inputs for one micro-batch, with its entropy and generated tokens."""
-    mb, (log_probs, entropy) = micro_log_probs(
-        module, micro.samples, cfg, pad_id, device, backend, with_entropy=True
-    )
+    device, algo = u.device, u.algorithm
+    mb, (log_probs, entropy) = micro_log_probs(u.module, micro.samples, u, with_entropy=True)
     T = mb.response_mask.shape[1]
-    mask = loss_mask(mb.response_mask, micro.samples, cfg)  # dummies, filtered rows: no loss
+    # dummies, filtered rows: no loss
+    mask = loss_mask(mb.response_mask, micro.samples, u.settings.overlong_filter)
     # With mu = 1 and one mini-batch pi_old is the live policy: rho = 1 exactly
     # (docs/algorithms.md), and the detached log-probs save a forward pass.
     old = to_width(micro.old_log_probs, T, device)
@@ -143,8 +129,8 @@ def micro_inputs(
         ref_log_probs=to_width(micro.ref_log_probs, T, device),
         behaviour_log_probs=behaviour.to(device) if behaviour is not None else None,
         entropy=entropy.detach(),
-        num_tokens=num_tokens,
-        num_sequences=num_sequences,
+        num_tokens=u.num_tokens,
+        num_sequences=u.num_sequences,
         norm_constant=algo.norm_constant,
         batch_stats=batch_stats or {},
         row_ids=micro.numbered(),
@@ -154,23 +140,12 @@ def micro_inputs(
 
 
 def micro_loss(
-    module,
-    micro: Batch,
-    cfg: Config,
-    pad_id: int,
-    device,
-    num_tokens: float,
-    num_sequences: float,
-    backend: cpu.Backend | None = None,
-    algo: Algorithm | None = None,
-    batch_stats: dict[str, torch.Tensor] | None = None,
+    micro: Batch, u: UpdateContext, batch_stats: dict[str, torch.Tensor] | None = None
 ) -> MicroResult:
-    """The loss of one micro-batch (normalised by the step's global counts) and its sums."""
-    algo = Algorithm.from_config(cfg) if algo is None else algo
-    backend = cpu.backend(module) if backend is None else backend
-    inputs, entropy, generated = micro_inputs(
-        module, micro, cfg, pad_id, device, backend, num_tokens, num_sequences, algo, batch_stats
-    )
+    """The loss of one micro-batch (normalised by the optimiser step's global counts in `u`)
+    and its sums."""
+    algo = u.algorithm
+    inputs, entropy, generated = micro_inputs(micro, u, batch_stats)
     inputs, correction = rc.with_rollout_weights(inputs, algo.correction)
     out = algo.loss(inputs)
     # under bypass pi_old is the engine's: the mismatch is measured against the live policy
@@ -186,28 +161,22 @@ def micro_loss(
 
 
 @torch.no_grad()
-def batch_stats(u: UpdateContext, micros: list[Batch], num_tokens, num_sequences):
+def batch_stats(u: UpdateContext, micros: list[Batch], step: int):
     """The objective's `stats` (or each of its `stages` in turn, given the totals before it)
     summed over the mini-batch's micro-batches and every rank, or None when it has none.
-    One no-grad forward per micro-batch, shared by the stages."""
-    objective = u.algo.objective
+    One no-grad forward per micro-batch, shared by the stages. `step`: the optimiser steps
+    taken (the scheduler's), which with the run's seed makes the update's random draws."""
+    objective = u.algorithm.objective
     if objective.stats is None and objective.stages is None:
         return None
-    every = [
-        micro_inputs(
-            u.module, micro, u.cfg, u.pad_id, u.device, u.backend, num_tokens, num_sequences,
-            u.algo,
-        )[0]
-        for micro in micros
-    ]  # fmt: skip
+    every = [micro_inputs(micro, u)[0] for micro in micros]
     if objective.stages is None:
         return _summed(u, [objective.stats(inputs) for inputs in every])
     # the update's seed for random choices: the run's seed and the optimiser step (resumed
     # with the scheduler's state), the same on every rank
-    step = int(getattr(u.scheduler, "last_epoch", 0))
-    draw = torch.tensor(float(derive_seed(u.cfg.train.seed, "draw", step)), dtype=torch.float64)
+    draw = torch.tensor(float(derive_seed(u.settings.seed, "draw", step)), dtype=torch.float64)
     totals: dict[str, torch.Tensor] = {DRAW_SEED: draw.to(u.device)}
-    for stage in objective.stages(u.algo.settings):
+    for stage in objective.stages(u.algorithm.settings):
         every = [replace(inputs, batch_stats=totals, draw_seed=int(draw)) for inputs in every]
         parts = [stage(inputs, totals) for inputs in every]
         top = {k for part in parts for k, v in part.items() if isinstance(v, Largest)}

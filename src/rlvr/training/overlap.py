@@ -17,14 +17,32 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any, Protocol
 
-from rlvr.config.schema import Config
 from rlvr.data.prompts import Prompt
 from rlvr.rewards.limits import _thread_state
 from rlvr.rewards.scoring import Scorer, Scores
 from rlvr.rollout import Rollout, RolloutEngine, SamplingParams, decode_completions
 
 PARTS = 4  # a generation batch's parts when scoring overlaps generation
+
+
+class Generation(Protocol):
+    """What turns prompts into scored responses: the engine that samples, the tokenizer that
+    decodes, the scorer that scores (a run, `rlvr.training.setup.Run`, has all three)."""
+
+    engine: RolloutEngine
+    tokenizer: Any
+    scorer: Scorer
+
+
+@dataclass(frozen=True)
+class Generator:
+    """A `Generation` of three given parts (`rlvr eval`, `rlvr rm`)."""
+
+    engine: RolloutEngine
+    tokenizer: Any
+    scorer: Scorer
 
 
 @dataclass
@@ -48,10 +66,10 @@ class Timing:
     scored: int = 0
 
 
-def overlap_parts(cfg: Config, scorer: Scorer) -> int:
-    """Parts a generation batch is split into: `PARTS` when scoring overlaps generation
-    ("on", or "auto" with a reward that runs programs in sandboxes), else 1."""
-    mode = cfg.reward.overlap
+def overlap_parts(mode: str, scorer: Scorer) -> int:
+    """Parts a generation batch is split into under `reward.overlap` = `mode`: `PARTS` when
+    scoring overlaps generation ("on", or "auto" with a reward that runs programs in
+    sandboxes), else 1."""
     return PARTS if mode == "on" or (mode == "auto" and scorer.runs_programs()) else 1
 
 
@@ -69,9 +87,7 @@ def part_bounds(n_prompts: int, parts: int) -> list[tuple[int, int]]:
 
 
 def generate_and_score(
-    engine: RolloutEngine,
-    tokenizer,
-    scorer: Scorer,
+    gen: Generation,
     prompts: list[Prompt],
     params_for: Callable[[int, int], SamplingParams],
     *,
@@ -81,6 +97,7 @@ def generate_and_score(
 ) -> list[Part]:
     """Generate `prompts`' groups in `parts` consecutive calls (`params_for(lo, hi)`: the
     sampling of prompts[lo:hi]) and score each; the parts come back in order."""
+    engine, tokenizer, scorer = gen.engine, gen.tokenizer, gen.scorer
     bounds = part_bounds(len(prompts), parts)
     caller_state = _thread_state()
 

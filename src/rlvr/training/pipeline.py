@@ -15,8 +15,9 @@ most k by construction; `check_staleness` refuses a batch beyond it rather than 
 (no schedule makes one: it could only come from an edited checkpoint). Nothing is dropped:
 dynamic sampling filters inside `produce`, where every sample of a batch has one version.
 
-The hf engine reports no log-probs of its own: under staleness `produce` computes mu with a
-no-grad forward of the weights that sampled (one extra forward per batch, as pi_old's).
+For an engine that reports no log-probs of its own (`reports_log_probs` false: hf), under
+staleness `produce` computes mu with a no-grad forward of the weights that sampled (one extra
+forward per batch, as pi_old's).
 The fast and hf engines keep sampling on the live module: the delay is in which batch is
 trained, not in a second copy of the weights, so the memory cost is k batches of token ids and
 log-probs (a few MB at most), not a model. The batches ahead are part of the trainer state
@@ -44,36 +45,29 @@ from typing import Any, Protocol
 
 import torch
 
-import rlvr.cpu as cpu
-from rlvr.config.algorithm import Algorithm
-from rlvr.config.schema import Config
-from rlvr.data.prompts import PromptSource
 from rlvr.models import autocast
 from rlvr.rewards.sandbox.liveness import during
-from rlvr.rewards.scoring import Scorer
-from rlvr.rollout import RolloutEngine
 from rlvr.run.distributed import Dist, gathered
 from rlvr.training.batch import Batch, Sample
-from rlvr.training.collect import PromptSampler, collect
+from rlvr.training.collect import Collecting, collect
 from rlvr.training.policy import Policy
+from rlvr.training.settings import UpdateContext, UpdateSettings
 from rlvr.training.update import batch_log_probs
 
 
-class Run(Protocol):
+class Run(Collecting, Protocol):
     """The parts of a run (`rlvr.training.setup.Run`, built once) that producing a step's
-    batch reads: the producer depends on these, not on how the run is set up."""
+    batch reads: the producer depends on these, not on how the run is set up. Beside what
+    collection reads: the device, the policy, the batches produced ahead (`pipeline`), the
+    update's settings (the forward's precision) and the step's `UpdateContext` (the behaviour
+    log-probs of an engine that reports none)."""
 
-    cfg: Config
-    d: Dist
     device: torch.device
-    tokenizer: Any
     policy: Policy
-    engine: RolloutEngine
-    scorer: Scorer
-    source: PromptSource
-    sampler: PromptSampler
-    backend: cpu.Backend
-    algorithm: Algorithm
+    pipeline: Pipeline
+    update_settings: UpdateSettings
+
+    def step_context(self) -> UpdateContext: ...
 
 
 @dataclass(frozen=True)
@@ -118,19 +112,16 @@ class Produced:
 
 def produce(step: int, run: Run, version: int) -> Produced:
     """Step `step`'s batch, sampled by the current weights, which are policy `version`."""
-    cfg, model = run.cfg, run.policy.model
+    model, precision = run.policy.model, run.update_settings.autocast
     t_start, started = time.perf_counter(), time.time()
     # FSDP2: whole weights for the rollout (else a no-op); bf16 sampling when asked; a helper
     # process lost meanwhile (the rollout server, a reward's worker) is named with the step
-    with gathered(model), autocast(cfg.model.autocast, run.device), during(f"step {step}'s batch"):
-        got = collect(
-            step, cfg, run.engine, run.tokenizer, run.scorer, run.source.train, run.sampler,
-            run.d, run.algorithm,
-        )  # fmt: skip
+    with gathered(model), autocast(precision, run.device), during(f"step {step}'s batch"):
+        got = collect(step, run)
         run.engine.release()  # vllm sleeps through the update
         batch = got.batch
-        if cfg.train.max_staleness and batch.sampling_log_probs(batch.width) is None:
-            batch = behaviour_log_probs(batch, run)  # hf reports none: the weights that sampled
+        if run.pipeline.k and not run.engine.reports_log_probs:
+            batch = behaviour_log_probs(batch, run)  # from the weights that sampled
     batch = replace(batch, samples=[replace(s, version=version) for s in batch.samples])
     seconds = time.perf_counter() - t_start
     return Produced(step, version, batch, got.metrics, got.examples, seconds, started, time.time())
@@ -142,9 +133,7 @@ def behaviour_log_probs(batch: Batch, run: Run) -> Batch:
     (hf): the behaviour policy mu that a stale sample's correction needs."""
     if not len(batch):
         return batch
-    lp = batch_log_probs(
-        run.policy.model, batch, run.cfg, run.tokenizer.pad_token_id, run.device, run.backend
-    )
+    lp = batch_log_probs(run.policy.model, batch, run.step_context())
     rows = [replace(s, sampling_log_probs=lp[i, : len(s.completion_ids)].clone())
             for i, s in enumerate(batch.samples)]  # fmt: skip
     return replace(batch, samples=rows)
@@ -178,8 +167,9 @@ def staleness_metrics(lags: list[int], d: Dist) -> dict[str, float]:
 class Pipeline:
     """The batches produced ahead under train.max_staleness = k (the module docstring)."""
 
-    def __init__(self, k: int, queue: list[Produced] | None = None):
+    def __init__(self, k: int, queue: list[Produced] | None = None, max_steps: int = 0):
         self.k = k
+        self.max_steps = max_steps  # train.max_steps: no batch is produced past it
         self.queue: deque[Produced] = deque(queue or ())
         self._beside: Beside | None = None
 
@@ -191,8 +181,9 @@ class Pipeline:
         if self.k == 0:
             return None
         last = self.queue[-1].step if self.queue else step - 1
-        todo = list(range(last + 1, min(step + self.k, run.cfg.train.max_steps) + 1))
-        # the rollout server: the last batch ahead is generated beside this step's update
+        todo = list(range(last + 1, min(step + self.k, self.max_steps) + 1))
+        # an engine that pins weights (the rollout server): the last batch ahead is generated
+        # beside this step's update
         beside = todo.pop() if todo and todo[-1] > step and run.engine.pins_weights else None
         for ahead in todo:
             self.queue.append(produce(ahead, run, version=step - 1))
@@ -220,8 +211,8 @@ class Pipeline:
         return [p.state() for p in self.queue]
 
     @classmethod
-    def from_state(cls, k: int, state: list[dict[str, Any]] | None) -> Pipeline:
-        return cls(k, [Produced.from_state(p) for p in state or ()])
+    def from_state(cls, k: int, state: list[dict[str, Any]] | None, max_steps: int) -> Pipeline:
+        return cls(k, [Produced.from_state(p) for p in state or ()], max_steps)
 
 
 class Beside:

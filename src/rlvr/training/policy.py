@@ -1,4 +1,5 @@
-"""The trained policy and its reference: a full model, or a LoRA adapter (PEFT) on a frozen base.
+"""The trained policy and its reference: a full model, or a LoRA adapter (PEFT) on a frozen base;
+and PPO's critic (`rlvr.training.critic`) built from the config.
 
 With LoRA the reference is the base with the adapter switched off, so no second copy of the
 weights is held; checkpoints hold the adapter only, and `rlvr export --merge` folds it in.
@@ -11,13 +12,17 @@ from collections.abc import Iterator
 from copy import deepcopy
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
+from torch import nn
 
 from rlvr.config.extras import install_hint
 from rlvr.config.schema import Config, ConfigError
 from rlvr.models import load_model
 from rlvr.rollout.base import derive_seed
+from rlvr.run.distributed import Dist, load_optimizer_state, wrap
+from rlvr.training.critic import Critic, ValueModel
 
 
 @dataclass
@@ -132,3 +137,69 @@ def export_merged(checkpoint: Path, base: str, out_dir: Path) -> Path:
     merged.save_pretrained(out_dir)
     load_tokenizer(str(checkpoint)).save_pretrained(out_dir)
     return out_dir
+
+
+def _backbone(name: str, cfg: Config, device: torch.device) -> tuple[nn.Module, int]:
+    lm = load_model(name, dtype=cfg.model.dtype, device=device)
+    backbone = getattr(lm, lm.base_model_prefix, None)
+    if backbone is None or not hasattr(lm.config, "hidden_size"):
+        raise ConfigError(f"critic.model: {name!r} has no transformer backbone to put a head on")
+    if cfg.optim.gradient_checkpointing:
+        kwargs = {"use_reentrant": False}
+        if hasattr(backbone, "activation_checkpointing_enable"):
+            backbone.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+        else:
+            backbone.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    if cfg.model.lora_rank > 0:
+        import peft
+
+        m = cfg.model
+        lora = peft.LoraConfig(
+            r=m.lora_rank,
+            lora_alpha=m.lora_alpha,
+            lora_dropout=m.lora_dropout,
+            target_modules=lora_targets(m.lora_target_modules),
+        )
+        try:
+            backbone = peft.get_peft_model(backbone, lora)
+        except ValueError as e:
+            raise ConfigError(f"model.lora_target_modules (critic): {e}") from None
+    return backbone, lm.config.hidden_size
+
+
+def build_critic(
+    cfg: Config, device: torch.device, d: Dist, state: dict[str, Any] | None = None
+) -> Critic:
+    """The critic, from `critic.model` (or the policy's starting weights), or resumed from a
+    checkpoint's `state` (`Critic.state`)."""
+    name = cfg.critic.model or cfg.model.name_or_path
+    backbone, hidden = _backbone(name, cfg, device)
+    surprise = cfg.critic.arch == "surprise"
+    model = ValueModel(backbone, hidden, seed=cfg.train.seed, surprise=surprise).to(device)
+    if state is not None:
+        _load_weights(model, state["weights"])
+    model.eval()  # dropout off, as the policy (train mode only inside the update)
+    module = wrap(model, d, device, cfg.train.parallel)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(
+        trainable,
+        lr=cfg.critic.lr,
+        betas=(cfg.optim.beta1, cfg.optim.beta2),
+        weight_decay=cfg.critic.weight_decay,
+        fused=all(p.device.type in ("cpu", "cuda") and p.is_floating_point() for p in trainable),
+    )
+    if state is not None:
+        load_optimizer_state(model, optimizer, state["optimizer"])
+    return Critic(model, module, optimizer)
+
+
+def _load_weights(model: ValueModel, weights: dict[str, torch.Tensor]) -> None:
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    _, unexpected = model.load_state_dict(weights, strict=False)
+    lost = sorted(trainable - set(weights))
+    if unexpected or lost:
+        raise ConfigError(
+            "critic checkpoint does not match the critic built from the config "
+            f"(missing {lost[:5]}, unexpected {list(unexpected)[:5]}): resume with the "
+            "run's own config"
+        )

@@ -18,9 +18,7 @@ import torch
 
 from rlvr.algos import (
     ADVANTAGES,
-    AdaptiveKLController,
     AdvantageInputs,
-    FixedKLController,
     KLController,
     explained_from_parts,
     gae,
@@ -28,28 +26,18 @@ from rlvr.algos import (
     overlong_filter_mask,
     variance_parts,
 )
-from rlvr.config.schema import Config
+from rlvr.config.algorithm import Algorithm
 from rlvr.run.distributed import Dist
 from rlvr.training.batch import Batch
 from rlvr.training.critic import CriticTargets
+from rlvr.training.settings import UpdateSettings
 
 
-def kl_controller(cfg: Config) -> KLController | None:
-    """The per-token reward's beta: adaptive when algo.kl_target is set, else fixed; None
-    when the KL is not in the reward."""
-    a = cfg.algo
-    if not a.kl_in_reward:
-        return None
-    if a.kl_target is None:
-        return FixedKLController(a.kl_coef)
-    return AdaptiveKLController(value=a.kl_coef, target=a.kl_target, horizon=a.kl_horizon)
-
-
-def loss_mask(batch: Batch, cfg: Config) -> torch.Tensor:
+def loss_mask(batch: Batch, overlong_filter: bool) -> torch.Tensor:
     """(N, T) bool: the tokens that carry rewards and advantages (every generated token, no
     tool token, none of a truncated response under algo.overlong_filter)."""
     mask = batch.model_mask()
-    if cfg.algo.overlong_filter:
+    if overlong_filter:
         truncated = torch.tensor([s.truncated for s in batch.samples], dtype=torch.bool)
         mask = overlong_filter_mask(mask, truncated).bool()
     return mask
@@ -67,17 +55,19 @@ class TokenAdvantages:
 
 def token_advantages(
     batch: Batch,
-    cfg: Config,
+    algorithm: Algorithm,
+    settings: UpdateSettings,
     kl_ctl: KLController | None,
     d: Dist,
     values: torch.Tensor | None = None,
 ) -> TokenAdvantages:
     """Token rewards, advantages and critic targets of this rank's `batch` (whose old and
-    reference log-probs are set when the KL is in the reward); `values`: (N, T) V_old from
-    the critic, for gae. Updates the KL controller with the step's mean KL."""
-    a = cfg.algo
-    mask = loss_mask(batch, cfg)
-    scores = torch.tensor([s.reward for s in batch.samples], dtype=torch.float32)
+    reference log-probs are set when the KL is in the reward) by the run's advantage
+    estimator; `values`: (N, T) V_old from the critic, for gae. Updates the KL controller
+    with the step's mean KL."""
+    s = settings
+    mask = loss_mask(batch, s.overlong_filter)
+    scores = torch.tensor([x.reward for x in batch.samples], dtype=torch.float32)
     beta = kl_ctl.value if kl_ctl is not None else 0.0
     with_kl = kl_ctl is not None and batch.ref_log_probs is not None
     rewards, kl = kl_penalized_rewards(
@@ -86,26 +76,26 @@ def token_advantages(
         log_probs=batch.old_log_probs if with_kl else None,
         ref_log_probs=batch.ref_log_probs if with_kl else None,
         kl_coef=beta,
-        kl_kind=a.kl_kind,
+        kl_kind=s.kl_kind,
     )
     inputs = AdvantageInputs(
         rewards=scores,
-        group_size=cfg.rollout.group_size,
+        group_size=s.group_size,
         token_rewards=rewards,
         values=values,
         response_mask=mask,
-        gamma=a.gamma,
-        lam=a.lam,
+        gamma=s.gamma,
+        lam=s.lam,
         global_sum=d.sum,
     )
-    advantages = ADVANTAGES[a.advantage](inputs)
+    advantages = ADVANTAGES[algorithm.advantage](inputs)
     n_tok, kl_sum, n_seq = d.sum([float(mask.sum()), float(kl.sum()), float(len(batch))])
     metrics = {"kl/penalty": kl_sum / max(n_tok, 1.0), "kl/beta": beta}
     if kl_ctl is not None:
         kl_ctl.update(metrics["kl/penalty"], int(n_seq))
     targets = None
     if values is not None:
-        _, returns = gae(rewards, values, mask, gamma=a.gamma, lam=a.lam)
+        _, returns = gae(rewards, values, mask, gamma=s.gamma, lam=s.lam)
         targets = CriticTargets(old_values=values, returns=returns, mask=mask.float())
         v_sum, r_sum = d.sum([float(values[mask].sum()), float(returns[mask].sum())])
         metrics["critic/value_mean"] = v_sum / max(n_tok, 1.0)

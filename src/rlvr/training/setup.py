@@ -6,7 +6,7 @@ then the run directory (a resumed run's first: its newest good checkpoint is loa
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -42,13 +42,20 @@ from rlvr.run.rundir import check_run_dir, discard_unstarted, prepare_run_dir, t
 from rlvr.run.stored_config import check_trained_with
 from rlvr.tools import Toolbox, ToolFormat, make_python_tool
 from rlvr.training.collect import PromptSampler
-from rlvr.training.critic import Critic, build_critic
-from rlvr.training.evaluation import eval_params, evaluate
+from rlvr.training.critic import Critic
+from rlvr.training.evaluation import evaluate
 from rlvr.training.lr_schedule import lr_scheduler
 from rlvr.training.outer import OuterLoop, build_outer
 from rlvr.training.pipeline import Pipeline
-from rlvr.training.policy import Policy, load_policy
-from rlvr.training.ppo import kl_controller
+from rlvr.training.policy import Policy, build_critic, load_policy
+from rlvr.training.settings import (
+    CollectSettings,
+    CriticContext,
+    UpdateContext,
+    UpdateSettings,
+    eval_params,
+    kl_controller,
+)
 
 
 @dataclass(frozen=True)
@@ -87,25 +94,32 @@ class Run:
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
     backend: cpu.Backend  # the CPU backend's gate, decided once for the run
+    algorithm: Algorithm  # which algorithm, built once from cfg.algo
+    collect_settings: CollectSettings  # what collection reads of the config
+    update_settings: UpdateSettings  # what the update and its micro-batches read
+    critic_context: CriticContext  # what PPO's critic reads
     critic: Critic | None = None  # PPO's value model (algo.advantage=gae)
     kl_ctl: KLController | None = None  # the per-token reward's beta (algo.kl_in_reward)
     outer: OuterLoop | None = None  # reference resets, the reward model's refresh (outer.py)
     pipeline: Pipeline = field(default_factory=lambda: Pipeline(0))  # batches produced ahead
-    algorithm: Algorithm = field(init=False)  # which algorithm, built once from cfg.algo
 
-    def __post_init__(self) -> None:
-        self.algorithm = Algorithm.from_config(self.cfg)
+    def step_context(self) -> UpdateContext:
+        """What every micro-batch of a step reads (the policy, its training module, the pad
+        id, device, CPU backend, algorithm and update settings), built once per step."""
+        return UpdateContext(
+            model=self.policy.model,
+            module=self.module,
+            pad_id=self.tokenizer.pad_token_id,
+            device=self.device,
+            backend=self.backend,
+            algorithm=self.algorithm,
+            settings=self.update_settings,
+            d=self.d,
+        )
 
     def evaluate(self) -> dict[str, float]:
         with gathered(self.policy.model), autocast(self.cfg.model.autocast, self.device):
-            result = evaluate(
-                self.engine,
-                self.tokenizer,
-                self.scorer,
-                self.source.eval,
-                params=eval_params(self.cfg),
-                d=self.d,
-            )
+            result = evaluate(self, self.source.eval, params=eval_params(self.cfg), d=self.d)
         self.engine.release()  # an engine with its own memory (vllm) gives it back
         return result
 
@@ -139,12 +153,12 @@ class Run:
         return self.d.broadcast(path)
 
 
-def _build_critic(cfg: Config, device, d: Dist, state: dict | None) -> Critic | None:
+def _build_critic(run: Run, state: dict | None) -> Critic | None:
     """PPO's critic (gae only), resumed from `state`; built without touching the run's RNG."""
-    if not Algorithm.from_config(cfg).uses_critic:
+    if not run.algorithm.uses_critic:
         return None
     with torch.random.fork_rng(devices=[]):
-        return build_critic(cfg, device, d, state)
+        return build_critic(run.cfg, run.device, run.d, state)
 
 
 def resolve_device(name: str) -> torch.device:
@@ -192,9 +206,8 @@ def setup(
     module = wrap(model, d, device, cfg.train.parallel)  # before the optimiser: FSDP2 shards
     optimizer, scheduler = _optimizer(cfg, model)
     toolbox = build_toolbox(cfg, source, tokenizer, given)
-    engine = build_engine(
-        cfg, model, tokenizer, engine_site(cfg, model, device, d, backend, toolbox, source)
-    )
+    site = replace(engine_site(cfg, model, device, d, backend, source), tools=toolbox)
+    engine = build_engine(cfg, model, tokenizer, site)
     scorer = Scorer.build(cfg, source.task, given.reward_functions, has_answer=source.has_answer)
     if run_dir is None:  # everything built and checked: only now the run directory
         run_dir = _prepared(cfg, d, resume=False)
@@ -213,13 +226,17 @@ def setup(
         optimizer=optimizer,
         scheduler=scheduler,
         backend=backend,
-        pipeline=Pipeline(cfg.train.max_staleness),
+        algorithm=Algorithm.from_config(cfg),  # built once, passed to every stage
+        collect_settings=CollectSettings.from_config(cfg),
+        update_settings=UpdateSettings.from_config(cfg),
+        critic_context=CriticContext.from_config(cfg, tokenizer.pad_token_id, device, d),
+        pipeline=Pipeline(cfg.train.max_staleness, max_steps=cfg.train.max_steps),
     )
     try:
         run.kl_ctl = kl_controller(cfg)
         run.outer = build_outer(run)  # may put the reward model in front of the scorer
         if checkpoint is None:
-            run.critic = _build_critic(cfg, device, d, None)
+            run.critic = _build_critic(run, None)
             return run, None
         return run, _resume(run, checkpoint, state, console)
     except BaseException:
@@ -281,17 +298,17 @@ def build_toolbox(cfg: Config, source: PromptSource, tokenizer, given: Given) ->
 
 
 def engine_site(
-    cfg: Config, model, device, d: Dist, backend: cpu.Backend, toolbox=None, source=None
+    cfg: Config, model, device, d: Dist, backend: cpu.Backend, source=None
 ) -> EngineSite:
     """Where training's engine runs: this rank's device and place among the ranks, the
-    trainer's autocast and CPU backend gate, the run's tools, its longest sequence (the
-    longest prompt plus the response budget) and a rank's rows a step."""
+    trainer's autocast and CPU backend gate, its longest sequence (the longest prompt of
+    `source` plus the response budget) and a rank's rows a step. The run's tools are set by
+    the caller (`dataclasses.replace(site, tools=toolbox)`)."""
     r = cfg.rollout
     return EngineSite(
         device=device,
         autocast=cfg.model.autocast,
         backend=backend,
-        tools=toolbox,
         max_model_len=longest_sequence(cfg, model, source),
         max_rows=max(1, r.prompts_per_step * r.group_size // d.world_size),
         rank=d.rank,
@@ -307,7 +324,7 @@ def _resume(run: Run, checkpoint: Path, state: dict, console: Console) -> dict:
     """Restore the trainer state saved with `checkpoint` into `run` (critic, KL
     controller, optimiser, schedule, sampler position, RNG) and cut the logs back to it."""
     cfg, d, run_dir = run.cfg, run.d, run.run_dir
-    run.critic = _build_critic(cfg, run.device, d, state.get("critic"))
+    run.critic = _build_critic(run, state.get("critic"))
     if run.kl_ctl is not None and state.get("kl_controller") is not None:
         run.kl_ctl.load_state_dict(state["kl_controller"])
     if run.outer is not None and state.get("outer") is not None:
@@ -315,7 +332,9 @@ def _resume(run: Run, checkpoint: Path, state: dict, console: Console) -> dict:
     load_optimizer_state(run.policy.model, run.optimizer, state["optimizer"])
     run.scheduler.load_state_dict(state["scheduler"])
     run.sampler.position = state["sampler_position"]
-    run.pipeline = Pipeline.from_state(cfg.train.max_staleness, state.get("pipeline"))
+    run.pipeline = Pipeline.from_state(
+        cfg.train.max_staleness, state.get("pipeline"), cfg.train.max_steps
+    )
     set_rng_state(state["rng"])
     if d.is_main:
         for name in ("metrics.jsonl", "samples.jsonl"):

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -105,19 +106,28 @@ def _chunk(head, hidden, targets, temperature: float, cap: float | None, with_en
     return (lp, entropy) if with_entropy else (lp,)
 
 
+@dataclass(frozen=True)
+class LMHead:
+    """A causal LM's head (its output embeddings) and its final-logit soft cap
+    (`final_logit_softcap`; None: none), as `score_hidden` applies them."""
+
+    head: torch.nn.Module
+    softcap: float | None = None
+
+
 def score_hidden(
-    head: torch.nn.Module,
+    lm_head: LMHead,
     hidden: torch.Tensor,
     targets: torch.Tensor,
     *,
     temperature: float,
-    softcap: float | None = None,
     with_entropy: bool = False,
     chunk: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(B, T) fp32 log pi(targets) and, with `with_entropy`, the entropy (no grad), from the
     final hidden states `hidden` (B, T, d) whose logits score `targets` (B, T); `chunk`
     tokens' logits at a time (`chunk_tokens`)."""
+    head, softcap = lm_head.head, lm_head.softcap
     B, T = targets.shape
     vocab = head.weight.shape[0] if hasattr(head, "weight") else head(hidden[:1, :1]).shape[-1]
     size = chunk_tokens(B * T, vocab, chunk)

@@ -63,7 +63,7 @@ def run_step(
 def consume(produced: Produced, run: Run) -> tuple[dict[str, float], list[dict]]:
     """The update on a produced batch: old/ref log-probs, advantages, critic, policy update
     (docs/algorithms.md#bounded-staleness). Returns metrics and examples."""
-    cfg, device, pad_id = run.cfg, run.device, run.tokenizer.pad_token_id
+    cfg, device, u = run.cfg, run.device, run.step_context()
     model, algo, step = run.policy.model, run.algorithm, produced.step
     t_start, update_start = time.perf_counter(), time.time()
     batch = produced.batch  # this rank's share of the kept groups
@@ -74,11 +74,11 @@ def consume(produced: Produced, run: Run) -> tuple[dict[str, float], list[dict]]
         # pi_old's log-probs: for the ratio when it can differ from the live policy's, and
         # for the KL of the per-token reward (PPO, REINFORCE++)
         if len(batch) and algo.needs_old_log_probs:
-            old = batch_log_probs(model, batch, cfg, pad_id, device, run.backend)
+            old = batch_log_probs(model, batch, u)
             batch = replace(batch, old_log_probs=old)
         if len(batch) and algo.needs_reference:
             with run.policy.reference() as reference:
-                ref = batch_log_probs(reference, batch, cfg, pad_id, device, run.backend)
+                ref = batch_log_probs(reference, batch, u)
             batch = replace(batch, ref_log_probs=ref)
         batch, token_metrics, targets = _advantages(run, batch)
         t1 = time.perf_counter()
@@ -86,27 +86,13 @@ def consume(produced: Produced, run: Run) -> tuple[dict[str, float], list[dict]]
     if bound:
         metrics.update(staleness_metrics(lags, run.d))
     if batch.num_groups and run.critic is not None:
-        critic = critic_update(run.critic, batch.samples, batch.num_groups, targets, cfg,
-                               pad_id, device, run.d)  # fmt: skip
+        c = run.critic_context
+        critic = critic_update(run.critic, batch.samples, batch.num_groups, targets, c)
         metrics.update({f"critic/{k}": v for k, v in critic.items()})
     if batch.num_groups and step <= cfg.critic.warmup_steps and run.critic is not None:
         metrics["critic/warmup"] = 1.0  # only the critic trains in its warm-up steps
     elif batch.num_groups:
-        metrics.update(
-            policy_update(
-                model,
-                batch,
-                cfg,
-                run.optimizer,
-                run.scheduler,
-                pad_id,
-                device,
-                d=run.d,
-                module=run.module,
-                backend=run.backend,
-                algo=algo,
-            )
-        )
+        metrics.update(policy_update(batch, u, run.optimizer, run.scheduler))
         run.engine.sync_weights()
     else:
         metrics["empty_batches"] = 1  # dynamic sampling found no informative group
@@ -125,15 +111,15 @@ def _advantages(run: Run, batch: Batch) -> tuple[Batch, dict[str, float], Critic
     """The batch with its advantages: group advantages from the rewards, or (gae,
     reinforce_pp) token-level ones from the per-token rewards, with the critic's values and
     targets for gae."""
-    cfg = run.cfg
-    if not run.algorithm.token_level:
-        return replace(batch, advantages=advantages(batch, cfg)), {}, None
+    algo, settings = run.algorithm, run.update_settings
+    if not algo.token_level:
+        return replace(batch, advantages=advantages(batch, algo, settings.group_size)), {}, None
     values = features = None
     if run.critic is not None:
-        pad_id, features = run.tokenizer.pad_token_id, critic_features(batch, cfg)
-        values = predict_values(run.critic, batch.samples, batch.width, cfg, pad_id, run.device,
-                                features)  # fmt: skip
-    got = token_advantages(batch, cfg, run.kl_ctl, run.d, values)
+        c = run.critic_context
+        features = critic_features(batch, c)
+        values = predict_values(run.critic, batch.samples, batch.width, c, features)
+    got = token_advantages(batch, algo, settings, run.kl_ctl, run.d, values)
     targets = got.critic_targets
     if targets is not None and features is not None:
         targets = replace(targets, features=features)

@@ -4,34 +4,32 @@ from __future__ import annotations
 
 import contextlib
 import math
+from dataclasses import replace
 
 import torch
 
-import rlvr.cpu as cpu
 from rlvr.algos import rollout_correction as rc
 from rlvr.config.algorithm import Algorithm
-from rlvr.config.schema import Config
 from rlvr.rollout.base import dedupe
 from rlvr.run.distributed import Dist, is_sharded
 from rlvr.training.batch import Batch, Sample
 from rlvr.training.micro import (
     MicroResult,
-    UpdateContext,
     batch_stats,
     loss_counts,
     micro_log_probs,
     micro_loss,
     shares_prompt,
 )
+from rlvr.training.settings import UpdateContext
 
 
-def advantages(batch: Batch, cfg: Config) -> torch.Tensor:
+def advantages(batch: Batch, algorithm: Algorithm, group_size: int) -> torch.Tensor:
     """(N,) A_i from each whole group's rewards (never per mini-batch), one per response."""
-    G = cfg.rollout.group_size
     rewards = torch.tensor([s.reward for s in batch.samples], dtype=torch.float32)
     if not len(batch):
         return rewards
-    return Algorithm.from_config(cfg).group_advantages(rewards, G)
+    return algorithm.group_advantages(rewards, group_size)
 
 
 def _micro_batches(samples: list[Sample], size: int, share_prompt: bool = False) -> list[list[int]]:
@@ -62,18 +60,13 @@ def _micro_batches(samples: list[Sample], size: int, share_prompt: bool = False)
 
 
 @torch.no_grad()
-def batch_log_probs(
-    model, batch: Batch, cfg: Config, pad_id: int, device, backend: cpu.Backend | None = None
-) -> torch.Tensor:
+def batch_log_probs(model, batch: Batch, u: UpdateContext) -> torch.Tensor:
     """(N, T) fp32 log-probs of every response token under `model`'s weights (the old policy
     or the reference), 0 past each response's length; T = `batch.width`."""
-    backend = cpu.backend(model) if backend is None else backend
     out = torch.zeros(len(batch), batch.width)
-    share = shares_prompt(cfg, model)
-    for rows in _micro_batches(batch.samples, cfg.optim.micro_batch_sequences, share):
-        mb, (lp, _) = micro_log_probs(
-            model, [batch.samples[i] for i in rows], cfg, pad_id, device, backend
-        )
+    share = shares_prompt(u.settings, model)
+    for rows in _micro_batches(batch.samples, u.settings.micro_batch_sequences, share):
+        mb, (lp, _) = micro_log_probs(model, [batch.samples[i] for i in rows], u)
         mask = mb.response_mask.bool()
         out[rows, : lp.shape[1]] = torch.where(mask, lp, 0.0).cpu()
     return out
@@ -85,42 +78,23 @@ def _dummy(pad_id: int) -> Batch:
     return Batch([Sample.placeholder(pad_id)], 0, torch.zeros(1))
 
 
-def policy_update(
-    model,
-    batch: Batch,
-    cfg: Config,
-    optimizer,
-    scheduler,
-    pad_id: int,
-    device,
-    *,
-    d: Dist | None = None,
-    module=None,
-    backend: cpu.Backend | None = None,
-    algo: Algorithm | None = None,
-) -> dict[str, float]:
+def policy_update(batch: Batch, u: UpdateContext, optimizer, scheduler) -> dict[str, float]:
     """mu passes x mini-batches x micro-batches; one optimiser step per mini-batch.
 
     `batch`: this rank's share of the step's groups, with its advantages (and old and
     reference log-probs where they are needed). Mini-batches split the step's global groups,
-    so every rank takes the same optimiser steps. `module`: what the training forward runs
-    through (DDP-wrapped model). `backend`: the CPU backend's gate (by default decided from
-    `model`). `algo`: the run's Algorithm (by default built from `cfg`).
+    so every rank takes the same optimiser steps. `u`: the step's model, training module
+    (DDP-wrapped), pad id, device, CPU backend, algorithm and settings.
 
     The module is in training mode for the loss forwards (dropout and LoRA dropout act,
     gradient checkpointing recomputes), and back in eval mode after."""
-    module = module if module is not None else model
-    backend = cpu.backend(model) if backend is None else backend
-    algo = Algorithm.from_config(cfg) if algo is None else algo
-    u = UpdateContext(
-        model, module, cfg, optimizer, scheduler, pad_id, device, d or Dist(), backend, algo
-    )
+    module = u.module
     was_training = module.training
     module.train()
     try:
         sums = _Sums()
-        for epoch in range(cfg.algo.mu):
-            _epoch(u, batch, sums, first=epoch == 0)
+        for epoch in range(u.settings.mu):
+            _epoch(u, batch, (optimizer, scheduler), sums, first=epoch == 0)
         return sums.metrics(u.d, scheduler)
     finally:
         module.train(was_training)
@@ -195,41 +169,40 @@ class _Sums:
         return out
 
 
-def _epoch(u: UpdateContext, batch: Batch, sums: _Sums, first: bool) -> None:
-    """One pass over the batch: an optimiser step per mini-batch of the step's groups."""
-    cfg, d, model, module = u.cfg, u.d, u.model, u.module
-    per_mini = max(1, math.ceil(batch.num_groups / cfg.algo.mini_batches))
+def _epoch(u: UpdateContext, batch: Batch, optim: tuple, sums: _Sums, first: bool) -> None:
+    """One pass over the batch: an optimiser step per mini-batch of the step's groups.
+    `optim`: the optimiser and its learning-rate scheduler."""
+    optimizer, scheduler = optim
+    s, d, model, module = u.settings, u.d, u.model, u.module
+    per_mini = max(1, math.ceil(batch.num_groups / s.mini_batches))
     for start in range(0, batch.num_groups, per_mini):
         mini = batch.rows(batch.in_groups(start, start + per_mini))
-        num_tokens, num_sequences = d.sum(loss_counts(mini.samples, cfg))
-        share = shares_prompt(cfg, model)
+        num_tokens, num_sequences = d.sum(loss_counts(mini.samples, s.overlong_filter))
+        step = replace(u, num_tokens=num_tokens, num_sequences=num_sequences)
+        share = shares_prompt(s, model)
         micros = [
-            mini.rows(r)
-            for r in _micro_batches(mini.samples, cfg.optim.micro_batch_sequences, share)
+            mini.rows(r) for r in _micro_batches(mini.samples, s.micro_batch_sequences, share)
         ]
         micros = micros or [_dummy(u.pad_id)]
         if is_sharded(model):  # FSDP2 communicates in every forward/backward: equal counts
             micros += [_dummy(u.pad_id)] * (int(d.max(len(micros))) - len(micros))
-        stats = batch_stats(u, micros, num_tokens, num_sequences)
+        stats = batch_stats(step, micros, int(getattr(scheduler, "last_epoch", 0)))
         for k, micro in enumerate(micros):
             # DDP all-reduces on the last micro-batch only; the others accumulate locally.
             last = k == len(micros) - 1
             ddp_accumulate = d.enabled and not last and hasattr(module, "no_sync")
             with module.no_sync() if ddp_accumulate else contextlib.nullcontext():
-                r = micro_loss(
-                    module, micro, cfg, u.pad_id, u.device, num_tokens, num_sequences, u.backend,
-                    u.algo, stats,
-                )  # fmt: skip
+                r = micro_loss(micro, step, stats)
                 # The loss is already normalised by global counts: undo DDP's averaging.
                 (r.out.loss * d.world_size).backward()
             sums.micro(r, first)
-        _optimizer_step(model, cfg, u.optimizer, u.scheduler, sums)
+        _optimizer_step(model, s.max_grad_norm, optimizer, scheduler, sums)
 
 
-def _optimizer_step(model, cfg: Config, optimizer, scheduler, sums: _Sums) -> None:
-    """Clip, then step, unless the gradient is not finite (on any rank): then the update is
-    dropped and the weights kept."""
-    clip = cfg.optim.max_grad_norm if cfg.optim.max_grad_norm > 0 else math.inf
+def _optimizer_step(model, max_grad_norm: float, optimizer, scheduler, sums: _Sums) -> None:
+    """Clip (`max_grad_norm`; 0: no clip), then step, unless the gradient is not finite (on
+    any rank): then the update is dropped and the weights kept."""
+    clip = max_grad_norm if max_grad_norm > 0 else math.inf
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
     if hasattr(grad_norm, "full_tensor"):  # FSDP2: a DTensor
         grad_norm = grad_norm.full_tensor()
