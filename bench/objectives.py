@@ -56,13 +56,25 @@ VARIANTS: dict[str, tuple[str, list[str]]] = {  # name -> (preset, changes)
         "dapo",
         [*SMALL, "--algo.loss=kl_cov", "--algo.clip_high=0.2", "--algo.kl_cov_ratio=0.02"],
     ),
+    # DPPO's binary-TV mask (the preset: 0.15, Dr. GRPO, bypass) and binary-KL mask (0.05)
+    "dppo": ("dppo", SMALL),
+    "dppo-kl": (
+        "dppo",
+        [*SMALL, "--algo.loss=dppo_kl", "--algo.clip_low=0.05", "--algo.clip_high=0.05"],
+    ),
     "default-dapo": ("dapo", []),
     "default-cispo": ("cispo", []),
     "default-sapo": ("sapo", []),
     "default-gmpo": ("gmpo", []),
 }
 # the share of loss tokens each variant clips, gates off or leaves out (per-step metrics)
-SHARES = ("clip_frac_low", "clip_frac_high", "top_entropy_kept_frac", "cov_frac")
+SHARES = (
+    "clip_frac_low",
+    "clip_frac_high",
+    "top_entropy_kept_frac",
+    "cov_frac",
+    "dppo_masked_frac",
+)
 
 
 def _args() -> argparse.Namespace:
