@@ -75,7 +75,7 @@ def test_gspo_objective_is_the_sequence_ratio_loss():
         ({"log_ratio_clamp": 0.0}, r"^algo\.log_ratio_clamp: got 0\.0, expected none or > 0$"),
         (
             {"loss": "nope"},
-            r"^algo\.loss: got 'nope', expected one of \[.*'clip', 'clip_cov', 'gmpo', 'gspo'",
+            r"^algo\.loss: got 'nope', expected one of \[.*'clip', 'clip_cov', 'dppo_kl', 'dppo_tv', 'gmpo', 'gspo'",
         ),
         ({"loss": "/no/such.py:f"}, r"^algo\.loss '/no/such\.py:f': no file"),
         ({"loss": f"{USER}x"}, r"has no 'truncated_is_pgx'; callables: .*truncated_is_pg"),
@@ -150,12 +150,18 @@ def test_batch_statistic_is_over_the_whole_mini_batch(tiny_model):
 
 CLIP_COV = {"loss": "clip_cov", "clip_cov_ratio": 0.2, "clip_cov_lb": -50.0, "clip_cov_ub": 50.0}
 KL_COV = {"loss": "kl_cov", "clip_high": 0.2, "kl_cov_ratio": 0.2}
+# the batch's old log-probs as pi_old (the samples have no engine log-probs for bypass);
+# thresholds that drop tokens in the second pass
+DPPO = {"rollout_bypass": False, "clip_low": 1e-4, "clip_high": 1e-4}
+OPSM = {"off_policy_mask_threshold": 0.0}
 
 
 @pytest.mark.parametrize(
     ("preset", "top", "extra"),
     [("cispo", 1.0, {}), ("sapo", 1.0, {}), ("gmpo", 1.0, {}), ("dapo", 0.2, {}),
-     ("sapo", 0.3, {}), ("dapo", 1.0, CLIP_COV), ("dapo", 1.0, KL_COV)],
+     ("sapo", 0.3, {}), ("dapo", 1.0, CLIP_COV), ("dapo", 1.0, KL_COV), ("dppo", 1.0, DPPO),
+     ("dppo", 1.0, {**DPPO, "loss": "dppo_kl", "clip_low": 1e-6, "clip_high": 1e-6}),
+     ("dapo", 1.0, OPSM)],
 )  # fmt: skip
 def test_each_objective_gives_the_whole_batch_update_in_micro_batches(
     tiny_model, preset, top, extra
@@ -172,10 +178,10 @@ def test_each_objective_gives_the_whole_batch_update_in_micro_batches(
     algo = Algorithm.from_config(cfg)
     batch = _batch(samples, cfg)
     old = batch_log_probs(tiny_model, batch, update_context(cfg, tiny_model))
-    if extra.get("loss") == "kl_cov":
+    if extra.get("loss") == "kl_cov" or algo.objective.name.startswith("dppo"):
         # |log rho|'s gradient at rho = 1 is 0, so the sign of the float noise between a
         # batched and a one-row forward (~1e-7, machine-dependent) would decide it: start the
-        # first pass off rho = 1
+        # first pass off rho = 1 (and DPPO's divergence off 0, for its mask to act)
         g = torch.Generator().manual_seed(0)
         old = old + 0.05 * torch.randn(old.shape, generator=g, dtype=old.dtype)
     moved, metrics = [], []
@@ -199,7 +205,11 @@ def test_each_objective_gives_the_whole_batch_update_in_micro_batches(
     if top < 1:  # the kept share: at least q of the loss tokens, the same in both
         assert top <= a["top_entropy_kept_frac"] == pytest.approx(b["top_entropy_kept_frac"])
         assert a["top_entropy_kept_frac"] < 1
-    if extra:  # k = floor(0.2 N) tokens of each mini-batch, in both splits
+    if "off_policy_mask_threshold" in extra:  # the second pass masks some responses
+        assert 0 < a["rollout/off_policy_masked_frac"] == b["rollout/off_policy_masked_frac"]
+    elif algo.objective.name.startswith("dppo"):
+        assert 0 < a["dppo_masked_frac"] == pytest.approx(b["dppo_masked_frac"])
+    elif extra:  # k = floor(0.2 N) tokens of each mini-batch, in both splits
         k = int(0.2 * a["loss_tokens"] / 2)  # loss_tokens sums the two passes
         assert a["cov_frac"] == pytest.approx(k / (a["loss_tokens"] / 2))
         assert b["cov_frac"] == pytest.approx(a["cov_frac"])

@@ -36,6 +36,7 @@ class Sample:
     # trains on; None when the response has no tool turn
     tool_mask: torch.Tensor | None = None
     version: int = 0  # the policy version that sampled it: steps trained before its rollout
+    reward_terms: dict[str, float] | None = None  # each reward term's score by name (GDPO)
 
     def model_mask(self, width: int) -> torch.Tensor:
         """(width,) bool: the response's own tokens (EOS included), not tool tokens or padding."""

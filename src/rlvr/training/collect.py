@@ -217,6 +217,7 @@ def _groups(rows: list[Prompt], rollout: Rollout, scores: Scores, G: int) -> lis
                 tool_mask=None
                 if rollout.tool_mask is None
                 else rollout.tool_mask[i, : rollout.lengths[i]],
+                reward_terms={k: float(v[i]) for k, v in scores.terms.items()},
             )
             for i in range(g * G, (g + 1) * G)
         ]

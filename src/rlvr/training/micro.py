@@ -10,6 +10,7 @@ import torch
 
 import rlvr.cpu as cpu
 from rlvr.algos import LossOutput, kl_k3, overlong_filter_mask
+from rlvr.algos import off_policy_mask as opm
 from rlvr.algos import rollout_correction as rc
 from rlvr.algos.cov import Largest, keep_largest
 from rlvr.algos.objectives import DRAW_SEED, LossInputs
@@ -103,6 +104,7 @@ class MicroResult:
     # |engine - trainer|: sum, max, tokens; and the sum of k3 of KL(engine || trainer)
     logprob_diff: tuple[float, float, float, float] | None
     correction: dict[str, float] | None = None  # rollout correction's sums (rollout_correction)
+    masked: dict[str, float] | None = None  # off-policy sequence masking's sums (off_policy_mask)
 
 
 def micro_inputs(
@@ -147,6 +149,7 @@ def micro_loss(
     algo = u.algorithm
     inputs, entropy, generated = micro_inputs(micro, u, batch_stats)
     inputs, correction = rc.with_rollout_weights(inputs, algo.correction)
+    inputs, masked = opm.with_sequence_mask(inputs, algo.sequence_mask)
     out = algo.loss(inputs)
     # under bypass pi_old is the engine's: the mismatch is measured against the live policy
     trainer = inputs.log_probs.detach() if algo.bypass else inputs.old_log_probs
@@ -157,6 +160,7 @@ def micro_loss(
         generated_tokens=float(generated.sum()),
         logprob_diff=logprob_diff(inputs.behaviour_log_probs, trainer, generated),
         correction=correction,
+        masked=masked,
     )
 
 

@@ -45,7 +45,7 @@ from rlvr.training.critic import CriticTargets, critic_features, critic_update, 
 from rlvr.training.pipeline import Produced, check_staleness, produce, staleness_metrics
 from rlvr.training.ppo import token_advantages
 from rlvr.training.setup import Given, Run, resolve_device, setup
-from rlvr.training.update import advantages, batch_log_probs, policy_update
+from rlvr.training.update import advantages, batch_log_probs, gdpo_metrics, policy_update
 
 __all__ = ["Given", "Run", "consume", "produce", "resolve_device", "run_step", "setup", "train"]
 
@@ -113,7 +113,8 @@ def _advantages(run: Run, batch: Batch) -> tuple[Batch, dict[str, float], Critic
     targets for gae."""
     algo, settings = run.algorithm, run.update_settings
     if not algo.token_level:
-        return replace(batch, advantages=advantages(batch, algo, settings.group_size)), {}, None
+        adv = advantages(batch, algo, settings.group_size, run.d.sum)
+        return replace(batch, advantages=adv), gdpo_metrics(batch, algo, settings.group_size), None
     values = features = None
     if run.critic is not None:
         c = run.critic_context

@@ -8,7 +8,10 @@ from dataclasses import replace
 
 import torch
 
+from rlvr.algos import off_policy_mask as opm
 from rlvr.algos import rollout_correction as rc
+from rlvr.algos.gae import GlobalSum
+from rlvr.algos.gdpo import reward_advantages
 from rlvr.config.algorithm import Algorithm
 from rlvr.rollout.base import dedupe
 from rlvr.run.distributed import Dist, is_sharded
@@ -24,12 +27,43 @@ from rlvr.training.micro import (
 from rlvr.training.settings import UpdateContext
 
 
-def advantages(batch: Batch, algorithm: Algorithm, group_size: int) -> torch.Tensor:
-    """(N,) A_i from each whole group's rewards (never per mini-batch), one per response."""
+def advantages(
+    batch: Batch, algorithm: Algorithm, group_size: int, global_sum: GlobalSum | None = None
+) -> torch.Tensor:
+    """(N,) A_i from each whole group's rewards (never per mini-batch), one per response; under
+    GDPO from each sample's reward terms, whitened over the step's tokens on every rank
+    (`global_sum`)."""
     rewards = torch.tensor([s.reward for s in batch.samples], dtype=torch.float32)
     if not len(batch):
         return rewards
-    return algorithm.group_advantages(rewards, group_size)
+    if not algorithm.gdpo_terms:
+        return algorithm.group_advantages(rewards, group_size)
+    return algorithm.group_advantages(
+        rewards, group_size, _terms(batch, algorithm), batch.model_mask(), global_sum
+    )
+
+
+def _terms(batch: Batch, algorithm: Algorithm) -> dict[str, torch.Tensor]:
+    """GDPO's reward terms (N,) by name, those every sample of the batch has."""
+    out = {}
+    for name, _ in algorithm.gdpo_terms:
+        values = [(s.reward_terms or {}).get(name) for s in batch.samples]
+        if all(v is not None for v in values):
+            out[name] = torch.tensor(values, dtype=torch.float32)
+    return out
+
+
+def gdpo_metrics(batch: Batch, algorithm: Algorithm, group_size: int) -> dict[str, float]:
+    """GDPO's per-reward metrics: the mean |A_k| of each reward's own group advantage over this
+    rank's samples (0 where a reward never varies within a group); none for other estimators."""
+    if not algorithm.gdpo_terms or not len(batch):
+        return {}
+    terms = _terms(batch, algorithm)
+    names = [name for name, _ in algorithm.gdpo_terms if name in terms]
+    if not names:
+        return {}
+    per = reward_advantages(torch.stack([terms[k] for k in names]), group_size, std=algorithm.std)
+    return {f"gdpo/{k}/abs_mean": float(a.abs().mean()) for k, a in zip(names, per)}
 
 
 def _micro_batches(samples: list[Sample], size: int, share_prompt: bool = False) -> list[list[int]]:
@@ -137,6 +171,8 @@ class _Sums:
                     self.is_max = max(self.is_max, v)
                 else:
                     self.add(key, v)
+        for key, v in (r.masked or {}).items():  # every pass: the mask follows the live policy
+            self.add(key, v)
 
     def metrics(self, d: Dist, scheduler) -> dict[str, float]:
         keys = sorted(self.sums)
@@ -146,6 +182,7 @@ class _Sums:
         diff_sum, diff_n = total.pop("logprob_diff", 0.0), total.pop("logprob_diff_tokens", 0.0)
         k3_sum = total.pop("mismatch_kl_k3", 0.0)
         correction = {k: total.pop(k) for k in list(total) if k.startswith("is/")}
+        masked = {k: total.pop(k) for k in list(total) if k.startswith("opsm/")}
         counts = {"loss", "log_ratio_clamped", "num_tokens"}
         out = {k: v / tokens for k, v in total.items() if k not in counts}
         out["entropy"] = entropy
@@ -161,6 +198,8 @@ class _Sums:
             out["rollout/mismatch_kl_k3"] = k3_sum / diff_n
         if correction:  # every rank has these keys when the run corrects
             out.update(rc.correction_metrics(correction, d.max(self.is_max)))
+        if masked:  # every rank has these keys when the run masks
+            out.update(opm.sequence_mask_metrics(masked))
         norms = self.grad_norms
         out["grad_norm"] = sum(norms) / len(norms) if norms else float("nan")
         out["optimizer_steps"] = self.steps - self.nonfinite
