@@ -62,6 +62,11 @@ VARIANTS: dict[str, tuple[str, list[str]]] = {  # name -> (preset, changes)
         "dppo",
         [*SMALL, "--algo.loss=dppo_kl", "--algo.clip_low=0.05", "--algo.clip_high=0.05"],
     ),
+    # DAPO's recipe with DPPO's binary-TV mask in place of the ratio clip: the mask alone
+    "dapo-dppo-tv": (
+        "dapo",
+        [*SMALL, "--algo.loss=dppo_tv", "--algo.clip_low=0.15", "--algo.clip_high=0.15"],
+    ),
     "default-dapo": ("dapo", []),
     "default-cispo": ("cispo", []),
     "default-sapo": ("sapo", []),
