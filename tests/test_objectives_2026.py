@@ -20,6 +20,7 @@ def _rows(run):
     return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.slow
 def test_gdpo_and_the_sequence_mask_train_under_staleness(tiny_model_dir, tmp_path):
     """Two rewards (accuracy and the test's digit_share), GDPO's advantage, token TIS at
     staleness 2 and every negative-advantage response with kl_i > 0 masked (threshold 0)."""
@@ -42,6 +43,7 @@ def test_gdpo_and_the_sequence_mask_train_under_staleness(tiny_model_dir, tmp_pa
     assert any(r["rollout/off_policy_masked_frac"] > 0 for r in rows[1:])
 
 
+@pytest.mark.slow
 def test_dppo_preset_trains(tiny_model_dir, tmp_path):
     run = tmp_path / "run"
     args = [a if a != "grpo" else "dppo" for a in _args(tiny_model_dir, run, steps=2)]
