@@ -64,9 +64,9 @@ WHY_NOT: dict[str, tuple[Any, str]] = {
     "entropy_coef": (lambda v, a: v != 0, "rlvr's loss has no entropy bonus"),
     "use_adaptive_entropy": (lambda v, a: bool(v), "rlvr's loss has no entropy bonus"),
     "multi_objective_aggregation": (lambda v, a: v != "sum_then_normalize",
-                                    "rlvr sums the weighted rewards, then normalises per group"),
-    "off_policy_mask_threshold": (lambda v, a: v is not None,
-                                  "rlvr has no off-policy sequence masking"),
+                                    "rlvr's algo.advantage=gdpo normalises each reward within its "
+                                    "group, then whitens over the batch's tokens with verl's eps "
+                                    "(TRL: over its samples, eps 1e-4): set that"),
     "use_bias_correction_kl": (lambda v, a: bool(v) and bool(a.get("beta")),
                                "rlvr's KL term is not weighted by the importance ratio"),
     "cast_lm_head_to_fp32": (lambda v, a: bool(v), "rlvr computes the head in the model's dtype"),

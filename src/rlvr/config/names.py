@@ -33,6 +33,7 @@ SAME: dict[str, str] = {
     "num_iterations": "algo.mu",
     "mask_truncated_completions": "algo.overlong_filter",
     "importance_sampling_level": "algo.ratio",
+    "off_policy_mask_threshold": "algo.off_policy_mask_threshold",
     "seed": "train.seed",
     "save_total_limit": "train.keep_checkpoints",
     "project": "train.project",
