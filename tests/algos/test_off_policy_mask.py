@@ -169,3 +169,10 @@ def test_config_key():
     assert Algorithm.from_config(load_config(None, {})).sequence_mask is None
     with pytest.raises(ConfigError, match=r"^algo\.off_policy_mask_threshold: got -0\.1, expected"):
         Algorithm.from_config(load_config(None, {"algo": {"off_policy_mask_threshold": -0.1}}))
+
+
+def test_trls_name_is_an_alias():
+    from rlvr.api.trl import trl_changes
+
+    got = trl_changes({"off_policy_mask_threshold": 0.5}).changes
+    assert got == {"algo": {"off_policy_mask_threshold": 0.5}}
