@@ -33,7 +33,8 @@ class LossInputs:
     norm_constant: Dr. GRPO's constant (the generation budget, max_new_tokens).
     batch_stats: the objective's `stats`, summed over the mini-batch on every rank.
     rollout_weights: rollout correction's detached per-token weights (B, T) (w = pi_old / mu,
-        truncated or masked), or None; they multiply the policy term of every objective's
+        truncated or masked), times the off-policy sequence mask's 0/1 where it is on
+        (`off_policy_mask`), or None; they multiply the policy term of every objective's
         per-token loss before aggregation (`losses.kl_and_aggregate`), never the KL term.
     row_ids: (B,) int64 each row's id in the optimiser step (its group x 4096 + its place in
         the group), the same however the step is split; None where not known.
