@@ -10,7 +10,7 @@ import json
 import pytest
 import torch
 
-from rlvr.algos.gdpo import gdpo_advantages
+from rlvr.algos.advantages import gdpo_advantages
 from rlvr.config.algorithm import Algorithm
 from rlvr.config.load import load_config
 from test_resume import _args, _run

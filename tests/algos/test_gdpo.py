@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from rlvr.algos import ADVANTAGES, AdvantageInputs, group_advantages
-from rlvr.algos.gdpo import gdpo_advantages, reward_advantages
+from rlvr.algos.advantages import gdpo_advantages, reward_advantages
 
 from .helpers import loop_group_advantages
 

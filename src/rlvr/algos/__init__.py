@@ -41,7 +41,7 @@ _WHERE = {
     "FixedKLController": "kl_reward",
     "gae": "gae",
     "gae_advantages": "advantages",
-    "gdpo_advantages": "gdpo",
+    "gdpo_advantages": "advantages",
     "GlobalSum": "gae",
     "group_advantages": "advantages",
     "keep_groups": "sampling",

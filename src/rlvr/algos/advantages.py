@@ -11,7 +11,7 @@ tokens (policy_loss accepts (B,) as is). Token-level estimators (GAE, REINFORCE+
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -19,6 +19,7 @@ import torch
 from torch import Tensor
 
 from .gae import GlobalSum, discounted_returns, gae, masked_whiten
+from .gdpo import gdpo_combine
 
 AdvantageScale = Literal["std", "none"]
 StdKind = Literal["unbiased", "population"]
@@ -193,10 +194,35 @@ def reinforce_pp_advantages(x: AdvantageInputs) -> Tensor:
     return masked_whiten(returns, m, unbiased=False, global_sum=x.global_sum)
 
 
-def _gdpo(x: AdvantageInputs) -> Tensor:
-    """GDPO: each reward normalised within its group, weighted, summed, whitened (rlvr.algos.gdpo)."""
-    from .gdpo import gdpo_advantages
+def reward_advantages(
+    terms: Tensor, group_size: int, *, std: StdKind = "unbiased", eps: float = 1e-6
+) -> Tensor:
+    """(K, N) each reward's GRPO advantage within its group (`terms`: (K, N) unweighted)."""
+    if terms.dim() != 2:
+        raise ValueError(f"reward terms must be (K, N), got shape {tuple(terms.shape)}")
+    return torch.stack([group_advantages(t, group_size, std=std, eps=eps) for t in terms])
 
+
+def gdpo_advantages(
+    terms: Tensor,
+    weights: Sequence[float],
+    group_size: int,
+    response_mask: Tensor,
+    *,
+    std: StdKind = "unbiased",
+    eps: float = 1e-6,
+    global_sum: GlobalSum | None = None,
+) -> Tensor:
+    """GDPO (arXiv 2601.05242; `rlvr.algos.gdpo` has the formula): (N,) advantages from
+    `terms` (K, N) each reward's unweighted scores, `weights` (K,) their weights in the total,
+    `response_mask` (N, T) each response's valid tokens (the whitening weighs a response by
+    its length). Each reward is normalised within its group (`reward_advantages`), then the
+    weighted sum is whitened over the batch (`gdpo_combine`)."""
+    per = reward_advantages(terms, group_size, std=std, eps=eps)
+    return gdpo_combine(per, weights, response_mask, global_sum=global_sum)
+
+
+def _gdpo(x: AdvantageInputs) -> Tensor:
     terms, mask = x.need("reward_terms", "response_mask", by="gdpo")
     return gdpo_advantages(
         terms, x.reward_weights, x.group_size, mask, std=x.std, eps=x.eps,

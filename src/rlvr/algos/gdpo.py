@@ -17,6 +17,10 @@ scale, times its weight. The last step is verl's `masked_whiten` over the batch'
 batch, all ranks (`global_sum`). A group whose reward k is all equal gets A_k = 0 exactly (as
 `group_advantages`); a batch whose S is all equal, or with fewer than two valid tokens, gets
 A = 0. std: "unbiased" (torch.std, verl's) or "population"; eps: verl's 1e-6.
+
+This module is the combination (S and its whitening); `rlvr.algos.advantages` holds the whole
+estimator (`gdpo_advantages`: each reward's group advantage, then `gdpo_combine`) and its
+registry entry.
 """
 
 from __future__ import annotations
@@ -26,39 +30,25 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from .advantages import StdKind, group_advantages
 from .gae import GlobalSum, masked_moments
 
 WHITEN_EPS = 1e-8  # verl's masked_whiten
 
 
-def reward_advantages(
-    terms: Tensor, group_size: int, *, std: StdKind = "unbiased", eps: float = 1e-6
-) -> Tensor:
-    """(K, N) each reward's GRPO advantage within its group (`terms`: (K, N) unweighted)."""
-    if terms.dim() != 2:
-        raise ValueError(f"reward terms must be (K, N), got shape {tuple(terms.shape)}")
-    return torch.stack([group_advantages(t, group_size, std=std, eps=eps) for t in terms])
-
-
-def gdpo_advantages(
-    terms: Tensor,
+def gdpo_combine(
+    per_reward: Tensor,
     weights: Sequence[float],
-    group_size: int,
     response_mask: Tensor,
     *,
-    std: StdKind = "unbiased",
-    eps: float = 1e-6,
     global_sum: GlobalSum | None = None,
 ) -> Tensor:
-    """(N,) GDPO's advantage (module docstring): `terms` (K, N) each reward's unweighted
-    scores, `weights` (K,) their weights, `response_mask` (N, T) each response's valid tokens
-    (the whitening weighs a response by its length)."""
-    if len(weights) != terms.shape[0]:
-        raise ValueError(f"{len(weights)} weights for {terms.shape[0]} rewards")
-    per = reward_advantages(terms, group_size, std=std, eps=eps)
-    w = torch.tensor(list(weights), dtype=per.dtype, device=per.device)
-    summed = (w[:, None] * per).sum(dim=0)  # (N,)
+    """(N,) A from each reward's group advantage `per_reward` (K, N) and their `weights` (K,):
+    S = sum_k w_k A_k whitened over the valid tokens of `response_mask` (N, T), every rank's
+    through `global_sum` (module docstring); 0 for a batch whose S has no spread."""
+    if len(weights) != per_reward.shape[0]:
+        raise ValueError(f"{len(weights)} weights for {per_reward.shape[0]} rewards")
+    w = torch.tensor(list(weights), dtype=per_reward.dtype, device=per_reward.device)
+    summed = (w[:, None] * per_reward).sum(dim=0)  # (N,)
     mask = response_mask.bool()
     tokens = summed.unsqueeze(1).expand(mask.shape)
     mean, var, n = masked_moments(tokens, mask, global_sum=global_sum)

@@ -10,8 +10,8 @@ import torch
 
 from rlvr.algos import off_policy_mask as opm
 from rlvr.algos import rollout_correction as rc
+from rlvr.algos.advantages import reward_advantages
 from rlvr.algos.gae import GlobalSum
-from rlvr.algos.gdpo import reward_advantages
 from rlvr.config.algorithm import Algorithm
 from rlvr.rollout.base import dedupe
 from rlvr.run.distributed import Dist, is_sharded
