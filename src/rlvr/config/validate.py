@@ -11,7 +11,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from rlvr.config.placement import validate_server
+from rlvr.config.placement import validate_server, validate_vllm_server
 from rlvr.config.schema import Config, ConfigError
 
 MAX_LR = 1.0  # learning rates above this are refused
@@ -27,6 +27,7 @@ def validate(cfg: Config) -> None:
     r, a, o, t = cfg.rollout, cfg.algo, cfg.optim, cfg.train
     _validate_staleness(cfg)  # before the algorithm: its engine checks would name another key
     validate_server(cfg)
+    validate_vllm_server(cfg)
     # The algorithm's settings and what its estimator asks of the rollout, checked once there
     # (imported here: the objectives are torch code, and reading a config needs no torch).
     from rlvr.config.algorithm import Algorithm
