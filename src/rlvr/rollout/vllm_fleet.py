@@ -42,7 +42,7 @@ class ServerDown(VLLMServerError):
     listening): the caller may send its work to another."""
 
 
-@dataclass
+@dataclass(eq=False)  # compared and hashed as the one server it is
 class Server:
     url: str
     alive: bool = True
@@ -187,12 +187,18 @@ class Fleet:
                 out[futures[f][0]] = answers
             todo = [g for f, (g, _) in futures.items() if f not in results]
             for error in down:
-                self._last_down = error
-                if self.live:
-                    self.failovers += 1
-                    print(f"warning: {error}; its groups go to the other servers "
-                          f"({len(self.live)} left)", file=sys.stderr)  # fmt: skip
+                self.lost(error)
         return out  # type: ignore[return-value]
+
+    def lost(self, error: ServerDown) -> None:
+        """A dead server's work goes to the others: a warning and `failovers`; with none
+        left, its error ends the run."""
+        self._last_down = error
+        if not self.live:
+            raise error
+        self.failovers += 1
+        print(f"warning: {error}; its work goes to the other servers ({len(self.live)} left)",
+              file=sys.stderr)  # fmt: skip
 
     async def _group(self, server: Server, bodies: list[dict]) -> list[dict]:
         return list(

@@ -34,7 +34,7 @@ import torch
 
 from rlvr.rollout.base import EngineError, Rollout, SamplingParams, lengths_from_eos
 from rlvr.rollout.vllm import sample_seeds, vllm_dtype
-from rlvr.rollout.vllm_fleet import Fleet, VLLMServerError, WeightClient
+from rlvr.rollout.vllm_fleet import Fleet, ServerDown, VLLMServerError, WeightClient
 from rlvr.rollout.vllm_host import kv_cache_bytes
 
 # The most |server - trainer| log-prob of the check's tokens, by the server's dtype: the max
@@ -150,43 +150,53 @@ class VLLMServerEngine:
         self._push()
 
     def _push(self) -> None:
+        """Every live server: the weights, the version read back, the log-prob check; a
+        server lost meanwhile is left out while others remain (`Fleet.lost`)."""
         version = str(self.version)
-        for server in self.fleet.live:
-            sender = self.senders[server.url]
-            sender.client.version = version
-            sender.send_weights()
-            doing = f"reporting its weight version after push {version}"
-            got = self.fleet.call(server, doing, "GET", "/weight_info")["weight_version"]
-            if got != version:
-                raise VLLMServerError(
-                    f"rollout.vllm: {server.url} reports weight version {got!r} after the "
-                    f"push of version {version!r} (another trainer pushing to it?)"
-                )
+        for server in list(self.fleet.live):
+            try:
+                sender = self.senders[server.url]
+                sender.client.version = version
+                sender.send_weights()
+                doing = f"reporting its weight version after push {version}"
+                got = self.fleet.call(server, doing, "GET", "/weight_info")["weight_version"]
+                if got != version:
+                    raise VLLMServerError(
+                        f"rollout.vllm: {server.url} reports weight version {got!r} after "
+                        f"the push of version {version!r} (another trainer pushing to it?)"
+                    )
+            except ServerDown as e:
+                self.fleet.lost(e)
         self.check_log_probs()
 
     def check_log_probs(self) -> float:
-        """The servers' log-probs of the check's tokens against the trainer's forward; the
-        largest difference (max or mean by dtype, `TOLERANCE`), VLLMServerError past it."""
-        how, limit = TOLERANCE[self.dtype]
+        """The live servers' log-probs of the check's tokens against the trainer's forward:
+        the largest difference (max or mean by dtype, `TOLERANCE`), VLLMServerError past it."""
         worst = 0.0
-        prompt = [(7 * i + 3) % self.model.config.vocab_size for i in range(16)]
-        for server in self.fleet.live:
-            body = self._body(prompt, seed=1234, max_tokens=CHECK_TOKENS, temperature=self.temperature)  # fmt: skip
-            body["ignore_eos"] = True
-            answer = self.fleet.call(server, "checking its log-probs", "POST", "/v1/completions", body)  # fmt: skip
-            ids, server_lp = _choice(answer)
-            diff = (self._trainer_log_probs(prompt, ids) - torch.tensor(server_lp)).abs()
-            value = float(diff.max() if how == "max" else diff.mean())
-            if not value <= limit:
-                raise VLLMServerError(
-                    f"rollout.vllm: {server.url}'s log-probs of a fixed sequence differ from "
-                    f"the trainer's by {value:.3g} ({how}; {limit:g} allowed in {self.dtype}): "
-                    "a server with another model, dtype or --logprobs-mode than "
-                    "processed_logprobs?"
-                )
-            worst = max(worst, value)
+        for server in list(self.fleet.live):
+            try:
+                worst = max(worst, self._check(server))
+            except ServerDown as e:
+                self.fleet.lost(e)
         self.last_check = worst
         return worst
+
+    def _check(self, server) -> float:
+        how, limit = TOLERANCE[self.dtype]
+        prompt = [(7 * i + 3) % self.model.config.vocab_size for i in range(16)]
+        body = self._body(prompt, seed=1234, max_tokens=CHECK_TOKENS, temperature=self.temperature)  # fmt: skip
+        body["ignore_eos"] = True
+        doing = f"checking its log-probs (weight version {self.version})"
+        ids, server_lp = _choice(self.fleet.call(server, doing, "POST", "/v1/completions", body))
+        diff = (self._trainer_log_probs(prompt, ids) - torch.tensor(server_lp)).abs()
+        value = float(diff.max() if how == "max" else diff.mean())
+        if not value <= limit:
+            raise VLLMServerError(
+                f"rollout.vllm: {server.url}'s log-probs of a fixed sequence differ from "
+                f"the trainer's by {value:.3g} ({how}; {limit:g} allowed in {self.dtype}): "
+                "a server with another model, dtype or --logprobs-mode than processed_logprobs?"
+            )
+        return value
 
     @torch.no_grad()
     def _trainer_log_probs(self, prompt: list[int], ids: list[int]) -> torch.Tensor:
