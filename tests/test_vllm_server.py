@@ -192,7 +192,7 @@ def test_killed_trainer_leaves_no_server_and_resume_takes_every_step_once(tmp_pa
 
     run = tmp_path / "killed"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    argv = [sys.executable, "-m", "rlvr.cli", "train", "--output-dir", str(run),
+    argv = [sys.executable, "-m", "rlvr", "train", "--output-dir", str(run),
             "--max-steps", "3", "--train.save_every=1", *SMALL, "--rollout.vllm.launch=1"]  # fmt: skip
     trainer = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     sessions: set[int] = set()
@@ -217,7 +217,7 @@ def test_killed_trainer_leaves_no_server_and_resume_takes_every_step_once(tmp_pa
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(sid, signal.SIGKILL)
     done = len(_rows(run))
-    resumed = subprocess.run([sys.executable, "-m", "rlvr.cli", "train", "--resume", str(run),
+    resumed = subprocess.run([sys.executable, "-m", "rlvr", "train", "--resume", str(run),
                               "--no-progress"], env=env, capture_output=True, text=True)  # fmt: skip
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     steps = [r["step"] for r in _rows(run)]
@@ -234,7 +234,7 @@ def test_default_run_learns_on_one_launched_server(tmp_path):
 
     cpus = sorted(os.sched_getaffinity(0))
     run = tmp_path / "learns"
-    argv = [sys.executable, "-m", "rlvr.cli", "train", "--data.task=arithmetic", "--max-steps",
+    argv = [sys.executable, "-m", "rlvr", "train", "--data.task=arithmetic", "--max-steps",
             str(STEPS["arithmetic"]), "--output-dir", str(run), "--train.eval_size=128",
             "--no-progress", "--train.threads=1", "--rollout.engine=vllm",
             "--rollout.vllm.mode=server", "--rollout.vllm.launch=1",

@@ -11,6 +11,10 @@ from typing import Literal
 class VLLMSettings:
     """The vllm engine's own settings (`rollout.vllm.KEY`); the other engines ignore them.
 
+    dtype: the vllm engine's dtype: auto (bfloat16 under model.autocast=bfloat16, else
+        model.dtype), float32, bfloat16 or float16.
+    memory: fraction of the GPU's memory the vllm engine (or each launched server) takes
+        while awake (weights and KV cache; vLLM's gpu_memory_utilization).
     mode: colocate (vLLM in the trainer's process, on its device) or server (generation on
         `vllm serve` processes through vLLM's HTTP API: rollout.vllm.urls or .launch;
         docs/guides/vllm_server.md).
@@ -26,20 +30,16 @@ class VLLMSettings:
     timeout: seconds a server may leave its heartbeat (asked every 2 s) unanswered before
         it counts as dead: its work goes to another server, or the run ends naming it (not
         a limit on a long generation).
-    dtype: the vllm engine's dtype: auto (bfloat16 under model.autocast=bfloat16, else
-        model.dtype), float32, bfloat16 or float16.
-    memory: fraction of the GPU's memory the vllm engine (or each launched server) takes
-        while awake (weights and KV cache; vLLM's gpu_memory_utilization).
     """
 
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    memory: float = 0.35
     mode: Literal["colocate", "server"] = "colocate"
     urls: tuple[str, ...] = ()
     launch: int = 0
     cpus: str = ""
     gpus: str = ""
     timeout: float = 20.0
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
-    memory: float = 0.35
 
 
 @dataclass(frozen=True)
