@@ -34,7 +34,7 @@ pytestmark = [
 # fp32 server against the fp32 trainer: the max |log-prob difference| over the check's
 # tokens is rounding only (tests/test_vllm_engine.py's FP32_MAX; measured ~1e-5)
 FP32_MAX = 2e-3
-TIMEOUT = 5  # rollout.vllm.timeout in these runs, seconds
+TIMEOUT = 10  # rollout.vllm.timeout in these runs, seconds
 SMALL = ["--rollout.prompts_per_step=8", "--rollout.group_size=4", "--rollout.max_new_tokens=16",
          "--train.eval_size=0", "--no-progress", "--train.threads=1", "--rollout.engine=vllm",
          "--rollout.vllm.mode=server", f"--rollout.vllm.timeout={TIMEOUT}"]  # fmt: skip
@@ -137,6 +137,17 @@ def test_log_probs_of_a_fixed_sequence_match_the_trainers_after_each_push(server
             engine.check_log_probs()
     finally:
         engine.close()
+
+
+def test_eval_runs_on_the_servers(servers, capsys):
+    from rlvr.cli.main import main
+
+    rc = main(["eval", "--model", "rlvr-tiny", "--k", "2", "--num-prompts", "8",
+               "--rollout.engine=vllm", "--rollout.vllm.mode=server",
+               f"--rollout.vllm.urls={servers[0].url}"])  # fmt: skip
+    assert rc == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["num_prompts"] == 8 and {"avg@2", "pass@2", "greedy_accuracy"} <= set(result)
 
 
 def test_two_servers_one_stopped_mid_run_the_run_goes_on(servers, tmp_path, capfd):

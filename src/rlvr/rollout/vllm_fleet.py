@@ -1,8 +1,8 @@
 """The trainer's side of a fleet of `vllm serve` processes: HTTP calls with bounded waits.
 
 One event loop in a daemon thread holds every connection (`httpx.AsyncClient`) and a
-heartbeat: every `POLL_S` seconds each live server's `/health` is asked, with `POLL_S` to
-answer. A caller waits on its calls from its own thread and, while it waits, looks at the
+heartbeat: every `POLL_S` seconds each live server's `/health` is asked (an answer counts when
+it comes, however late: a busy server is alive). A caller waits on its calls from its own thread and, while it waits, looks at the
 heartbeats of the servers it waits on: a server unanswered for `timeout` seconds
 (`rollout.vllm.timeout`; a stopped, hung or unreachable one) is dead, its calls are
 cancelled (their connections closed), and the caller learns it as `ServerDown`, naming the
@@ -29,7 +29,7 @@ from typing import Any
 
 from rlvr.rollout.server import ServerError
 
-POLL_S = 2.0  # seconds between heartbeats, and the most one heartbeat waits
+POLL_S = 2.0  # seconds between a server's heartbeats
 
 
 class VLLMServerError(ServerError):
@@ -68,7 +68,9 @@ class Fleet:
         self.thread.start()
         limits = httpx.Limits(max_connections=None, max_keepalive_connections=256)
         self.http = httpx.AsyncClient(timeout=None, limits=limits, trust_env=False)
-        self._beat = asyncio.run_coroutine_threadsafe(self._heartbeat(), self.loop)
+        self._beats = [
+            asyncio.run_coroutine_threadsafe(self._heartbeat(s), self.loop) for s in self.servers
+        ]
 
     @property
     def live(self) -> list[Server]:
@@ -76,16 +78,16 @@ class Fleet:
 
     # -- the loop's side --------------------------------------------------------------
 
-    async def _heartbeat(self) -> None:
-        while True:
-            await asyncio.gather(*(self._beat_one(s) for s in self.live))
+    async def _heartbeat(self, server: Server) -> None:
+        """Ask `server`'s /health every `POLL_S` seconds; an answer, however late, counts
+        when it comes (a busy server is alive), so a server is dead only when it stays
+        silent for `timeout` seconds."""
+        while server.alive:
+            with contextlib.suppress(Exception):
+                r = await self.http.get(f"{server.url}/health", timeout=self.timeout)
+                if r.status_code == 200:
+                    server.last_seen = time.monotonic()
             await asyncio.sleep(POLL_S)
-
-    async def _beat_one(self, server: Server) -> None:
-        with contextlib.suppress(Exception):
-            r = await self.http.get(f"{server.url}/health", timeout=POLL_S)
-            if r.status_code == 200:
-                server.last_seen = time.monotonic()
 
     async def _call(self, server: Server, method: str, path: str, body=None) -> Any:
         import httpx
@@ -211,7 +213,8 @@ class Fleet:
         """Stop the heartbeat, close the connections, end the loop thread (idempotent)."""
         if not self.loop.is_running():
             return
-        self._beat.cancel()
+        for beat in self._beats:
+            beat.cancel()
         with contextlib.suppress(Exception):
             asyncio.run_coroutine_threadsafe(self.http.aclose(), self.loop).result(timeout=5)
         self.loop.call_soon_threadsafe(self.loop.stop)
