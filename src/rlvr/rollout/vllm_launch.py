@@ -16,9 +16,10 @@ affinity and vLLM's OpenMP binding), or the GPUs of `rollout.vllm.gpus`, split t
 Lifetime: each server is a session of its own, ended as a group (its API process and vLLM's
 engine-core process) by `close`, at the end of the run and when it fails; the API process
 gets SIGTERM when the trainer dies however it dies (PR_SET_PDEATHSIG), and vLLM's engine core
-exits with it. Start: on the idle 2-core machine a rlvr-tiny CPU server answers `/health`
-about 25 s after it is started (vLLM's import and engine start); a server that exits or
-does not answer within `START_S` ends the run with its log's last lines.
+exits with it. Start: on the 2-core CI machine, shared with another job, a rlvr-tiny CPU server
+answered `/health` 35 s after it was started (vLLM's import and engine start), two started
+together 70 s; a server that exits or does not answer within `START_S` ends the run with its
+log's last lines.
 """
 
 from __future__ import annotations

