@@ -46,6 +46,7 @@ def main() -> None:
     sender = engine.senders[server.url]
     size = sum(p.numel() * p.element_size() for p in model.parameters())
     print(f"{args.model}: {size / 1e6:.1f} MB, {len(list(model.parameters()))} tensors")
+
     def perturb() -> None:  # new weights, so each route's check shows they arrived
         with torch.no_grad():
             for p in model.parameters():
