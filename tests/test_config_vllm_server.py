@@ -56,6 +56,8 @@ def test_urls_and_launch_load_from_the_command_line_and_a_file(vllm_here, tmp_pa
          "rollout.vllm.cpus: got '0' (1), which does not split evenly among the 2 launched"),
         ([*SERVER, "--rollout.vllm.launch=1", "--rollout.vllm.cpus=x"],
          "rollout.vllm.cpus: got 'x', expected CPUs like 0 or 0-3,8"),
+        ([*SERVER, "--rollout.vllm.launch=1", "--rollout.vllm.cpus=4096"],
+         "rollout.vllm.cpus: got '4096', expected CPUs among those this machine has"),
         ([*SERVER, "--rollout.vllm.launch=2", "--rollout.vllm.gpus=0,1,2"],
          "rollout.vllm.gpus: got '0,1,2' (3), which does not split evenly among the 2"),
         ([*SERVER, "--rollout.vllm.launch=1", "--rollout.vllm.gpus=a"],

@@ -13,6 +13,9 @@ from rlvr.config.schema import Config, ConfigError
 
 # The CPUs this process could run on before `pin_trainer` narrowed them: the server may use any.
 _AVAILABLE = frozenset(os.sched_getaffinity(0))
+# The machine's CPUs: launched vLLM servers may go where the trainer does not (a trainer pinned
+# to CPU 0 with `taskset` places its server on CPU 1).
+MACHINE_CPUS = frozenset(range(os.cpu_count() or 1))
 
 
 def check_ranks(cfg: Config, world_size: int) -> None:
@@ -43,9 +46,9 @@ def check_ranks(cfg: Config, world_size: int) -> None:
         )
 
 
-def parse_cpus(key: str, text: str) -> set[int]:
+def parse_cpus(key: str, text: str, available: frozenset[int] = _AVAILABLE) -> set[int]:
     """The CPUs of a list like "0", "0-3,8" (`rollout.server.cpus`); ConfigError naming `key`
-    for anything else, or for a CPU this process may not run on."""
+    for anything else, or for a CPU not `available` (default: those this process may run on)."""
     cpus: set[int] = set()
     try:
         for part in filter(None, (p.strip() for p in text.split(","))):
@@ -53,10 +56,10 @@ def parse_cpus(key: str, text: str) -> set[int]:
             cpus.update(range(int(lo), int(hi or lo) + 1))
     except ValueError:
         raise ConfigError(f"{key}: got {text!r}, expected CPUs like 0 or 0-3,8") from None
-    if not cpus or not cpus <= _AVAILABLE:
+    if not cpus or not cpus <= available:
+        whose = "this process may use" if available is _AVAILABLE else "this machine has"
         raise ConfigError(
-            f"{key}: got {text!r}, expected CPUs among those this process may use "
-            f"({_cpu_text(_AVAILABLE)})"
+            f"{key}: got {text!r}, expected CPUs among those {whose} ({_cpu_text(available)})"
         )
     return cpus
 
@@ -150,7 +153,8 @@ def validate_vllm_server(cfg: Config) -> None:
     if v.cpus and v.gpus:
         raise ConfigError("rollout.vllm.cpus: give CPUs or rollout.vllm.gpus, not both")
     if v.cpus:
-        _check_share("rollout.vllm.cpus", v.cpus, len(parse_cpus("rollout.vllm.cpus", v.cpus)), v.launch)  # fmt: skip
+        cpus = parse_cpus("rollout.vllm.cpus", v.cpus, MACHINE_CPUS)
+        _check_share("rollout.vllm.cpus", v.cpus, len(cpus), v.launch)
     if v.gpus:
         try:
             gpus = [int(g) for g in v.gpus.split(",")]

@@ -81,7 +81,7 @@ class VLLMServerEngine:
     # -- start ------------------------------------------------------------------------
 
     def _launch(self, settings) -> list[str]:
-        from rlvr.config.placement import parse_cpus
+        from rlvr.config.placement import MACHINE_CPUS, parse_cpus
         from rlvr.rollout.vllm_launch import LaunchPlan, launch
 
         cfg = self.model.config
@@ -95,7 +95,11 @@ class VLLMServerEngine:
             memory=settings.memory,
             backend=self.backend,
         )
-        cpus = sorted(parse_cpus("rollout.vllm.cpus", settings.cpus)) if settings.cpus else []
+        cpus = (
+            sorted(parse_cpus("rollout.vllm.cpus", settings.cpus, MACHINE_CPUS))
+            if settings.cpus
+            else []
+        )
         self.launched = launch(plan, settings.launch, cpus, gpus)
         return [s.url for s in self.launched]
 
