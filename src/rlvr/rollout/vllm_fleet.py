@@ -7,8 +7,8 @@ heartbeats of the servers it waits on: a server unanswered for `timeout` seconds
 (`rollout.vllm.timeout`; a stopped, hung or unreachable one) is dead, its calls are
 cancelled (their connections closed), and the caller learns it as `ServerDown`, naming the
 URL and what the call was doing. A long generation on a server that answers its heartbeat is
-never cut short. A call refused at connect (nothing listens there) is the same verdict, at
-once.
+never cut short. A request whose connection fails is sent again while the server keeps its
+heartbeat.
 
 `generate` sends groups: each group's requests go to one server together (its prefix cache
 holds the group's prompt), to the live server with the fewest rows in flight; when a server
@@ -30,6 +30,7 @@ from typing import Any
 from rlvr.rollout.server import ServerError
 
 POLL_S = 2.0  # seconds between a server's heartbeats
+RETRY_S = 0.5  # seconds before a failed connection is tried again
 
 
 class VLLMServerError(ServerError):
@@ -60,6 +61,7 @@ class Fleet:
         self.servers = [Server(u.rstrip("/")) for u in urls]
         self.timeout, self.model = timeout, model
         self.failovers = 0
+        self.retries = 0  # requests sent again after their connection failed
         self._last_down = VLLMServerError("rollout.vllm: no vLLM server left")
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(
@@ -90,12 +92,21 @@ class Fleet:
             await asyncio.sleep(POLL_S)
 
     async def _call(self, server: Server, method: str, path: str, body=None) -> Any:
+        """One request; a connection that fails (refused, reset, closed mid-answer) is tried
+        again every `RETRY_S` while the server keeps its heartbeat, and is `_Unreachable`
+        once it has not for `timeout` (a seeded completion, a weight chunk: repeating one
+        gives the same result)."""
         import httpx
 
-        try:
-            r = await self.http.request(method, f"{server.url}{path}", json=body)
-        except (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError) as e:
-            raise _Unreachable(str(e) or type(e).__name__) from None
+        while True:
+            try:
+                r = await self.http.request(method, f"{server.url}{path}", json=body)
+                break
+            except httpx.TransportError as e:
+                if time.monotonic() - server.last_seen > self.timeout:
+                    raise _Unreachable(f"{type(e).__name__}: {e}" if str(e) else type(e).__name__) from None  # fmt: skip
+                self.retries += 1
+                await asyncio.sleep(RETRY_S)
         if r.status_code != 200:
             raise _Refused(r.status_code, r.text[:400])
         return r.json() if r.content else None

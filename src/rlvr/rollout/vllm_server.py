@@ -256,8 +256,13 @@ class VLLMServerEngine:
         """Nothing of the servers lives in the trainer's memory."""
 
     def step_metrics(self) -> dict[str, float]:
-        """`rollout/vllm_failovers`: groups' servers lost so far, their work sent elsewhere."""
-        return {"rollout/vllm_failovers": float(self.fleet.failovers if self.fleet else 0)}
+        """`rollout/vllm_failovers`: servers lost so far, their work sent to others;
+        `rollout/vllm_retries`: requests sent again after their connection failed."""
+        fleet = self.fleet
+        return {
+            "rollout/vllm_failovers": float(fleet.failovers if fleet else 0),
+            "rollout/vllm_retries": float(fleet.retries if fleet else 0),
+        }
 
     def close(self) -> None:
         """Stop the heartbeat and the servers rlvr launched (idempotent)."""
