@@ -31,6 +31,7 @@ from rlvr.rollout.server import ServerError
 
 POLL_S = 2.0  # seconds between a server's heartbeats
 RETRY_S = 0.5  # seconds before a failed connection is tried again
+KEEPALIVE_S = 3.0  # seconds an idle connection is kept (vLLM's uvicorn closes them at 5)
 
 
 class VLLMServerError(ServerError):
@@ -68,7 +69,11 @@ class Fleet:
             target=self.loop.run_forever, name="rlvr-vllm-fleet", daemon=True
         )
         self.thread.start()
-        limits = httpx.Limits(max_connections=None, max_keepalive_connections=256)
+        # idle connections dropped before uvicorn's keep-alive timeout (5 s) closes them under
+        # a request (a step's update is longer; reused, they failed mid-request)
+        limits = httpx.Limits(
+            max_connections=None, max_keepalive_connections=256, keepalive_expiry=KEEPALIVE_S
+        )
         self.http = httpx.AsyncClient(timeout=None, limits=limits, trust_env=False)
         self._beats = [
             asyncio.run_coroutine_threadsafe(self._heartbeat(s), self.loop) for s in self.servers
