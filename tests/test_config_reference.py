@@ -8,6 +8,8 @@ import typing
 from dataclasses import fields, is_dataclass
 from pathlib import Path
 
+from rlvr.algos.objectives import OBJECTIVES
+from rlvr.algos.settings import own_fields
 from rlvr.config.reference import reference_markdown
 from rlvr.config.schema import SECTIONS, Config
 
@@ -15,9 +17,12 @@ PAGE = Path(__file__).resolve().parents[1] / "docs" / "reference" / "config.md"
 
 
 def _keys(prefix: str, cls: type) -> list[str]:
+    """Every key of the schema; `algo.loss_settings` is the built-in objectives' own keys."""
     hints, out = typing.get_type_hints(cls), []
     for f in fields(cls):
-        if is_dataclass(hints[f.name]):
+        if f"{prefix}.{f.name}" == "algo.loss_settings":
+            out += [f"algo.{f.name}" for o in OBJECTIVES.values() for f in own_fields(o.settings)]
+        elif is_dataclass(hints[f.name]):
             out += _keys(f"{prefix}.{f.name}", hints[f.name])
         else:
             out.append(f"{prefix}.{f.name}")

@@ -80,6 +80,8 @@ def test_the_server_samples_what_the_engine_samples_in_process(tiny_model, token
     finally:
         there.close()
     assert there.proc.returncode == 0  # it exits when its socket closes
+    there.close()  # a second close finds it ended
+    assert there.proc.returncode == 0
 
 
 def test_tools_run_in_the_server(tiny_model, tokenizer, one_thread):

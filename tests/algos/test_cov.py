@@ -12,8 +12,8 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rlvr.algos.cov import uniform_keys
-from rlvr.algos.objectives import OBJECTIVES, LossInputs, LossSettings
+from rlvr.algos.cov import ClipCovSettings, KLCovSettings, uniform_keys
+from rlvr.algos.objectives import OBJECTIVES, LossInputs
 from rlvr.config.algorithm import Algorithm
 from rlvr.config.load import load_config
 from rlvr.config.schema import ConfigError
@@ -52,7 +52,7 @@ def test_kl_cov_hand_computed():
     loss = (-1 - 1 + 1 + e^0.2 + 0.2) / 4 = 0.105351; d/d logp = -A rho / 4, plus 1/4 at
     (1, 1): -1/4, -1/4, 1/4, (e^0.2 + 1) / 4."""
     logp, old, adv, mask = _hand()
-    out = _loss(KL_COV, _inputs(logp, old, adv, mask), LossSettings(kl_cov_ratio=0.25))
+    out = _loss(KL_COV, _inputs(logp, old, adv, mask), KLCovSettings(kl_cov_ratio=0.25))
     e = math.exp(0.2)
     assert out.loss.item() == pytest.approx((e - 0.8) / 4, rel=1e-12)
     assert (e - 0.8) / 4 == pytest.approx(0.105351, abs=1e-6)
@@ -70,7 +70,7 @@ def test_clip_cov_hand_computed():
     logp, old, adv, mask = _hand()
     old = old.clone()
     old[0, 0] = -1.5
-    s = LossSettings(clip_cov_ratio=0.5, clip_cov_lb=0.5, clip_cov_ub=5.0)
+    s = ClipCovSettings(clip_cov_ratio=0.5, clip_cov_lb=0.5, clip_cov_ub=5.0)
     out = _loss(CLIP_COV, _inputs(logp, old, adv, mask), s)
     assert out.loss.item() == pytest.approx(-0.3, rel=1e-12)
     out.loss.backward()
@@ -107,7 +107,7 @@ def test_kl_cov_matches_a_plain_loop(seed, ratio):
     logp, old, adv, mask = _random(seed)
     if not mask.any():
         return
-    s = LossSettings(kl_cov_ratio=ratio, kl_cov_coef=0.7)
+    s = KLCovSettings(kl_cov_ratio=ratio, kl_cov_coef=0.7)
     out = _loss(KL_COV, _inputs(logp, old, adv, mask), s)
     lp, od, a, m = _lists(logp, old, adv, mask)
     k = max(1, int(ratio * int(mask.sum())))
@@ -130,7 +130,7 @@ def test_clip_cov_matches_a_plain_loop(seed, ratio):
     logp, old, adv, mask = _random(seed)
     if not mask.any():
         return
-    s = LossSettings(clip_low=0.2, clip_high=0.28, clip_cov_ratio=ratio, clip_cov_lb=0.1)
+    s = ClipCovSettings(clip_low=0.2, clip_high=0.28, clip_cov_ratio=ratio, clip_cov_lb=0.1)
     inputs = _inputs(logp, old, adv, mask, draw_seed=5)
     out = _loss(CLIP_COV, inputs, s)
     lp, od, a, m = _lists(logp, old, adv, mask)
@@ -158,7 +158,8 @@ def test_selection_and_gradient_do_not_depend_on_the_split(seed, cut, name):
     """Rows split into two parts (micro-batches), each its own width: the same totals, and
     the parts' losses add up to the whole batch's loss and gradient."""
     objective = CLIP_COV if name == "c" else KL_COV
-    s = LossSettings(clip_cov_ratio=0.3, clip_cov_lb=-10.0, kl_cov_ratio=0.3)
+    s = ClipCovSettings(clip_cov_ratio=0.3, clip_cov_lb=-10.0)
+    s = s if name == "c" else KLCovSettings(kl_cov_ratio=0.3)
     logp, old, adv, mask = _random(seed)
     leaf = logp.clone().requires_grad_(True)
     whole = _inputs(leaf, old, adv, mask)
@@ -192,11 +193,11 @@ def test_the_limits_are_ppo_and_the_policy_gradient(seed):
     the unclipped -A rho."""
     logp, old, adv, mask = _random(seed)
     inputs = _inputs(logp, old, adv, mask)
-    s = LossSettings(clip_high=0.28, clip_cov_lb=1e6, clip_cov_ub=2e6)
+    s = ClipCovSettings(clip_high=0.28, clip_cov_lb=1e6, clip_cov_ub=2e6)
     assert _loss(CLIP_COV, inputs, s).loss.item() == pytest.approx(
         CLIP.fn(inputs, replace(s, clip_cov_lb=1.0, clip_cov_ub=5.0)).loss.item(), rel=1e-12
     )
-    out = _loss(KL_COV, inputs, LossSettings(kl_cov_coef=0.0, kl_cov_ratio=0.5))
+    out = _loss(KL_COV, inputs, KLCovSettings(kl_cov_coef=0.0, kl_cov_ratio=0.5))
     rho = torch.exp(logp - old)
     want = torch.where(mask, -adv[:, None] * rho, 0.0).sum() / max(int(mask.sum()), 1)
     assert out.loss.item() == pytest.approx(want.item(), rel=1e-12, abs=1e-15)

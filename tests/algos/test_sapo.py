@@ -10,8 +10,8 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rlvr.algos.objectives import OBJECTIVES, LossInputs, LossSettings
-from rlvr.algos.sapo import sapo_gate
+from rlvr.algos.objectives import OBJECTIVES, LossInputs
+from rlvr.algos.sapo import SapoSettings, sapo_gate
 
 from .helpers import PROPS
 
@@ -40,7 +40,7 @@ def test_hand_computed():
     old = torch.log(torch.tensor([[0.4, 0.2], [0.4, nan], [nan, 0.3]], dtype=torch.float64))
     adv = torch.tensor([1.0, -2.0, nan]).double()
     mask = torch.tensor([[True, True], [True, False], [False, False]])
-    s = LossSettings(agg="sample_mean")
+    s = SapoSettings(agg="sample_mean")
     out = SAPO(_inputs(logp, old, adv, mask, num_sequences=2), s)
     f1, f2, f3 = 2.0, 4 * _sig(1.0), 4 * _sig(-0.525) / 1.05
     want = (-(f1 + f2) / 2 + 2 * f3) / 2
@@ -76,10 +76,10 @@ def test_on_policy_gradient_is_the_policy_gradient(seed, agg):
     mask = torch.arange(T)[None] < torch.randint(0, T + 1, (B,), generator=g)[:, None]
     logp = (-torch.rand(B, T, generator=g, dtype=torch.float64) * 3).requires_grad_(True)
     adv = torch.randn(B, T, generator=g, dtype=torch.float64)
-    s = LossSettings(agg=agg, tau_pos=0.5, tau_neg=3.0)
+    s = SapoSettings(agg=agg, tau_pos=0.5, tau_neg=3.0)
     inputs = _inputs(logp, logp.detach(), adv, mask)
     (g_sapo,) = torch.autograd.grad(SAPO(inputs, s).loss, logp)
-    (g_clip,) = torch.autograd.grad(CLIP(inputs, LossSettings(agg=agg)).loss, logp)
+    (g_clip,) = torch.autograd.grad(CLIP(inputs, SapoSettings(agg=agg)).loss, logp)
     torch.testing.assert_close(g_sapo, g_clip)
 
 
@@ -89,7 +89,7 @@ def test_larger_tau_damps_off_policy_tokens_more():
     mask = torch.ones(1, 2, dtype=torch.bool)
     grads = []
     for tau in (1.0, 4.0):
-        s = LossSettings(tau_pos=tau, tau_neg=tau)
+        s = SapoSettings(tau_pos=tau, tau_neg=tau)
         out = SAPO(_inputs(logp, old, torch.ones(1, dtype=torch.float64), mask), s)
         grads.append(torch.autograd.grad(out.loss, logp)[0].abs())
     assert (grads[1] < grads[0]).all() and (grads[0] > 0).all()
@@ -119,7 +119,7 @@ def test_matches_a_plain_loop_on_ragged_inputs(seed, token_adv):
     logp = -torch.rand(B, T, generator=g, dtype=torch.float64) * 3
     old = logp + 0.7 * torch.randn(B, T, generator=g, dtype=torch.float64)
     adv = torch.randn((B, T) if token_adv else (B,), generator=g, dtype=torch.float64)
-    s = LossSettings(agg="sample_mean", tau_pos=1.0, tau_neg=1.05)
+    s = SapoSettings(agg="sample_mean", tau_pos=1.0, tau_neg=1.05)
     out = SAPO(_inputs(logp, old, adv, mask), s)
     assert out.loss.item() == pytest.approx(_loop(logp, old, adv, mask, 1.0, 1.05), rel=1e-9)
 
@@ -132,7 +132,7 @@ def test_micro_batches_sum_to_the_whole_batch():
     old = logp.detach() + 0.4 * torch.randn(B, T, generator=g)
     adv = torch.randn(B, generator=g)
     for agg in ("token_mean", "sample_mean", "token_sum_norm"):
-        s = LossSettings(agg=agg)
+        s = SapoSettings(agg=agg)
         counts = dict(num_tokens=float(mask.sum()), num_sequences=5.0, norm_constant=5.0)
         whole = SAPO(_inputs(logp, old, adv, mask, **counts), s).loss
         (g_whole,) = torch.autograd.grad(whole, logp)
@@ -151,7 +151,7 @@ def test_rollout_weights_scale_the_policy_term_not_the_kl():
     old = logp + 0.3 * torch.randn(2, 3, generator=g, dtype=torch.float64)
     ref = logp + 0.3 * torch.randn(2, 3, generator=g, dtype=torch.float64)
     adv, mask = torch.tensor([1.0, -1.0], dtype=torch.float64), torch.ones(2, 3, dtype=torch.bool)
-    s, s_kl = LossSettings(agg="sample_mean"), LossSettings(agg="sample_mean", kl_coef=0.1)
+    s, s_kl = SapoSettings(agg="sample_mean"), SapoSettings(agg="sample_mean", kl_coef=0.1)
     base = SAPO(_inputs(logp, old, adv, mask), s).loss
     w = torch.full((2, 3), 3.0, dtype=torch.float64)
     assert SAPO(_inputs(logp, old, adv, mask, rollout_weights=w), s).loss.item() == pytest.approx(

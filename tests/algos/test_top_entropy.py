@@ -125,7 +125,7 @@ def test_micro_batches_sum_to_the_whole_batch():
     for name in ("clip", "cispo", "sapo"):
         top = with_top_entropy(OBJECTIVES[name], 0.3)
         for agg in ("token_mean", "sample_mean"):
-            s = LossSettings(agg=agg, clip_low=0.2, clip_high=0.2)
+            s = top.settings(agg=agg, clip_low=0.2, clip_high=0.2)  # the objective's own class
             whole_in = _with_stats(_inputs(logp, old, adv, mask, H), parts)
             whole = top.fn(whole_in, s).loss
             (g_whole,) = torch.autograd.grad(whole, logp)

@@ -19,7 +19,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from rlvr.algos.cov import ClipCovSettings, KLCovSettings
 from rlvr.algos.objectives import OBJECTIVES, LossInputs, LossSettings
+from rlvr.algos.sapo import SapoSettings
 
 from .helpers import stage_totals
 
@@ -34,15 +36,15 @@ def _settings(case) -> LossSettings:
     c = case["config"]
     pl = c.get("policy_loss", {})
     if case["loss_mode"] == "clip_cov":
-        return LossSettings(
+        return ClipCovSettings(
             clip_low=c["clip_ratio_low"], clip_high=c["clip_ratio_high"],
             clip_cov_ratio=pl["clip_cov_ratio"], clip_cov_lb=pl["clip_cov_lb"],
             clip_cov_ub=pl["clip_cov_ub"],
         )  # fmt: skip
     if case["loss_mode"] == "kl_cov":
-        return LossSettings(kl_cov_ratio=pl["kl_cov_ratio"], kl_cov_coef=pl["ppo_kl_coef"])
+        return KLCovSettings(kl_cov_ratio=pl["kl_cov_ratio"], kl_cov_coef=pl["ppo_kl_coef"])
     if case["loss_mode"] == "sapo":
-        return LossSettings(agg="sample_mean", tau_pos=c["tau_pos"], tau_neg=c["tau_neg"])
+        return SapoSettings(agg="sample_mean", tau_pos=c["tau_pos"], tau_neg=c["tau_neg"])
     agg = "sample_mean" if case["loss_mode"] == "geo_mean" else AGG[case["loss_agg_mode"]]
     return LossSettings(clip_low=c["clip_ratio_low"], clip_high=c["clip_ratio_high"], agg=agg)
 

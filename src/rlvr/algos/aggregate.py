@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import numbers
 from collections.abc import Callable
-from typing import Literal
 
 import torch
 from torch import Tensor
 
-AggMode = Literal["sample_mean", "token_mean", "token_sum_norm"]
+from .settings import AggMode
+
 Count = int | float | Tensor
 
 

@@ -20,20 +20,11 @@ from .loss_inputs import LossInputs, LossSettings
 from .losses import LossOutput, _check, _log_ratio, _metrics, kl_and_aggregate, masked_inputs
 
 
-def check_cispo(settings: LossSettings) -> None:
-    """The settings CISPO has no use for are refused, not ignored."""
-    if settings.ratio != "token":
-        raise ValueError(f"ratio: got {settings.ratio!r}, expected token (cispo weighs tokens)")
-    if settings.dual_clip is not None:
-        raise ValueError(f"dual_clip: got {settings.dual_clip!r}, expected none under cispo")
-
-
 def cispo_loss(inputs: LossInputs, settings: LossSettings) -> LossOutput:
     """CISPO's loss (module docstring). Metrics as `clip`'s (LossOutput): clip_frac_low /
     clip_frac_high are the shares of valid tokens whose weight the lower / upper bound cut,
     whatever the advantage's sign (their gradient is scaled, not zeroed)."""
     s = settings
-    check_cispo(s)
     _check(inputs, s.kl_coef)
     logp, old, adv, mask, clean = masked_inputs(inputs)
     log_ratio, clamped = _log_ratio(logp.detach(), old, mask, "token", s.log_ratio_clamp)

@@ -36,14 +36,47 @@ import torch
 from torch import Tensor
 
 from .losses import LossOutput, _check, _metrics, kl_and_aggregate, masked_inputs
+from .settings import LossSettings, setting
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-    from .loss_inputs import LossInputs, LossSettings
+    from .loss_inputs import LossInputs
 
 N, SUM_ADV, SUM_LOGP, TOP = "cov/tokens", "cov/sum_adv", "cov/sum_logp", "cov/top"
 POSITIONS = 1 << 20  # a token's id: row id * POSITIONS + position (exact in float64)
+
+
+@dataclass(frozen=True)
+class ClipCovSettings(LossSettings):
+    """Clip-Cov's own settings (the shared ones: `LossSettings`; PPO's clip bounds apply).
+
+    clip_cov_ratio: Clip-Cov's share of the mini-batch's loss tokens cut (verl: 2e-4).
+    clip_cov_lb: Clip-Cov's band's lower end: only tokens with lb < cov < ub are cut (verl: 1).
+    clip_cov_ub: Clip-Cov's band's upper end (verl: 5).
+    """
+
+    clip_cov_ratio: float = setting(2e-4, lambda v: 0 < v <= 1, "in (0, 1] (verl: 2e-4)")
+    clip_cov_lb: float = setting(1.0)
+    clip_cov_ub: float = setting(5.0)
+
+    def check(self) -> None:
+        if not self.clip_cov_ub > self.clip_cov_lb:
+            raise ValueError(
+                f"clip_cov_ub: got {self.clip_cov_ub!r}, expected > clip_cov_lb (verl: 1 and 5)"
+            )
+
+
+@dataclass(frozen=True)
+class KLCovSettings(LossSettings):
+    """KL-Cov's own settings (the shared ones: `LossSettings`).
+
+    kl_cov_ratio: KL-Cov's share of loss tokens, those of largest cov, penalised (verl: 2e-4).
+    kl_cov_coef: KL-Cov's weight of |log rho| on those tokens (verl's ppo_kl_coef: 1).
+    """
+
+    kl_cov_ratio: float = setting(2e-4, lambda v: 0 < v <= 1, "in (0, 1] (verl: 2e-4)")
+    kl_cov_coef: float = setting(1.0, lambda v: v >= 0, ">= 0 (verl: 1)")
 
 
 @dataclass(frozen=True)
@@ -135,7 +168,7 @@ def _clip_parts(inputs: LossInputs, s: LossSettings):
     return logp, old, adv, mask, clean, rho, pg1, pg2
 
 
-def clip_cov_eligible(inputs: LossInputs, totals: Mapping[str, Tensor], s: LossSettings):
+def clip_cov_eligible(inputs: LossInputs, totals: Mapping[str, Tensor], s: ClipCovSettings):
     """Clip-Cov's candidates: valid, not clipped by PPO's clip, lb < cov < ub."""
     _, _, _, mask, _, _, pg1, pg2 = _clip_parts(inputs, s)
     cov = covariance(inputs, totals)
@@ -157,7 +190,7 @@ def selected(eligible: Tensor, key: Tensor, ids: Tensor, top: Tensor) -> Tensor:
     return eligible & above.to(eligible.device)
 
 
-def clip_cov_stages(settings: LossSettings):
+def clip_cov_stages(settings: ClipCovSettings):
     """Clip-Cov's two statistics stages: the means' sums, then the k best uniform keys."""
 
     def candidates(inputs: LossInputs, totals: Mapping[str, Tensor]) -> dict[str, Largest]:
@@ -168,7 +201,7 @@ def clip_cov_stages(settings: LossSettings):
     return (mean_sums, candidates)
 
 
-def kl_cov_stages(settings: LossSettings):
+def kl_cov_stages(settings: KLCovSettings):
     """KL-Cov's two statistics stages: the means' sums, then the k largest cov values."""
 
     def candidates(inputs: LossInputs, totals: Mapping[str, Tensor]) -> dict[str, Largest]:
@@ -188,7 +221,7 @@ def _finish(per_token, logp, clean, mask, inputs, s, rho, low, high, cut):
     return LossOutput(loss=loss, metrics=metrics)
 
 
-def clip_cov_loss(inputs: LossInputs, settings: LossSettings) -> LossOutput:
+def clip_cov_loss(inputs: LossInputs, settings: ClipCovSettings) -> LossOutput:
     """Clip-Cov's loss (module docstring); `inputs.batch_stats` holds both stages' totals.
     Metrics as `clip`'s, plus cov_frac: the share of loss tokens Clip-Cov cut (verl's
     pg_clipfrac under clip_cov)."""
@@ -204,7 +237,7 @@ def clip_cov_loss(inputs: LossInputs, settings: LossSettings) -> LossOutput:
     return _finish(per_token, logp, clean, mask, inputs, s, rho, low, high, cut)
 
 
-def kl_cov_loss(inputs: LossInputs, settings: LossSettings) -> LossOutput:
+def kl_cov_loss(inputs: LossInputs, settings: KLCovSettings) -> LossOutput:
     """KL-Cov's loss (module docstring). Metrics as `clip`'s (no bound fires: clip_frac_*
     are 0), plus cov_frac: the share of loss tokens given the |log rho| penalty."""
     s, totals = settings, inputs.batch_stats
@@ -217,15 +250,3 @@ def kl_cov_loss(inputs: LossInputs, settings: LossSettings) -> LossOutput:
     per_token = -adv * rho + torch.where(chosen, s.kl_cov_coef * log_ratio.abs(), 0.0)
     none = torch.zeros_like(mask)
     return _finish(per_token, logp, clean, mask, inputs, s, rho, none, none, chosen)
-
-
-def check_cov(settings: LossSettings, objective: str) -> None:
-    """The settings neither covariance objective has a use for are refused, not ignored."""
-    if settings.ratio != "token":
-        raise ValueError(f"ratio: got {settings.ratio!r}, expected token under {objective}")
-    if settings.dual_clip is not None:
-        raise ValueError(f"dual_clip: got {settings.dual_clip!r}, expected none under {objective}")
-    if settings.log_ratio_clamp is not None:
-        raise ValueError(
-            f"log_ratio_clamp: got {settings.log_ratio_clamp!r}, expected none under {objective}"
-        )

@@ -27,16 +27,7 @@ from .losses import LossOutput, _check, _metrics, kl_and_aggregate, masked_input
 
 
 def check_gmpo(settings: LossSettings) -> None:
-    """The settings GMPO has no use for are refused, not ignored."""
-    if settings.ratio != "token":
-        raise ValueError(f"ratio: got {settings.ratio!r}, expected token (gmpo has its own)")
-    if settings.dual_clip is not None:
-        raise ValueError(f"dual_clip: got {settings.dual_clip!r}, expected none under gmpo")
-    if settings.log_ratio_clamp is not None:
-        raise ValueError(
-            f"log_ratio_clamp: got {settings.log_ratio_clamp!r}, expected none under gmpo "
-            "(clip_low / clip_high bound its log-ratios)"
-        )
+    """GMPO's loss is a mean over each response's tokens: the sample mean, nothing else."""
     if settings.agg != "sample_mean":
         raise ValueError(
             f"agg: got {settings.agg!r}, expected sample_mean under gmpo (a sequence objective)"

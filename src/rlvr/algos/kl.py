@@ -17,12 +17,11 @@ Masking is the caller's job; policy_loss zeroes masked inputs before calling the
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Literal
 
 import torch
 from torch import Tensor
 
-KLKind = Literal["k1", "k2", "k3"]
+from .settings import KLKind
 
 
 def _upcast(t: Tensor) -> Tensor:

@@ -30,41 +30,35 @@ Registered here:
     clip_cov, kl_cov  the entropy-mechanism paper's covariance-selected tokens: cut at random
           from PPO's clipped loss, or given a |log rho| penalty (`rlvr.algos.cov`)
 
-Each objective refuses the settings it has no use for (its `check`): an off-by-default one
-(dual_clip, ratio=sequence) when it is on, a valued one (the clip bounds, SAPO's taus) when it
-differs from its default (`unused_at_default`).
+Each objective declares its settings next to its function: the shared `LossSettings`, or a
+subclass with parameters of its own (`SapoSettings`: tau_pos, tau_neg), and the shared ones it
+has no use for (`unused`), which are refused away from their defaults, not ignored. The config's
+`algo` section takes each objective's own settings as keys (`algo.tau_pos`), with the defaults,
+ranges and refusals of the declaration (`rlvr.config.objective`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 
 from torch import Tensor
 
-from .cispo import check_cispo, cispo_loss
-from .cov import check_cov, clip_cov_loss, clip_cov_stages, kl_cov_loss, kl_cov_stages
+from .cispo import cispo_loss
+from .cov import (
+    ClipCovSettings,
+    KLCovSettings,
+    clip_cov_loss,
+    clip_cov_stages,
+    kl_cov_loss,
+    kl_cov_stages,
+)
 from .gmpo import check_gmpo, gmpo_loss
 from .loss_inputs import LossInputs, LossSettings
 from .losses import LossOutput, clipped_surrogate_loss
-from .sapo import check_sapo, sapo_loss
+from .sapo import SapoSettings, sapo_loss
+from .settings import SHARED, own_fields
 
-
-def unused_at_default(settings: LossSettings, fields: tuple[str, ...], objective: str) -> None:
-    """ValueError "field: got ..., expected <default> (unused by <objective>)" for the first of
-    `fields` that differs from LossSettings' default: a setting the objective ignores."""
-    default = LossSettings()
-    for name in fields:
-        value = getattr(settings, name)
-        if value != getattr(default, name):
-            want = getattr(default, name)
-            raise ValueError(f"{name}: got {value!r}, expected {want!r} (unused by {objective})")
-
-
-_TAUS = ("tau_pos", "tau_neg")
-_CLIP_COV = ("clip_cov_ratio", "clip_cov_lb", "clip_cov_ub")
-_KL_COV = ("kl_cov_ratio", "kl_cov_coef")
-_COV = _CLIP_COV + _KL_COV
 DRAW_SEED = "draw_seed"
 
 
@@ -72,22 +66,41 @@ ObjectiveFn = Callable[[LossInputs, LossSettings], LossOutput]
 StatsFn = Callable[[LossInputs], dict[str, Tensor]]
 StageFn = Callable[[LossInputs, Mapping[str, Tensor]], dict]
 StagesFn = Callable[[LossSettings], tuple[StageFn, ...]]
-
-
 CheckFn = Callable[[LossSettings], None]
 
 
 @dataclass(frozen=True)
 class Objective:
-    """A registered objective: its loss function, for whole-batch selections its sums (or,
-    given the settings, its stages of them), and a check of the settings it refuses
-    (ValueError "field: got ..., expected ...")."""
+    """A registered objective: its loss function; its settings class (`LossSettings` or a
+    subclass declaring its own parameters) and the shared settings it has no use for; for
+    whole-batch selections its sums (or, given the settings, its stages of them); and a check
+    across settings beyond their ranges (ValueError "field: got ..., expected ...")."""
 
     name: str
     fn: ObjectiveFn
     stats: StatsFn | None = None
     check: CheckFn | None = None
     stages: StagesFn | None = None
+    settings: type[LossSettings] = LossSettings
+    unused: tuple[str, ...] = ()
+
+    def check_settings(self, settings: LossSettings) -> None:
+        """ValueError "field: got ..., expected ..." for a shared setting this objective has
+        no use for set away from its default, then the objective's own check."""
+        for name in self.unused:
+            value, default = getattr(settings, name), getattr(LossSettings, name)
+            if value != default:
+                raise ValueError(unused_message(name, value, default, self.name))
+        if self.check is not None:
+            self.check(settings)
+
+
+def unused_message(name: str, value: object, default: object, objective: str) -> str:
+    """ "field: got 2.0, expected 1.0 (unused by clip)": a setting `objective` ignores."""
+    if default is None:
+        return f"{name}: got {value!r}, expected none under {objective}"
+    want = default if isinstance(default, str) else repr(default)
+    return f"{name}: got {value!r}, expected {want} (unused by {objective})"
 
 
 OBJECTIVES: dict[str, Objective] = {}
@@ -97,82 +110,100 @@ OBJECTIVES: dict[str, Objective] = {}
 def register_objective(
     name: str,
     *,
+    settings: type[LossSettings] = LossSettings,
+    unused: tuple[str, ...] = (),
     stats: StatsFn | None = None,
     check: CheckFn | None = None,
     stages: StagesFn | None = None,
 ):
-    """Decorator: `@register_objective("name")` over fn(inputs, settings) -> LossOutput.
-    A name is registered once; a second registration is an error, not an override."""
+    """Decorator: `@register_objective("name", settings=MySettings)` over fn(inputs, settings)
+    -> LossOutput, where `settings` is an instance of MySettings (a frozen dataclass
+    subclassing LossSettings whose fields are declared with `rlvr.algos.settings.setting`).
+    A name is registered once: registering it again from another function is an error, not an
+    override (the same module's same function, imported again or a notebook cell run again,
+    replaces it), and so is an own setting another registered objective declares."""
 
     def add(fn: ObjectiveFn) -> ObjectiveFn:
-        if name in OBJECTIVES:
+        if name in OBJECTIVES and not _same_definition(OBJECTIVES[name].fn, fn):
             raise ValueError(f"objective {name!r} is already registered")
-        OBJECTIVES[name] = Objective(name, fn, stats, check, stages)
+        objective = Objective(name, fn, stats, check, stages, settings, tuple(unused))
+        _check_declaration(objective)
+        OBJECTIVES[name] = objective
         return fn
 
     return add
 
 
-def _only(objective: str, fields: tuple[str, ...], own: CheckFn | None = None) -> CheckFn:
-    """The check of `objective`: its own refusals, then `fields` at their defaults."""
+def _same_definition(a: ObjectiveFn, b: ObjectiveFn) -> bool:
+    def where(fn):
+        return getattr(fn, "__module__", None), getattr(fn, "__qualname__", None)
 
-    def check(settings: LossSettings) -> None:
-        if own is not None:
-            own(settings)
-        unused_at_default(settings, fields, objective)
-
-    return check
+    return where(a) == where(b)
 
 
-@register_objective("clip", check=_only("clip", _TAUS + _COV))
+def _check_declaration(objective: Objective) -> None:
+    """A registration's settings class and unused names, checked against the registry."""
+    cls, name = objective.settings, objective.name
+    if not (isinstance(cls, type) and issubclass(cls, LossSettings)):
+        raise TypeError(f"objective {name!r}: settings must subclass LossSettings, got {cls!r}")
+    bad = [u for u in objective.unused if u not in SHARED]
+    if bad:
+        raise ValueError(f"objective {name!r}: unused {bad} are not shared settings")
+    for f in fields(cls):
+        if f.name in SHARED and getattr(cls, f.name) != getattr(LossSettings, f.name):
+            raise ValueError(f"objective {name!r}: {cls.__name__} redeclares shared {f.name!r}")
+    for other in OBJECTIVES.values():
+        if other.settings is cls or other.name == name:
+            continue
+        clash = {f.name for f in own_fields(cls)} & {f.name for f in own_fields(other.settings)}
+        if clash:
+            raise ValueError(f"objective {name!r}: settings {sorted(clash)} are {other.name}'s")
+
+
+_TOKEN_ONLY = ("ratio", "dual_clip")
+_NO_CLAMP = ("ratio", "dual_clip", "log_ratio_clamp")
+_NO_CLIP = ("clip_low", "clip_high")
+
+
+@register_objective("clip")
 def clip(inputs: LossInputs, settings: LossSettings) -> LossOutput:
     """PPO's clipped surrogate with DAPO's decoupled bounds, per settings.ratio."""
     return clipped_surrogate_loss(inputs, settings)
 
 
-@register_objective("gspo", check=_only("gspo", _TAUS + _COV))
+@register_objective("gspo")
 def gspo(inputs: LossInputs, settings: LossSettings) -> LossOutput:
     """GSPO (arXiv 2507.18071): the clipped surrogate over the sequence ratio s_i."""
     return clipped_surrogate_loss(inputs, replace(settings, ratio="sequence"))
 
 
-@register_objective("cispo", check=_only("cispo", _TAUS + _COV, check_cispo))
+@register_objective("cispo", unused=_TOKEN_ONLY)
 def cispo(inputs: LossInputs, settings: LossSettings) -> LossOutput:
     """CISPO (MiniMax-M1, arXiv 2506.13585): -sg(clip(rho)) A log pi on every token."""
     return cispo_loss(inputs, settings)
 
 
-@register_objective("sapo", check=_only("sapo", ("clip_low", "clip_high", *_COV), check_sapo))
-def sapo(inputs: LossInputs, settings: LossSettings) -> LossOutput:
+@register_objective("sapo", settings=SapoSettings, unused=_NO_CLIP + _TOKEN_ONLY)
+def sapo(inputs: LossInputs, settings: SapoSettings) -> LossOutput:
     """SAPO (arXiv 2511.20347): -sigmoid(tau (rho - 1)) 4 / tau A per token, no clip."""
     return sapo_loss(inputs, settings)
 
 
-@register_objective("gmpo", check=_only("gmpo", _TAUS + _COV, check_gmpo))
+@register_objective("gmpo", unused=_NO_CLAMP, check=check_gmpo)
 def gmpo(inputs: LossInputs, settings: LossSettings) -> LossOutput:
     """GMPO (arXiv 2507.20673): -A_i exp(mean_t clipped log rho_t) per response."""
     return gmpo_loss(inputs, settings)
 
 
-def _cov_check(name: str):
-    return lambda settings: check_cov(settings, name)
-
-
-@register_objective(
-    "clip_cov",
-    check=_only("clip_cov", _TAUS + _KL_COV, _cov_check("clip_cov")),
-    stages=clip_cov_stages,
-)
-def clip_cov(inputs: LossInputs, settings: LossSettings) -> LossOutput:
+@register_objective("clip_cov", settings=ClipCovSettings, unused=_NO_CLAMP, stages=clip_cov_stages)
+def clip_cov(inputs: LossInputs, settings: ClipCovSettings) -> LossOutput:
     """Clip-Cov (arXiv 2505.22617): PPO's clipped loss, k random high-cov tokens cut."""
     return clip_cov_loss(inputs, settings)
 
 
 @register_objective(
-    "kl_cov",
-    check=_only("kl_cov", ("clip_low", "clip_high", *_TAUS, *_CLIP_COV), _cov_check("kl_cov")),
-    stages=kl_cov_stages,
+    "kl_cov", settings=KLCovSettings, unused=_NO_CLIP + _NO_CLAMP, stages=kl_cov_stages
 )
-def kl_cov(inputs: LossInputs, settings: LossSettings) -> LossOutput:
+def kl_cov(inputs: LossInputs, settings: KLCovSettings) -> LossOutput:
     """KL-Cov (arXiv 2505.22617): -A rho, plus k |log rho| on the top-k tokens by cov."""
     return kl_cov_loss(inputs, settings)

@@ -18,19 +18,25 @@ Token ratio only; no clip bounds, no dual clip.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from .loss_inputs import LossInputs, LossSettings
 from .losses import LossOutput, _check, _log_ratio, _metrics, kl_and_aggregate, masked_inputs
+from .settings import setting
 
 
-def check_sapo(settings: LossSettings) -> None:
-    """The settings SAPO has no use for are refused, not ignored (the clip bounds: by
-    `objectives.unused_at_default`, which knows their defaults)."""
-    if settings.ratio != "token":
-        raise ValueError(f"ratio: got {settings.ratio!r}, expected token (sapo gates tokens)")
-    if settings.dual_clip is not None:
-        raise ValueError(f"dual_clip: got {settings.dual_clip!r}, expected none under sapo")
+@dataclass(frozen=True)
+class SapoSettings(LossSettings):
+    """SAPO's own settings (the shared ones: `LossSettings`).
+
+    tau_pos: SAPO's gate temperature for tokens with A > 0 (the paper: 1).
+    tau_neg: SAPO's gate temperature for tokens with A <= 0 (the paper: 1.05).
+    """
+
+    tau_pos: float = setting(1.0, lambda v: v > 0, "> 0 (the paper: 1)")
+    tau_neg: float = setting(1.05, lambda v: v > 0, "> 0 (the paper: 1.05)")
 
 
 def sapo_gate(rho, tau):
@@ -38,11 +44,10 @@ def sapo_gate(rho, tau):
     return torch.sigmoid(tau * (rho - 1.0)) * (4.0 / tau)
 
 
-def sapo_loss(inputs: LossInputs, settings: LossSettings) -> LossOutput:
+def sapo_loss(inputs: LossInputs, settings: SapoSettings) -> LossOutput:
     """SAPO's loss (module docstring). Metrics as `clip`'s (LossOutput); nothing is clipped,
     so the clip fractions are 0."""
     s = settings
-    check_sapo(s)
     _check(inputs, s.kl_coef)
     logp, old, adv, mask, clean = masked_inputs(inputs)
     log_ratio, clamped = _log_ratio(logp, old, mask, "token", s.log_ratio_clamp)

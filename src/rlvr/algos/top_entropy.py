@@ -74,8 +74,6 @@ def with_top_entropy(objective: Objective, q: float) -> Objective:
     docstring). Its metrics are over the kept tokens (their `num_tokens`), plus
     top_entropy_kept_frac (kept / loss tokens of the mini-batch) and top_entropy_threshold
     (the entropy, in nats, from which tokens are kept)."""
-    from .objectives import Objective
-
     if objective.stats is not None or objective.stages is not None:
         raise ValueError(
             f"top_entropy_quantile: got {q!r}, expected 1 with {objective.name!r}, whose own "
@@ -100,4 +98,4 @@ def with_top_entropy(objective: Objective, q: float) -> Objective:
         }
         return LossOutput(loss=out.loss, metrics={**out.metrics, **extra})
 
-    return Objective(objective.name, fn, entropy_stats, objective.check)
+    return replace(objective, fn=fn, stats=entropy_stats)

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from rlvr.config.load import to_dict
-from rlvr.config.names import SAME, alias, did_you_mean
+from rlvr.config.names import SAME, did_you_mean, nest
 from rlvr.config.schema import Config, ConfigError
 from rlvr.data.errors import DatasetError
 from rlvr.run.private import private_dir, write_private
@@ -31,25 +31,13 @@ def overrides(config: Config | Mapping[str, Any] | None) -> dict[str, dict[str, 
         return {**to_dict(config), "preset": config.preset}
     if not isinstance(config, Mapping):
         raise ConfigError(f"config: expected a dict or a Config, got {type(config).__name__}")
-    out: dict[str, Any] = {}
-    for key, value in config.items():
-        if key == "preset":
-            out["preset"] = value
-        elif "." in key:
-            section, name = key.split(".", 1)
-            out.setdefault(section, {})[name] = value
-        elif isinstance(value, Mapping):
-            out.setdefault(key, {}).update(value)
-        elif (trl := alias(key)) is not None:  # TRL's name for an rlvr key
-            section, name, note = trl
-            print(note, file=sys.stderr)
-            out.setdefault(section, {})[name] = value
-        else:
-            raise ConfigError(
-                f"config: {key!r} is neither 'section.key' nor a section mapping"
-                f"{did_you_mean(key, SAME)}"
-            )
-    return out
+    return nest(
+        config.items(),
+        lambda key: (
+            f"config: {key!r} is neither 'section.key' nor a section mapping"
+            f"{did_you_mean(key, SAME)}"
+        ),
+    )
 
 
 def importable(fn: Callable) -> str | None:

@@ -6,8 +6,9 @@ update and the config checks instead of each testing config strings
                      user's "module:function"); `algo.ratio=sequence` with the default `clip`
                      is GSPO; under `algo.top_entropy_quantile` < 1 it trains on the top
                      entropy share of tokens only (rlvr.algos.top_entropy)
-    settings         its parameters (clip bounds, dual clip, aggregation, the loss's KL),
-                     range-checked once, by LossSettings
+    settings         its parameters: an instance of the settings class it declares
+                     (LossSettings' clip bounds, dual clip, aggregation and the loss's KL, and
+                     its own), range-checked once, by that class (rlvr.config.objective)
     advantage        the estimator (rlvr.algos.ADVANTAGES); token_level: it reads per-token
                      rewards (gae, reinforce_pp), uses_critic: a value model (gae)
     needs_old_log_probs, needs_reference: which no-grad passes a step runs
@@ -23,10 +24,11 @@ from dataclasses import dataclass, replace
 import torch
 
 from rlvr.algos import ADVANTAGES, TOKEN_LEVEL, AdvantageInputs, LossOutput
-from rlvr.algos.objectives import OBJECTIVES, LossInputs, LossSettings, Objective
+from rlvr.algos.objectives import LossInputs, LossSettings, Objective
 from rlvr.algos.rollout_correction import CorrectionSettings
 from rlvr.algos.top_entropy import with_top_entropy
-from rlvr.config.schema import Config, ConfigError
+from rlvr.config.objective import loss_settings, resolve_objective
+from rlvr.config.schema import Config, ConfigError, check
 
 
 @dataclass(frozen=True)
@@ -51,25 +53,15 @@ class Algorithm:
         """The run's algorithm; a ConfigError naming the key where a setting is out of range."""
         a = cfg.algo
         _check_consistency(cfg)
-        try:
-            settings = LossSettings(
-                clip_low=a.clip_low, clip_high=a.clip_high, dual_clip=a.dual_clip, agg=a.agg,
-                kl_coef=0.0 if a.kl_in_reward else a.kl_coef, kl_kind=a.kl_kind,
-                ratio=a.ratio, log_ratio_clamp=a.log_ratio_clamp, tau_pos=a.tau_pos,
-                tau_neg=a.tau_neg, clip_cov_ratio=a.clip_cov_ratio, clip_cov_lb=a.clip_cov_lb,
-                clip_cov_ub=a.clip_cov_ub, kl_cov_ratio=a.kl_cov_ratio, kl_cov_coef=a.kl_cov_coef,
-            )  # fmt: skip
-        except ValueError as e:
-            raise ConfigError(f"algo.{e}") from None
         if a.kl_coef < 0:  # the reward's beta is checked here too
             raise ConfigError(f"algo.kl_coef: got {a.kl_coef!r}, expected >= 0")
         several = a.mu > 1 or a.mini_batches > 1
         objective = resolve_objective(a.loss, a.ratio)
+        settings = loss_settings(objective, a, 0.0 if a.kl_in_reward else a.kl_coef)
         q = a.top_entropy_quantile
-        _check(0 < q <= 1, "algo.top_entropy_quantile", "in (0, 1] (the paper: 0.2)", q)
+        check(0 < q <= 1, "algo.top_entropy_quantile", "in (0, 1] (the paper: 0.2)", q)
         try:
-            if objective.check is not None:
-                objective.check(settings)
+            objective.check_settings(settings)
             objective = with_top_entropy(objective, q) if q < 1 else objective
         except ValueError as e:
             raise ConfigError(f"algo.{e}") from None
@@ -104,52 +96,29 @@ class Algorithm:
         return self.objective.fn(inputs, settings)
 
 
-def resolve_objective(name: str, ratio: str = "token") -> Objective:
-    """The registered objective `name`, or the function a "module:function" names."""
-    if name in OBJECTIVES:
-        return OBJECTIVES["gspo" if name == "clip" and ratio == "sequence" else name]
-    if ":" not in name:
-        raise ConfigError(
-            f"algo.loss: got {name!r}, expected one of {sorted(OBJECTIVES)} or "
-            "'module:function' / 'path/to/file.py:function'"
-        )
-    from rlvr.config.callables import load_callable
-
-    try:
-        fn = load_callable(name, "algo.loss")
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
-    return Objective(name, fn, getattr(fn, "stats", None), getattr(fn, "check", None))
-
-
-def _check(ok: bool, key: str, expected: str, value) -> None:
-    if not ok:
-        raise ConfigError(f"{key}: got {value!r}, expected {expected}")
-
-
 def _check_consistency(cfg: Config) -> None:
     """What the estimator asks of the rest of the config."""
     a, r = cfg.algo, cfg.rollout
     token_level = a.advantage in TOKEN_LEVEL  # their baseline is not the group
-    _check(
+    check(
         r.group_size >= (1 if token_level else 2),
         "rollout.group_size",
         ">= 2 (a group needs a baseline)" if not token_level else ">= 1",
         r.group_size,
     )
-    _check(
+    check(
         not a.kl_in_reward or token_level,
         "algo.kl_in_reward",
         "false unless algo.advantage is gae or reinforce_pp (group advantages read only the score)",
         a.kl_in_reward,
     )
-    _check(
+    check(
         not token_level or a.loss != "gmpo",
         "algo.loss",
         "not gmpo with per-token advantages (gae, reinforce_pp): its advantage is the response's",
         a.loss,
     )
-    _check(
+    check(
         a.advantage != "grpo" or a.std != "unbiased" or r.group_size >= 2,
         "algo.std",
         "population when group_size is 1",
@@ -159,38 +128,39 @@ def _check_consistency(cfg: Config) -> None:
 
 def _correction(cfg: Config) -> CorrectionSettings | None:
     """Rollout correction's settings (None when off), and what it and bypass need: an engine
-    that reports its sampling log-probs, or staleness, under which the producer computes
-    them for the hf engine (rlvr.training.pipeline)."""
+    that reports its sampling log-probs (`RolloutEngine.reports_log_probs`), or staleness,
+    under which the producer computes them (rlvr.training.pipeline)."""
+    from rlvr.rollout.registry import ENGINES, reporting_log_probs
+
     a, engine = cfg.algo, cfg.rollout.engine
+    reports = engine not in ENGINES or ENGINES[engine].reports_log_probs
     for key, on in (("rollout_correction", a.rollout_correction != "none"),
                     ("rollout_bypass", a.rollout_bypass)):  # fmt: skip
-        _check(
-            not on or engine != "hf" or cfg.train.max_staleness > 0,
+        check(
+            not on or reports or cfg.train.max_staleness > 0,
             f"algo.{key}",
-            f"{'none' if key == 'rollout_correction' else 'false'} with rollout.engine=hf "
-            "(it reports no sampling log-probs; use fast or vllm)",
+            f"{'none' if key == 'rollout_correction' else 'false'} with rollout.engine={engine} "
+            f"(it reports no sampling log-probs; use {' or '.join(reporting_log_probs())})",
             getattr(a, key),
         )
-    _check(
+    check(
         not (a.rollout_bypass and a.rollout_correction != "none"),
         "algo.rollout_correction",
         "none under algo.rollout_bypass (pi_old is then mu: every weight would be 1)",
         a.rollout_correction,
     )
-    _check(
+    check(
         not (a.rollout_bypass and a.kl_in_reward),
         "algo.rollout_bypass",
         "false with algo.kl_in_reward (the reward's KL needs the trainer's old log-probs)",
         a.rollout_bypass,
     )
     cap = a.rollout_is_cap
-    _check(cap is None or cap > 0, "algo.rollout_is_cap", "none or > 0", cap)
+    check(cap is None or cap > 0, "algo.rollout_is_cap", "none or > 0", cap)
     if a.rollout_correction == "none":
         for key in ("rollout_mask_low", "rollout_mask_high"):
             value = getattr(a, key)
-            _check(
-                value is None, f"algo.{key}", "none unless algo.rollout_correction is set", value
-            )
+            check(value is None, f"algo.{key}", "none unless algo.rollout_correction is set", value)
         return None
     try:
         return CorrectionSettings(

@@ -23,7 +23,14 @@ from typing import Any, Literal, get_args, get_origin
 import yaml
 
 from rlvr.config.formats import resolve_code_format
-from rlvr.config.names import SAME, alias, did_you_mean
+from rlvr.config.names import SAME, alias, did_you_mean, nest
+from rlvr.config.objective import (
+    OWN,
+    declared,
+    declared_names,
+    import_objective,
+    with_declared_defaults,
+)
 from rlvr.config.presets import (
     PRESETS,
     TINY_DEFAULTS,
@@ -178,6 +185,10 @@ def _apply(sub: Any, values: dict[str, Any], where: str, source: str) -> Any:
     for key, value in values.items():
         key = _renamed(where, key)
         head, dot, rest = key.partition(".")
+        if where == "algo" and not dot and (head not in hints or head == OWN):
+            own = updates.setdefault(OWN, dict(getattr(sub, OWN)))
+            own[head] = _own_setting(head, value, hints, source)
+            continue
         if head not in hints or (dot and not is_dataclass(hints[head])):
             raise ConfigError(
                 f"{source}: unknown key {where}.{key}{_near(where, key, hints)}; "
@@ -199,6 +210,19 @@ def _apply(sub: Any, values: dict[str, Any], where: str, source: str) -> Any:
     return replace(sub, **updates)
 
 
+def _own_setting(key: str, value: Any, hints: dict[str, Any], source: str) -> Any:
+    """`algo.<key>` as an objective's own setting (`rlvr.config.objective`), coerced to its
+    declared type; a key no registered objective declares is unknown."""
+    found = declared(key) if key != OWN else None
+    if found is None:
+        every = {k: v for k, v in hints.items() if k != OWN} | dict.fromkeys(declared_names())
+        raise ConfigError(
+            f"{source}: unknown key algo.{key}{_near('algo', key, every)}; "
+            f"valid keys of algo: {', '.join(every)}"
+        )
+    return _coerce(f"algo.{key}", found[2], value)
+
+
 def flat_keys(section: str, values: dict[str, Any]) -> dict[str, Any]:
     """A `to_dict` section with its engine sections spelled out as dotted keys ({"vllm":
     {"dtype": "auto"}} -> {"vllm.dtype": "auto"}) and old key names (`RENAMED`) as the new,
@@ -215,24 +239,21 @@ def flat_keys(section: str, values: dict[str, Any]) -> dict[str, Any]:
 
 
 def parse_overrides(args: list[str]) -> dict[str, dict[str, str]]:
-    """`--algo.clip_high=0.28` (or `algo.clip_high=0.28`) -> {"algo": {"clip_high": "0.28"}}."""
-    out: dict[str, dict[str, str]] = {}
+    """`--algo.clip_high=0.28` (or `algo.clip_high=0.28`, or TRL's `--epsilon_high=0.28`) ->
+    {"algo": {"clip_high": "0.28"}}."""
+    pairs, written = [], {}
     for arg in args:
         body = arg[2:] if arg.startswith("--") else arg
-        key = body.split("=", 1)[0]
-        if "=" in body and "." not in key and alias(key) is not None:  # TRL's name
-            section, name, note = alias(key)
-            print(note, file=sys.stderr)
-            out.setdefault(section, {})[name] = body.split("=", 1)[1]
-            continue
-        if "=" not in body or "." not in key:
-            raise ConfigError(
-                f"override {arg!r}: expected --section.key=value{did_you_mean(key, SAME)}"
-            )
-        key, value = body.split("=", 1)
-        section, name = key.split(".", 1)
-        out.setdefault(section, {})[name] = value
-    return out
+        key, eq, value = body.partition("=")
+        if not eq:
+            raise ConfigError(_not_an_override(arg, key))
+        pairs.append((key, value))
+        written[key] = arg
+    return nest(pairs, lambda key: _not_an_override(written[key], key))
+
+
+def _not_an_override(arg: str, key: str) -> str:
+    return f"override {arg!r}: expected --section.key=value{did_you_mean(key, SAME)}"
 
 
 def load_config(
@@ -255,7 +276,7 @@ def load_config(
         file_changes = load_yaml(read_text(path), str(path)) or {}
         if not isinstance(file_changes, dict):
             raise ConfigError(f"{path}: expected a mapping of sections at the top level")
-        file_changes = _trl_names(file_changes)
+        file_changes = nest(file_changes.items(), lambda key: None)
     if isinstance(overrides, list):
         overrides = parse_overrides(overrides)
     overrides = overrides or {}
@@ -264,6 +285,9 @@ def load_config(
         raise ConfigError(f"unknown preset {name!r}; valid presets: {', '.join(PRESETS)}")
     cfg = apply_changes(Config(preset=name), PRESETS[name], f"preset {name}")
     user = _merge(file_changes, overrides)
+    loss = user.get("algo", {}).get("loss") or PRESETS[name].get("algo", {}).get("loss")
+    if isinstance(loss, str):  # a user's objective registers its own settings' keys
+        import_objective(loss, tuple(user.get("reward", {}).get("python_path", ())))
     if user.get("model", {}).get("name_or_path", "rlvr-tiny") == "rlvr-tiny":
         cfg = apply_changes(cfg, TINY_DEFAULTS, "built-in tiny model defaults")
         if name in TINY_PRESET_DEFAULTS:
@@ -279,6 +303,7 @@ def load_config(
     cfg = resolve_code_format(cfg)  # humaneval's packaged file, the code reward
     if check:
         validate(cfg)
+        cfg = with_declared_defaults(cfg)
     return cfg
 
 
@@ -303,21 +328,6 @@ def _apply_every(cfg: Config, changes: dict[str, Any], source: str) -> Config:
     return cfg
 
 
-def _trl_names(changes: dict[str, Any]) -> dict[str, Any]:
-    """Top-level TRL names of a YAML file (`learning_rate: 1e-5`) moved to their rlvr keys,
-    each with a one-line note."""
-    out: dict[str, Any] = {}
-    for key, value in changes.items():
-        trl = alias(key) if not isinstance(value, dict) else None
-        if trl is None:
-            out[key] = value if not isinstance(value, dict) else dict(value)
-            continue
-        section, name, note = trl
-        print(note, file=sys.stderr)
-        out.setdefault(section, {})[name] = value
-    return out
-
-
 def _merge(a: dict, b: dict) -> dict:
     out = {k: dict(v) if isinstance(v, dict) else v for k, v in a.items()}
     for k, v in b.items():
@@ -329,7 +339,9 @@ def _merge(a: dict, b: dict) -> dict:
 
 
 def to_dict(cfg: Config) -> dict[str, Any]:
+    """The config as nested plain values; an objective's own settings are keys of `algo`."""
     out = dataclasses.asdict(cfg)
+    out["algo"].update(out["algo"].pop(OWN))
     for sec in out.values():
         if isinstance(sec, dict):
             for k, v in sec.items():
@@ -361,6 +373,9 @@ def _key_lines(where: str, cls: type, values: Any) -> list[str]:
     lines = []
     for f in fields(cls):
         value, base = getattr(values, f.name), getattr(default, f.name)
+        if where == "algo" and f.name == OWN:  # the objective's own keys, as set
+            lines += [f"  --algo.{k}={v!r}  (loss {values.loss})" for k, v in value.items()]
+            continue
         if is_dataclass(hints[f.name]):
             lines += _key_lines(f"{where}.{f.name}", hints[f.name], value)
             continue

@@ -6,6 +6,11 @@ TRL's names (those that map with a conversion, or not at all) are `rlvr.api.trl`
 from __future__ import annotations
 
 import difflib
+import sys
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from rlvr.config.schema import ConfigError
 
 # TRL field -> rlvr key, same meaning and units (also the aliases `config=` and the CLI take).
 SAME: dict[str, str] = {
@@ -48,3 +53,30 @@ def alias(name: str) -> tuple[str, str, str] | None:
         return None
     section, rlvr_name = key.split(".")
     return section, rlvr_name, f"note: {name} is TRL's name for {key}"
+
+
+def nest(pairs: Iterable[tuple[str, Any]], refuse: Callable[[str], str | None]) -> dict[str, Any]:
+    """Config keys as a user writes them -> {section: {key: value}}: "section.key" (the
+    section's part split at the first dot: "rollout.vllm.dtype" is rollout's "vllm.dtype"), a
+    section's mapping, "preset", or TRL's name of an rlvr key (noted once on stderr). Any
+    other key: `refuse(key)` is the ConfigError's message, or None to keep the pair as it is
+    (a YAML file's unknown section is named by `apply_changes`)."""
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        trl = alias(key) if "." not in key and not isinstance(value, Mapping) else None
+        if key == "preset":
+            out["preset"] = value
+        elif "." in key:
+            section, name = key.split(".", 1)
+            out.setdefault(section, {})[name] = value
+        elif isinstance(value, Mapping):
+            out.setdefault(key, {}).update(value)
+        elif trl is not None:
+            section, name, note = trl
+            print(note, file=sys.stderr)
+            out.setdefault(section, {})[name] = value
+        elif (message := refuse(key)) is None:
+            out[key] = value
+        else:
+            raise ConfigError(message)
+    return out

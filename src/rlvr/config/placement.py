@@ -68,11 +68,6 @@ def validate_server(cfg: Config) -> None:
     """`rollout.server.*` (docs/async.md): CPU lists that parse, none set while the server is
     off (they would do nothing), a device this machine has."""
     server = cfg.rollout.server
-    if server.enabled and cfg.rollout.engine == "hf":
-        raise ConfigError(
-            "rollout.server: rollout.engine=hf reports no sampling log-probs, which a batch "
-            "produced beside the update needs; use rollout.engine=fast or vllm"
-        )
     for key in ("cpus", "trainer_cpus", "device"):
         text = getattr(server, key)
         if text and not server.enabled:

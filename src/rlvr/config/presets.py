@@ -23,6 +23,27 @@ _DAPO: dict[str, dict[str, Any]] = {
     "reward": {"wrong_score": -1.0},
 }
 
+
+def _one_sample(advantage: str, **algo: Any) -> dict[str, dict[str, Any]]:
+    """PPO's recipe as verl and OpenRLHF run it for LLMs, under `advantage`: one sample per
+    prompt, k1 KL in the per-token reward, the clipped token-mean loss, two mini-batches."""
+    return {
+        "rollout": {"group_size": 1, "prompts_per_step": 64},
+        "algo": {
+            "advantage": advantage,
+            "clip_low": 0.2,
+            "clip_high": 0.2,
+            "agg": "token_mean",
+            "kl_coef": 0.001,
+            "kl_kind": "k1",
+            "kl_in_reward": True,
+            "gamma": 1.0,
+            "mini_batches": 2,
+            **algo,
+        },
+    }
+
+
 PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     "grpo": {
         "algo": {
@@ -71,36 +92,9 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     },
     # PPO as verl and OpenRLHF run it for LLMs: one sample per prompt, GAE over a critic's
     # values (gamma 1, lam 0.95), k1 KL in the per-token reward, token-mean loss.
-    "ppo": {
-        "rollout": {"group_size": 1, "prompts_per_step": 64},
-        "algo": {
-            "advantage": "gae",
-            "clip_low": 0.2,
-            "clip_high": 0.2,
-            "agg": "token_mean",
-            "kl_coef": 0.001,
-            "kl_kind": "k1",
-            "kl_in_reward": True,
-            "gamma": 1.0,
-            "lam": 0.95,
-            "mini_batches": 2,
-        },
-    },
+    "ppo": _one_sample("gae", lam=0.95),
     # REINFORCE++ (OpenRLHF): PPO's per-token KL reward and clipped loss without a critic.
-    "reinforce_pp": {
-        "rollout": {"group_size": 1, "prompts_per_step": 64},
-        "algo": {
-            "advantage": "reinforce_pp",
-            "clip_low": 0.2,
-            "clip_high": 0.2,
-            "agg": "token_mean",
-            "kl_coef": 0.001,
-            "kl_kind": "k1",
-            "kl_in_reward": True,
-            "gamma": 1.0,
-            "mini_batches": 2,
-        },
-    },
+    "reinforce_pp": _one_sample("reinforce_pp"),
 }
 
 # The offline default (`rlvr train` with no arguments): sizes tuned so the built-in tiny model

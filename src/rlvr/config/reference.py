@@ -17,6 +17,7 @@ from dataclasses import fields, is_dataclass
 from typing import Any
 
 from rlvr.config.load import _type_name, load_config
+from rlvr.config.objective import OWN
 from rlvr.config.presets import preset_names
 from rlvr.config.schema import SECTIONS, Config, field_docs
 
@@ -49,6 +50,9 @@ def _rows(where: str, cls: type, mine: Any, tiny: Any, schema: Any) -> list[str]
     docs, hints = field_docs(cls), typing.get_type_hints(cls)
     rows = []
     for f in fields(cls):
+        if f"{where}.{f.name}" == f"algo.{OWN}":  # written as keys of their own
+            rows += _own_rows()
+            continue
         a, b, c = getattr(mine, f.name), getattr(tiny, f.name), getattr(schema, f.name)
         if f"{where}.{f.name}" == "model.name_or_path":  # "your model" is not its default
             a = c
@@ -61,6 +65,27 @@ def _rows(where: str, cls: type, mine: Any, tiny: Any, schema: Any) -> list[str]
         tiny_col = _value(b) if b != a else ""
         kind = _type_name(hints[f.name]).replace("|", "\\|")
         rows.append(f"| `{where}.{f.name}` | {kind} | {_value(a)} | {tiny_col} | {doc} |")
+    return rows
+
+
+def _own_rows() -> list[str]:
+    """The built-in objectives' own settings (`rlvr.algos.settings`), each a key of `algo`
+    with its declared type, default and documentation, and the loss it belongs to."""
+    from rlvr.algos.objectives import OBJECTIVES
+    from rlvr.algos.settings import default_of, own_fields
+
+    rows, seen = [], set()
+    for objective in OBJECTIVES.values():
+        cls = objective.settings
+        docs, hints = field_docs(cls), typing.get_type_hints(cls)
+        for f in own_fields(cls):
+            if f.name in seen:
+                continue
+            seen.add(f.name)
+            doc = docs.get(f.name, "").replace("|", "\\|").rstrip(".")
+            doc += f"; loss {objective.name} only."
+            kind = _type_name(hints[f.name]).replace("|", "\\|")
+            rows.append(f"| `algo.{f.name}` | {kind} | {_value(default_of(f))} |  | {doc} |")
     return rows
 
 

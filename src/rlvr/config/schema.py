@@ -14,6 +14,8 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
 # the rollout section lives in its own module; its classes are read from here like the rest
+from rlvr.algos.settings import AggMode, KLKind, LossSettings, Ratio
+
 from .schema_rollout import RolloutConfig, ServerSettings, VLLMSettings  # noqa: F401
 
 
@@ -29,6 +31,12 @@ class ConfigError(ValueError):
             half = self.MAX_CHARS // 2 - 20
             text = f"{text[:half]} ...[{len(text) - 2 * half} characters cut]... {text[-half:]}"
         super().__init__(text)
+
+
+def check(ok: bool, key: str, expected: str, value: Any) -> None:
+    """ConfigError "key: got value, expected ..." unless `ok`: every range check's one line."""
+    if not ok:
+        raise ConfigError(f"{key}: got {value!r}, expected {expected}")
 
 
 @dataclass(frozen=True)
@@ -134,13 +142,6 @@ class AlgoConfig:
     mu: optimisation passes over each rollout batch.
     mini_batches: optimiser steps per pass (the rollout batch is split into this many).
     log_ratio_clamp: clamp |log rho| to this value (none = no clamp); clamped values are counted.
-    tau_pos: SAPO's gate temperature for tokens with A > 0 (loss sapo only).
-    tau_neg: SAPO's gate temperature for tokens with A <= 0 (loss sapo only).
-    clip_cov_ratio: Clip-Cov's share of the mini-batch's loss tokens cut (loss clip_cov; verl: 2e-4).
-    clip_cov_lb: Clip-Cov's band's lower end: only tokens with lb < cov < ub are cut (verl: 1).
-    clip_cov_ub: Clip-Cov's band's upper end (verl: 5).
-    kl_cov_ratio: KL-Cov's share of loss tokens, those of largest cov, penalised (loss kl_cov; verl: 2e-4).
-    kl_cov_coef: KL-Cov's weight of |log rho| on those tokens (verl's ppo_kl_coef: 1).
     top_entropy_quantile: train on the top share of the mini-batch's loss tokens by the policy's
         entropy, the rest out of loss and normaliser ("Beyond the 80/20 rule": 0.2; 1 = all).
     ref_sync_every: reset the KL reference every N steps (0 = never; reward.model_refresh_every
@@ -154,18 +155,23 @@ class AlgoConfig:
     rollout_mask_high: weights above it are zeroed (IcePop / rejection; none = no upper bound).
     rollout_bypass: the engine's log-probs are pi_old of the ratio (verl's bypass_mode): no
         old-log-prob forward where mu > 1 or several mini-batches would need one.
+    loss_settings: the objective's own settings, each written as a key of this section
+        (`algo.tau_pos` under loss sapo; sapo: tau_pos, tau_neg; clip_cov: clip_cov_ratio,
+        clip_cov_lb, clip_cov_ub; kl_cov: kl_cov_ratio, kl_cov_coef; a user's objective: what
+        it declares), with the objective's declared defaults and ranges
+        (docs/algorithms.md#adding-an-objective).
     """
 
     advantage: Literal["grpo", "dr_grpo", "rloo", "gae", "reinforce_pp"] = "grpo"
     std: Literal["unbiased", "population"] = "unbiased"
-    clip_low: float = 0.2
-    clip_high: float = 0.2
-    dual_clip: float | None = None
+    clip_low: float = LossSettings.clip_low
+    clip_high: float = LossSettings.clip_high
+    dual_clip: float | None = LossSettings.dual_clip
     loss: str = "clip"
-    ratio: Literal["token", "sequence"] = "token"
-    agg: Literal["sample_mean", "token_mean", "token_sum_norm"] = "sample_mean"
-    kl_coef: float = 0.0
-    kl_kind: Literal["k1", "k2", "k3"] = "k3"
+    ratio: Ratio = LossSettings.ratio
+    agg: AggMode = "sample_mean"  # GRPO's; a bare LossSettings takes token_mean
+    kl_coef: float = LossSettings.kl_coef
+    kl_kind: KLKind = LossSettings.kl_kind
     kl_in_reward: bool = False
     kl_target: float | None = None
     kl_horizon: float = 10000.0
@@ -179,14 +185,7 @@ class AlgoConfig:
     overlong_cache: int = 8
     mu: int = 1
     mini_batches: int = 1
-    log_ratio_clamp: float | None = None
-    tau_pos: float = 1.0
-    tau_neg: float = 1.05
-    clip_cov_ratio: float = 2e-4
-    clip_cov_lb: float = 1.0
-    clip_cov_ub: float = 5.0
-    kl_cov_ratio: float = 2e-4
-    kl_cov_coef: float = 1.0
+    log_ratio_clamp: float | None = LossSettings.log_ratio_clamp
     top_entropy_quantile: float = 1.0
     ref_sync_every: int = 0
     ref_mixup_alpha: float = 1.0
@@ -195,6 +194,7 @@ class AlgoConfig:
     rollout_mask_low: float | None = None
     rollout_mask_high: float | None = None
     rollout_bypass: bool = False
+    loss_settings: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

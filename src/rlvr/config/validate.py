@@ -9,17 +9,25 @@ import math
 import os
 import re
 from pathlib import Path
-from typing import Any
 
 from rlvr.config.placement import validate_server, validate_vllm_server
-from rlvr.config.schema import Config, ConfigError
+from rlvr.config.schema import Config, ConfigError, check
 
 MAX_LR = 1.0  # learning rates above this are refused
 
 
-def _check(ok: bool, key: str, expected: str, value: Any) -> None:
-    if not ok:
-        raise ConfigError(f"{key}: got {value!r}, expected {expected}")
+def _validate_server_engine(cfg: Config) -> None:
+    """The rollout server's batch produced beside the update needs the engine's own
+    sampling log-probs (`RolloutEngine.reports_log_probs`)."""
+    from rlvr.rollout.registry import ENGINES, reporting_log_probs
+
+    engine = cfg.rollout.engine
+    if cfg.rollout.server.enabled and not ENGINES[engine].reports_log_probs:
+        raise ConfigError(
+            f"rollout.server: rollout.engine={engine} reports no sampling log-probs, which a "
+            f"batch produced beside the update needs; use rollout.engine="
+            f"{' or '.join(reporting_log_probs())}"
+        )
 
 
 def validate(cfg: Config) -> None:
@@ -27,105 +35,106 @@ def validate(cfg: Config) -> None:
     r, a, o, t = cfg.rollout, cfg.algo, cfg.optim, cfg.train
     _validate_staleness(cfg)  # before the algorithm: its engine checks would name another key
     validate_server(cfg)
+    _validate_server_engine(cfg)
     validate_vllm_server(cfg)
     # The algorithm's settings and what its estimator asks of the rollout, checked once there
     # (imported here: the objectives are torch code, and reading a config needs no torch).
     from rlvr.config.algorithm import Algorithm
 
     Algorithm.from_config(cfg)
-    _check(r.prompts_per_step >= 1, "rollout.prompts_per_step", ">= 1", r.prompts_per_step)
-    _check(r.max_new_tokens >= 1, "rollout.max_new_tokens", ">= 1", r.max_new_tokens)
-    _check(r.temperature > 0, "rollout.temperature", "> 0", r.temperature)
-    _check(0 < r.top_p <= 1, "rollout.top_p", "in (0, 1]", r.top_p)
-    _check(r.top_k >= 0, "rollout.top_k", ">= 0", r.top_k)
-    _check(
+    check(r.prompts_per_step >= 1, "rollout.prompts_per_step", ">= 1", r.prompts_per_step)
+    check(r.max_new_tokens >= 1, "rollout.max_new_tokens", ">= 1", r.max_new_tokens)
+    check(r.temperature > 0, "rollout.temperature", "> 0", r.temperature)
+    check(0 < r.top_p <= 1, "rollout.top_p", "in (0, 1]", r.top_p)
+    check(r.top_k >= 0, "rollout.top_k", ">= 0", r.top_k)
+    check(
         0 <= r.min_new_tokens <= r.max_new_tokens,
         "rollout.min_new_tokens",
         f"0 <= min_new_tokens <= rollout.max_new_tokens ({r.max_new_tokens})",
         r.min_new_tokens,
     )
-    _check(a.mu >= 1, "algo.mu", ">= 1", a.mu)
+    check(a.mu >= 1, "algo.mu", ">= 1", a.mu)
     _validate_ppo(cfg)
     _validate_reference(cfg)
-    _check(a.mini_batches >= 1, "algo.mini_batches", ">= 1", a.mini_batches)
-    _check(
+    check(a.mini_batches >= 1, "algo.mini_batches", ">= 1", a.mini_batches)
+    check(
         r.prompts_per_step % a.mini_batches == 0,
         "algo.mini_batches",
         f"a divisor of rollout.prompts_per_step ({r.prompts_per_step}) so groups stay whole",
         a.mini_batches,
     )
-    _check(a.max_gen_batches >= 1, "algo.max_gen_batches", ">= 1", a.max_gen_batches)
-    _check(
+    check(a.max_gen_batches >= 1, "algo.max_gen_batches", ">= 1", a.max_gen_batches)
+    check(
         0 < a.overlong_cache < r.max_new_tokens or not a.soft_overlong,
         "algo.overlong_cache",
         f"0 < overlong_cache < rollout.max_new_tokens ({r.max_new_tokens})",
         a.overlong_cache,
     )
     m = cfg.model
-    _check(
+    check(
         m.lora_rank == 0 or t.parallel == "ddp",
         "train.parallel",
         "ddp with LoRA (an adapter is small: shard the base with fsdp2 and no LoRA)",
         t.parallel,
     )
-    _check(
+    check(
         m.autocast == "none" or m.dtype == "float32",
         "model.autocast",
         "none unless model.dtype is float32 (autocast keeps fp32 weights, computes in bf16)",
         m.autocast,
     )
-    _check(m.lora_rank >= 0, "model.lora_rank", ">= 0", m.lora_rank)
-    _check(m.lora_alpha > 0, "model.lora_alpha", "> 0", m.lora_alpha)
-    _check(0 <= m.lora_dropout < 1, "model.lora_dropout", "in [0, 1)", m.lora_dropout)
-    _check(
+    check(m.lora_rank >= 0, "model.lora_rank", ">= 0", m.lora_rank)
+    check(m.lora_alpha > 0, "model.lora_alpha", "> 0", m.lora_alpha)
+    check(0 <= m.lora_dropout < 1, "model.lora_dropout", "in [0, 1)", m.lora_dropout)
+    check(
         m.lora_rank == 0 or len(m.lora_target_modules) > 0,
         "model.lora_target_modules",
         "at least one module name",
         m.lora_target_modules,
     )
-    _check(
+    check(
         "all-linear" not in m.lora_target_modules or len(m.lora_target_modules) == 1,
         "model.lora_target_modules",
         "module names, or all-linear alone",
         m.lora_target_modules,
     )
     # an Adam step moves each weight by about lr: past 1 every step rewrites the model
-    _check(o.lr > 0, "optim.lr", "> 0", o.lr)
-    _check(o.lr <= MAX_LR, "optim.lr", f"<= {MAX_LR}", o.lr)
-    _check(o.weight_decay >= 0, "optim.weight_decay", ">= 0", o.weight_decay)
-    _check(0 <= o.beta1 < 1, "optim.beta1", "in [0, 1)", o.beta1)
-    _check(0 <= o.beta2 < 1, "optim.beta2", "in [0, 1)", o.beta2)
-    _check(o.warmup_steps >= 0, "optim.warmup_steps", ">= 0", o.warmup_steps)
-    _check(0 <= o.warmup_ratio < 1, "optim.warmup_ratio", "in [0, 1)", o.warmup_ratio)
+    check(o.lr > 0, "optim.lr", "> 0", o.lr)
+    check(o.lr <= MAX_LR, "optim.lr", f"<= {MAX_LR}", o.lr)
+    check(o.weight_decay >= 0, "optim.weight_decay", ">= 0", o.weight_decay)
+    check(0 <= o.beta1 < 1, "optim.beta1", "in [0, 1)", o.beta1)
+    check(0 <= o.beta2 < 1, "optim.beta2", "in [0, 1)", o.beta2)
+    check(o.warmup_steps >= 0, "optim.warmup_steps", ">= 0", o.warmup_steps)
+    check(0 <= o.warmup_ratio < 1, "optim.warmup_ratio", "in [0, 1)", o.warmup_ratio)
     if o.warmup_steps and o.warmup_ratio:
         raise ConfigError(
             f"optim.warmup_ratio: {o.warmup_ratio} with optim.warmup_steps {o.warmup_steps} "
             "(yours or the preset's); give one: optim.warmup_steps=0 to use the ratio"
         )
-    _check(0 <= o.min_lr_rate < 1, "optim.min_lr_rate", "in [0, 1)", o.min_lr_rate)
+    check(0 <= o.min_lr_rate < 1, "optim.min_lr_rate", "in [0, 1)", o.min_lr_rate)
     if o.lr_schedule == "polynomial":  # transformers' polynomial decays to lr_end=1e-7
-        _check(o.lr > 1e-7, "optim.lr", "> 1e-7 (polynomial's lr_end) under polynomial", o.lr)
-    _check(o.max_grad_norm >= 0, "optim.max_grad_norm", ">= 0", o.max_grad_norm)
-    _check(
+        check(o.lr > 1e-7, "optim.lr", "> 1e-7 (polynomial's lr_end) under polynomial", o.lr)
+    check(o.max_grad_norm >= 0, "optim.max_grad_norm", ">= 0", o.max_grad_norm)
+    check(
         o.micro_batch_sequences >= 1, "optim.micro_batch_sequences", ">= 1", o.micro_batch_sequences
     )
-    _check(o.logits_chunk_tokens >= 0, "optim.logits_chunk_tokens", ">= 0", o.logits_chunk_tokens)
-    _check(t.max_steps >= 0, "train.max_steps", ">= 0", t.max_steps)
-    _check(t.eval_size >= 0, "train.eval_size", ">= 0", t.eval_size)
-    _check(t.eval_samples >= 1, "train.eval_samples", ">= 1", t.eval_samples)
+    check(o.logits_chunk_tokens >= 0, "optim.logits_chunk_tokens", ">= 0", o.logits_chunk_tokens)
+    check(t.max_steps >= 0, "train.max_steps", ">= 0", t.max_steps)
+    check(t.eval_size >= 0, "train.eval_size", ">= 0", t.eval_size)
+    check(t.eval_samples >= 1, "train.eval_samples", ">= 1", t.eval_samples)
     for key in ("eval_every", "log_samples", "log_every", "save_every", "threads"):
-        _check(getattr(t, key) >= 0, f"train.{key}", ">= 0", getattr(t, key))
-    _check(t.max_bad_steps >= 1, "train.max_bad_steps", ">= 1", t.max_bad_steps)
-    _check(t.entropy_floor >= 0, "train.entropy_floor", ">= 0", t.entropy_floor)
+        check(getattr(t, key) >= 0, f"train.{key}", ">= 0", getattr(t, key))
+    check(t.max_bad_steps >= 1, "train.max_bad_steps", ">= 1", t.max_bad_steps)
+    check(t.entropy_floor >= 0, "train.entropy_floor", ">= 0", t.entropy_floor)
     for tracker in t.report_to:
         if importlib.util.find_spec(tracker) is None:
             raise ConfigError(
                 f"train.report_to: {tracker!r} is not installed (pip install {tracker})"
             )
-    _check(t.keep_checkpoints >= 1, "train.keep_checkpoints", ">= 1", t.keep_checkpoints)
-    _check(cfg.reward.format_weight >= 0, "reward.format_weight", ">= 0", cfg.reward.format_weight)
+    check(t.keep_checkpoints >= 1, "train.keep_checkpoints", ">= 1", t.keep_checkpoints)
+    check(cfg.reward.format_weight >= 0, "reward.format_weight", ">= 0", cfg.reward.format_weight)
     for item in cfg.reward.extra:
-        _check(
+        check(
             bool(re.fullmatch(r"[^=]+=[-+0-9.eE]+", item))
             and math.isfinite(float(item.rsplit("=", 1)[1])),
             "reward.extra",
@@ -133,16 +142,16 @@ def validate(cfg: Config) -> None:
             item,
         )
     _check_machine(cfg)
-    _check(
+    check(
         r.vllm.dtype == "auto" or r.engine == "vllm",
         "rollout.vllm.dtype",
         f"auto unless rollout.engine is vllm (it is {r.engine!r})",
         r.vllm.dtype,
     )
-    _check(0 < r.vllm.memory < 1, "rollout.vllm.memory", "in (0, 1)", r.vllm.memory)
+    check(0 < r.vllm.memory < 1, "rollout.vllm.memory", "in (0, 1)", r.vllm.memory)
     _validate_tools(cfg)
     template = cfg.data.prompt_template
-    _check(
+    check(
         template is None or "{question}" in template,
         "data.prompt_template",
         "a string containing {question} (where the prompt goes)",
@@ -151,7 +160,7 @@ def validate(cfg: Config) -> None:
     if cfg.data.path is None:
         from rlvr.tasks import TASKS
 
-        _check(
+        check(
             cfg.data.task in TASKS,
             "data.task",
             f"one of {', '.join(map(repr, TASKS))}",
@@ -173,10 +182,10 @@ def _validate_staleness(cfg: Config) -> None:
     policy mu is not pi_old, so the loss must see mu's log-probs, through rollout correction's
     weights or bypass's ratio; never the ratio 1 of the live log-probs."""
     k, a = cfg.train.max_staleness, cfg.algo
-    _check(k >= 0, "train.max_staleness", ">= 0", k)
+    check(k >= 0, "train.max_staleness", ">= 0", k)
     if k == 0:
         return
-    _check(
+    check(
         a.rollout_correction != "none" or a.rollout_bypass,
         "train.max_staleness",
         f"0 unless algo.rollout_correction is token or sequence (or algo.rollout_bypass=true): "
@@ -188,31 +197,31 @@ def _validate_staleness(cfg: Config) -> None:
 def _validate_ppo(cfg: Config) -> None:
     """The per-token reward, KL controller and critic keys (docs/algorithms.md#ppo)."""
     a, c = cfg.algo, cfg.critic
-    _check(0 <= a.gamma <= 1, "algo.gamma", "in [0, 1]", a.gamma)
-    _check(0 <= a.lam <= 1, "algo.lam", "in [0, 1]", a.lam)
-    _check(a.kl_target is None or a.kl_target > 0, "algo.kl_target", "none or > 0", a.kl_target)
-    _check(
+    check(0 <= a.gamma <= 1, "algo.gamma", "in [0, 1]", a.gamma)
+    check(0 <= a.lam <= 1, "algo.lam", "in [0, 1]", a.lam)
+    check(a.kl_target is None or a.kl_target > 0, "algo.kl_target", "none or > 0", a.kl_target)
+    check(
         a.kl_target is None or a.kl_in_reward,
         "algo.kl_target",
         "none unless algo.kl_in_reward (the adaptive controller steers the reward's beta)",
         a.kl_target,
     )
-    _check(a.kl_horizon > 0, "algo.kl_horizon", "> 0", a.kl_horizon)
-    _check(
+    check(a.kl_horizon > 0, "algo.kl_horizon", "> 0", a.kl_horizon)
+    check(
         not a.dynamic_sampling or cfg.rollout.group_size >= 2,
         "algo.dynamic_sampling",
         "false when rollout.group_size is 1 (a group of one is never mixed: all would be dropped)",
         a.dynamic_sampling,
     )
-    _check(c.lr > 0, "critic.lr", "> 0", c.lr)
-    _check(c.lr <= MAX_LR, "critic.lr", f"<= {MAX_LR}", c.lr)
-    _check(c.weight_decay >= 0, "critic.weight_decay", ">= 0", c.weight_decay)
-    _check(c.warmup_steps >= 0, "critic.warmup_steps", ">= 0", c.warmup_steps)
-    _check(c.max_grad_norm >= 0, "critic.max_grad_norm", ">= 0", c.max_grad_norm)
-    _check(
+    check(c.lr > 0, "critic.lr", "> 0", c.lr)
+    check(c.lr <= MAX_LR, "critic.lr", f"<= {MAX_LR}", c.lr)
+    check(c.weight_decay >= 0, "critic.weight_decay", ">= 0", c.weight_decay)
+    check(c.warmup_steps >= 0, "critic.warmup_steps", ">= 0", c.warmup_steps)
+    check(c.max_grad_norm >= 0, "critic.max_grad_norm", ">= 0", c.max_grad_norm)
+    check(
         c.value_clip is None or c.value_clip > 0, "critic.value_clip", "none or > 0", c.value_clip
     )
-    _check(
+    check(
         c.arch == "head" or a.advantage != "gae" or a.kl_coef > 0,
         "critic.arch",
         "'head' when algo.kl_coef is 0 ('surprise' reads the reference model's log-probs)",
@@ -223,40 +232,40 @@ def _validate_ppo(cfg: Config) -> None:
 def _validate_reference(cfg: Config) -> None:
     """Reference resets and the iterative reward model (docs/iterative_rl.md)."""
     a, w = cfg.algo, cfg.reward
-    _check(a.ref_sync_every >= 0, "algo.ref_sync_every", ">= 0", a.ref_sync_every)
-    _check(
+    check(a.ref_sync_every >= 0, "algo.ref_sync_every", ">= 0", a.ref_sync_every)
+    check(
         a.ref_sync_every == 0 or a.kl_coef > 0,
         "algo.ref_sync_every",
         "0 when algo.kl_coef is 0 (the run has no reference to reset)",
         a.ref_sync_every,
     )
-    _check(0 < a.ref_mixup_alpha <= 1, "algo.ref_mixup_alpha", "in (0, 1]", a.ref_mixup_alpha)
+    check(0 < a.ref_mixup_alpha <= 1, "algo.ref_mixup_alpha", "in (0, 1]", a.ref_mixup_alpha)
     resets = a.ref_sync_every > 0 or (w.model_refresh_every > 0 and a.kl_coef > 0)
-    _check(
+    check(
         a.ref_mixup_alpha == 1 or resets,
         "algo.ref_mixup_alpha",
         "1 unless the reference is reset (algo.ref_sync_every, or reward.model_refresh_every "
         "with kl_coef > 0)",
         a.ref_mixup_alpha,
     )
-    _check(w.model_refresh_every >= 0, "reward.model_refresh_every", ">= 0", w.model_refresh_every)
-    _check(
+    check(w.model_refresh_every >= 0, "reward.model_refresh_every", ">= 0", w.model_refresh_every)
+    check(
         w.model_refresh_every == 0 or w.model is not None,
         "reward.model_refresh_every",
         "0 unless reward.model names the reward model to refresh",
         w.model_refresh_every,
     )
-    _check(
+    check(
         w.model is None or not a.dynamic_sampling,
         "reward.model",
         "none under algo.dynamic_sampling (it keeps groups by the rule's verdict, which a "
         "reward-model run must not see)",
         w.model,
     )
-    _check(0 <= w.rm_replay_frac <= 1, "reward.rm_replay_frac", "in [0, 1]", w.rm_replay_frac)
-    _check(w.rm_lr > 0, "reward.rm_lr", "> 0", w.rm_lr)
-    _check(w.rm_lr <= MAX_LR, "reward.rm_lr", f"<= {MAX_LR}", w.rm_lr)
-    _check(w.rm_epochs >= 1, "reward.rm_epochs", ">= 1", w.rm_epochs)
+    check(0 <= w.rm_replay_frac <= 1, "reward.rm_replay_frac", "in [0, 1]", w.rm_replay_frac)
+    check(w.rm_lr > 0, "reward.rm_lr", "> 0", w.rm_lr)
+    check(w.rm_lr <= MAX_LR, "reward.rm_lr", f"<= {MAX_LR}", w.rm_lr)
+    check(w.rm_epochs >= 1, "reward.rm_epochs", ">= 1", w.rm_epochs)
     if w.model is not None and not Path(w.model).exists():
         raise ConfigError(f"reward.model: {w.model} does not exist")
 
@@ -270,21 +279,21 @@ def _validate_tools(cfg: Config) -> None:
         from rlvr.tasks import TASKS
 
         tools = tuple(getattr(TASKS.get(cfg.data.task), "tools", ()) or ())
-    _check(r.max_tool_calls >= 0, "rollout.max_tool_calls", ">= 0", r.max_tool_calls)
-    _check(
+    check(r.max_tool_calls >= 0, "rollout.max_tool_calls", ">= 0", r.max_tool_calls)
+    check(
         r.max_total_tokens is None or r.max_total_tokens >= r.max_new_tokens,
         "rollout.max_total_tokens",
         f"none or >= rollout.max_new_tokens ({r.max_new_tokens})",
         r.max_total_tokens,
     )
-    _check(r.tool_timeout_s > 0, "rollout.tool_timeout_s", "> 0", r.tool_timeout_s)
-    _check(
+    check(r.tool_timeout_s > 0, "rollout.tool_timeout_s", "> 0", r.tool_timeout_s)
+    check(
         len(r.tool_call_tags) == 2 and all(r.tool_call_tags),
         "rollout.tool_call_tags",
         "two non-empty tags, the call's opening and closing one",
         r.tool_call_tags,
     )
-    _check(
+    check(
         not tools or r.min_new_tokens == 0,
         "rollout.min_new_tokens",
         "0 with tools (EOS suppression is for benchmarks without tools)",
@@ -300,7 +309,7 @@ THREADS_PER_CPU = 4
 def _check_machine(cfg: Config) -> None:
     """Values that name this machine's resources: the device string, the thread count."""
     cpus = os.cpu_count() or 1
-    _check(
+    check(
         cfg.train.threads <= THREADS_PER_CPU * cpus,
         "train.threads",
         f"0 (torch's default) to {THREADS_PER_CPU * cpus} ({THREADS_PER_CPU} x this machine's "

@@ -2,6 +2,7 @@
 names them; `build_engine` builds the one a config names (`registry.py`)."""
 
 from rlvr.rollout.base import (
+    EngineDefaults,
     EngineError,
     EngineSite,
     Rollout,
@@ -20,6 +21,7 @@ from rlvr.rollout.vllm import VLLMEngine  # imports vllm only when constructed
 
 __all__ = [
     "ENGINES",
+    "EngineDefaults",
     "EngineError",
     "EngineSite",
     "FastEngine",

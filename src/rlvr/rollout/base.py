@@ -7,9 +7,10 @@ what the trainer needs to build masks from lengths, never by comparing tokens wi
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
 import torch
 
@@ -143,8 +144,20 @@ class RolloutEngine(Protocol):
     trainer is given back until the next `generate` (vllm's sleep); a no-op where there is
     none. resident_bytes: what the engine keeps through the update (the memory guard adds it;
     0 for the engines on the policy module).
+
+    What an engine can do is declared on its class, readable before one is built, so that
+    config checks and the trainer ask the class instead of probing an instance.
+    reports_log_probs: `generate` fills `Rollout.sampling_log_probs`, the behaviour
+    log-probs that rollout correction and bypass need (without them a forward computes
+    them). pins_weights: `pinned()` holds the weights that sample fixed while the trainer
+    updates its own (the rollout server), so a batch is produced ahead beside an update;
+    elsewhere `pinned()` is a context that pins nothing. close: stop what the engine started
+    (a process, a server); idempotent, a no-op where it started nothing. `EngineDefaults`
+    gives the no-op `pinned` and `close`.
     """
 
+    reports_log_probs: ClassVar[bool]
+    pins_weights: ClassVar[bool]
     resident_bytes: int
 
     @classmethod
@@ -157,6 +170,25 @@ class RolloutEngine(Protocol):
     def sync_weights(self) -> None: ...
 
     def release(self) -> None: ...
+
+    def pinned(self) -> contextlib.AbstractContextManager[None]: ...
+
+    def close(self) -> None: ...
+
+
+class EngineDefaults:
+    """The capabilities of an engine that pins nothing and starts nothing of its own: a
+    base class an engine may take them from (each engine still declares
+    `reports_log_probs` itself, so that no engine claims or denies log-probs by default)."""
+
+    pins_weights: ClassVar[bool] = False
+
+    def pinned(self) -> contextlib.AbstractContextManager[None]:
+        """Nothing to pin: the weights that sample are the ones the trainer updates."""
+        return contextlib.nullcontext()
+
+    def close(self) -> None:
+        """Nothing started: nothing to stop."""
 
 
 def lengths_from_eos(

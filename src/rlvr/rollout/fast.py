@@ -33,10 +33,18 @@ from transformers.cache_utils import StaticLayer
 
 import rlvr.cpu as cpu
 from rlvr.models import cache_kwarg
-from rlvr.rollout.base import Rollout, SamplingParams, dedupe, left_pad, lengths_from_eos
+from rlvr.rollout.base import (
+    EngineDefaults,
+    Rollout,
+    SamplingParams,
+    dedupe,
+    left_pad,
+    lengths_from_eos,
+)
 from rlvr.rollout.fast_tools import decode_with_tools
 from rlvr.rollout.live_cache import LiveLayer
-from rlvr.rollout.streams import CounterStreams, select_rows
+from rlvr.rollout.live_rows import LiveRows
+from rlvr.rollout.streams import CounterStreams
 
 
 def filter_logits(logits: torch.Tensor, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
@@ -110,7 +118,7 @@ def row_generators(
     return [torch.Generator(device=device).manual_seed(s) for s in seeds]
 
 
-class FastEngine:
+class FastEngine(EngineDefaults):
     """Samples on the live policy module with its own decoding loop (see the module doc).
 
     `backend`: the CPU backend's gate for this model (`rlvr.cpu.backend`; by default decided
@@ -165,6 +173,7 @@ class FastEngine:
         self._cache_kw = cache_kwarg(model)
 
     resident_bytes = 0  # samples on the policy module: nothing held through the update
+    reports_log_probs = True  # its own sampler's, as the trainer computes them
 
     @classmethod
     def from_config(cls, model, *, pad_id: int, eos_ids: list[int], cfg, site) -> FastEngine:
@@ -189,16 +198,25 @@ class FastEngine:
         ]
         return cache
 
-    def _forward(self, ids, mask, positions, cache) -> torch.Tensor:
+    def forward(self, ids, mask, positions, cache, keep: int = 1) -> torch.Tensor:
+        """The policy on new tokens `ids` (rows, K) that extend `cache` in place, at the
+        trainer's `positions` (rows, K), under `mask` (2D over the cache's columns and the new
+        ones, a 4D float mask, or None where the CPU backend's prefix attention masks the
+        prompts itself): the logits of the last `keep` positions, (rows, keep, V). The
+        decoding loops, with tools too (`fast_tools`, `ragged`), run the model through it."""
         out = self.model(
             input_ids=ids,
             attention_mask=mask,
             position_ids=positions,
             use_cache=True,
-            logits_to_keep=1,
+            logits_to_keep=keep,
             **{self._cache_kw: cache},
         )
-        return out.logits[:, -1, :]
+        return out.logits
+
+    def next_logits(self, ids, mask, positions, cache) -> torch.Tensor:
+        """(rows, V) the logits that sample each row's next token: `forward`'s last position."""
+        return self.forward(ids, mask, positions, cache)[:, -1, :]
 
     @torch.no_grad()
     def generate(self, prompt_ids: list[list[int]], params: SamplingParams) -> Rollout:
@@ -254,7 +272,7 @@ class FastEngine:
     def _prefill_and_decode(self, ids, prompt_mask, expand, cache, plan, generators, params, rows):
         # The trainer's positions: counting from each row's first real token.
         prefill_pos = (prompt_mask.cumsum(-1) - 1).clamp(min=0)
-        logits = self._forward(ids, prompt_mask, prefill_pos, cache)
+        logits = self.next_logits(ids, prompt_mask, prefill_pos, cache)
         if plan is None or not plan.keep_prompts_once(cache, prompt_mask, expand):
             cache.reorder_cache(expand)  # each prompt's cache rows copied to its samples
         logits = logits.index_select(0, expand)
@@ -262,8 +280,10 @@ class FastEngine:
         with plan.attending() if plan is not None else contextlib.nullcontext():
             return decode(logits, cache, plan, prompt_mask, expand, generators, params, rows)
 
-    def _sample(self, logits, params, suppress, generators, plan, step):
-        """The CPU backend's C sampler for plain temperature sampling, else `sample_tokens`."""
+    def sample(self, logits, params, suppress, generators, plan, step):
+        """The next tokens of (rows, V) `logits` and their log-probs (`sample_tokens`'s
+        arguments), drawn by the CPU backend's C sampler for plain temperature sampling where
+        `plan` has one, else by `sample_tokens`."""
         plain = not params.greedy and generators is None and params.top_p >= 1.0
         if plan is not None and plain and not 0 < params.top_k < logits.shape[-1]:
             drawn = plan.sample(logits, params.temperature, suppress)
@@ -274,51 +294,31 @@ class FastEngine:
     def _decode(self, logits, cache, plan, prompt_mask, expand, generators, params, rows):
         """The sampling loop after the prefill: one token per live row per step."""
         n, T = params.n, params.max_new_tokens
-        B, P, device = len(rows), prompt_mask.shape[1], logits.device
+        B, device = len(rows), logits.device
         completion = torch.full((B, T), self.pad_id, dtype=torch.long, device=device)
         log_probs = torch.zeros((B, T), dtype=torch.float32, device=device)
-        # One mask for the whole loop: prompt padding, then ones on every generation slot.
-        mask = torch.ones((B, P + T), dtype=prompt_mask.dtype, device=device)
-        mask[:, :P] = prompt_mask.index_select(0, expand)
-        next_pos = prompt_mask.sum(-1).index_select(0, expand)  # position of the 1st new token
-        # Prefix attention masks the prompts' padding itself and needs no mask.
-        masked = plan is None or plan.layout is None
-
-        row_ids = torch.arange(B, device=device)  # live batch row -> output row
-        alive = torch.ones(B, dtype=torch.bool, device=device)
+        live = LiveRows(prompt_mask, expand, T, plan, generators)
         eos = torch.tensor(self.eos_ids, dtype=torch.long, device=device)
         eos_in_vocab = eos[eos < logits.shape[-1]]
-        steps, streams = 0, generators
+        steps = 0
         check = self.check_every or (8 if device.type == "cuda" else 1)
         for t in range(T):
             suppress = eos_in_vocab if t < params.min_new_tokens else None
-            tokens, lp = self._sample(logits, params, suppress, streams, plan, t)
+            tokens, lp = self.sample(logits, params, suppress, live.streams, plan, t)
             # Finished rows still in the batch write padding (and log-prob 0) after their EOS.
-            completion[row_ids, t] = torch.where(alive, tokens, self.pad_id)
-            log_probs[row_ids, t] = torch.where(alive, lp, 0.0)
+            completion[live.row_ids, t] = torch.where(live.alive, tokens, self.pad_id)
+            log_probs[live.row_ids, t] = torch.where(live.alive, lp, 0.0)
             steps = t + 1
-            alive &= ~torch.isin(tokens, eos)
+            live.alive &= ~torch.isin(tokens, eos)
             if t == T - 1:
                 break
             # Finished rows are counted (a host sync) every `check` steps only; in between
             # they decode on, writing padding.
-            n_alive = int(alive.sum()) if (t + 1) % check == 0 else None
+            n_alive = int(live.alive.sum()) if (t + 1) % check == 0 else None
             if n_alive == 0:
                 break
-            live = alive.shape[0]
-            retire = self.retire_fraction is not None and n_alive is not None
-            if retire and live - n_alive >= self.retire_fraction * live:
-                keep = alive.nonzero().squeeze(1)
-                cache.reorder_cache(keep)
-                if plan is not None:
-                    plan.retire(keep)
-                row_ids, alive, tokens = row_ids[keep], alive[keep], tokens[keep]
-                mask, next_pos = mask[keep], next_pos[keep]
-                streams = select_rows(streams, keep)
-            logits = None if plan is None else plan.step(tokens, next_pos + t, cache)
-            if logits is None:  # the modules; the mask of the tokens seen so far (a view)
-                step_mask = mask[:, : P + t + 1] if masked else None
-                logits = self._forward(tokens[:, None], step_mask, (next_pos + t)[:, None], cache)
+            tokens = live.compact(tokens, n_alive, self.retire_fraction, cache, plan)
+            logits = live.step(self, tokens, t, cache, plan)
 
         return self._rollout(rows, completion, log_probs, steps, n)
 

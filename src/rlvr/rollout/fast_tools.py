@@ -16,11 +16,10 @@ from __future__ import annotations
 
 import torch
 
-from rlvr.rollout.base import Rollout
 from rlvr.rollout.live_cache import LiveLayer
+from rlvr.rollout.live_rows import LiveRows
 from rlvr.rollout.ragged import decode_ragged
-from rlvr.rollout.streams import select_rows
-from rlvr.rollout.turns import ToolTally
+from rlvr.rollout.turns import ToolRows
 
 
 def decode_with_tools(engine, logits, cache, plan, prompt_mask, expand, generators, params, rows):
@@ -32,33 +31,23 @@ def decode_with_tools(engine, logits, cache, plan, prompt_mask, expand, generato
     box = engine.tools
     max_new = params.max_new_tokens
     T = box.total_tokens(max_new)
-    B, P, device = len(rows), prompt_mask.shape[1], logits.device
+    B, device = len(rows), logits.device
     pad = engine.pad_id
-    completion = torch.full((B, T), pad, dtype=torch.long, device=device)
-    log_probs = torch.zeros((B, T), dtype=torch.float32, device=device)
-    tool_mask = torch.zeros((B, T), dtype=torch.bool)
-    mask = torch.ones((B, P + T), dtype=prompt_mask.dtype, device=device)
-    mask[:, :P] = prompt_mask.index_select(0, expand)
-    next_pos = prompt_mask.sum(-1).index_select(0, expand)
-    masked = plan is None or plan.layout is None
-
-    row_ids = torch.arange(B, device=device)  # live batch row -> output row
-    alive = torch.ones(B, dtype=torch.bool, device=device)
+    out = ToolRows(box, B, T, pad, device)
+    completion, log_probs, tool_mask = out.completion, out.log_probs, out.tool_mask
+    live = LiveRows(prompt_mask, expand, T, plan, generators)
     eos = torch.tensor(engine.eos_ids, dtype=torch.long, device=device)
-    model_count = torch.zeros(B, dtype=torch.long, device=device)  # per output row
     ends = torch.full((B,), T, dtype=torch.long)  # per output row: its length
-    eos_seen = torch.zeros(B, dtype=torch.bool)
     close_last = box.close_ids[-1]
-    tally = ToolTally(box, B)
-    turn_start = [0] * B
     queued: dict[int, list[int]] = {}  # output row -> tool tokens still to feed
-    steps, streams = 0, generators
+    steps = 0
     for t in range(T):
-        tokens, lp = engine._sample(logits, params, None, streams, plan, t)
+        tokens, lp = engine.sample(logits, params, None, live.streams, plan, t)
+        row_ids, alive = live.row_ids, live.alive
         fed = torch.zeros_like(alive)
         if queued:
-            live = {r: k for k, r in enumerate(row_ids.tolist())}
-            idx = torch.tensor([live[r] for r in queued], dtype=torch.long, device=device)
+            at = {r: k for k, r in enumerate(row_ids.tolist())}
+            idx = torch.tensor([at[r] for r in queued], dtype=torch.long, device=device)
             tokens[idx] = torch.tensor([q.pop(0) for q in queued.values()], device=device)
             lp[idx] = 0.0
             fed[idx] = True
@@ -68,52 +57,29 @@ def decode_with_tools(engine, logits, cache, plan, prompt_mask, expand, generato
         log_probs[row_ids, t] = torch.where(alive, lp, 0.0)
         steps = t + 1
         own = alive & ~fed  # the model's tokens this step
-        model_count[row_ids] += own.long()
+        out.model_count[row_ids] += own.long()
         is_eos = own & torch.isin(tokens, eos)
-        full = own & ~is_eos & ((model_count[row_ids] >= max_new) | (t + 1 >= T))
+        full = own & ~is_eos & ((out.model_count[row_ids] >= max_new) | (t + 1 >= T))
         maybe = own & ~is_eos & ~full & (tokens == close_last)
         for k in maybe.nonzero().flatten().tolist():
             r = int(row_ids[k])
-            reply = tally.call(r, completion[r, turn_start[r] : t + 1].tolist())
+            reply = out.tally.call(r, completion[r, out.turn_start[r] : t + 1].tolist())
             if reply is None:
                 continue
             queued[r] = reply.ids[: T - (t + 1)]
-            turn_start[r] = t + 1 + len(queued[r])
+            out.turn_start[r] = t + 1 + len(queued[r])
         done = is_eos | full
         if done.any():
             finished = row_ids[done].cpu()
             ends[finished] = t + 1
-            eos_seen[row_ids[is_eos].cpu()] = True
+            out.eos_seen[row_ids[is_eos].cpu()] = True
             alive &= ~done
         if t == T - 1:
             break
         n_alive = int(alive.sum())
         if n_alive == 0:
             break
-        live_n = alive.shape[0]
-        retire = engine.retire_fraction is not None
-        if retire and live_n - n_alive >= engine.retire_fraction * live_n:
-            keep = alive.nonzero().squeeze(1)
-            cache.reorder_cache(keep)
-            if plan is not None:
-                plan.retire(keep)
-            row_ids, alive, tokens = row_ids[keep], alive[keep], tokens[keep]
-            mask, next_pos = mask[keep], next_pos[keep]
-            streams = select_rows(streams, keep)
-        logits = None if plan is None else plan.step(tokens, next_pos + t, cache)
-        if logits is None:
-            step_mask = mask[:, : P + t + 1] if masked else None
-            logits = engine._forward(tokens[:, None], step_mask, (next_pos + t)[:, None], cache)
+        tokens = live.compact(tokens, n_alive, engine.retire_fraction, cache, plan)
+        logits = live.step(engine, tokens, t, cache, plan)
 
-    ends = torch.minimum(ends, torch.tensor(steps))
-    width = int(ends.max()) if B else 0
-    return Rollout(
-        prompt_ids=rows,
-        completion_ids=completion[:, :width].cpu(),
-        lengths=ends,
-        truncated=~eos_seen,
-        group_size=params.n,
-        sampling_log_probs=log_probs[:, :width].cpu(),
-        tool_mask=tool_mask[:, :width],
-        **tally.rollout_fields(),
-    )
+    return out.rollout(rows, torch.minimum(ends, torch.tensor(steps)), params.n)

@@ -7,7 +7,7 @@ from dataclasses import replace
 import torch
 from transformers import GenerationConfig, PreTrainedModel, StoppingCriteria, StoppingCriteriaList
 
-from rlvr.rollout.base import Rollout, SamplingParams, left_pad, lengths_from_eos
+from rlvr.rollout.base import EngineDefaults, Rollout, SamplingParams, left_pad, lengths_from_eos
 from rlvr.rollout.turns import RowTurns, turns_rollout
 
 # Values `generate` would otherwise fill from the model's own generation_config.json (a hub
@@ -29,7 +29,7 @@ _NEUTRAL = dict(
 )
 
 
-class HFEngine:
+class HFEngine(EngineDefaults):
     """Samples with `model.generate`, each prompt prefilled once per sample (HF has no
     prefix sharing); sampling uses the global torch RNG, seeded from `params.seed`.
 
@@ -43,6 +43,7 @@ class HFEngine:
         self.tools = tools
 
     resident_bytes = 0  # samples on the policy module: nothing held through the update
+    reports_log_probs = False  # `generate` returns the tokens only
 
     @classmethod
     def from_config(cls, model, *, pad_id: int, eos_ids: list[int], cfg, site) -> HFEngine:
@@ -127,15 +128,7 @@ class HFEngine:
             stop = _CallClosed(tb.close_ids, allowed, ids.shape[1])
             new = self._generate(ids, mask, params, max(budget), stop)
             for k, i in enumerate(active):
-                t = turns[i]
-                for token in new[k, : budget[k]].tolist():
-                    if t.add_model_token(token, self.eos_ids, tb, max_new, total):
-                        t.run_tool(tb, total)
-                        break
-                    if t.done:
-                        break
-                else:
-                    t.done = True  # the row's budget ended this round
+                turns[i].add_round(new[k, : budget[k]].tolist(), self.eos_ids, tb, max_new, total)
         return turns_rollout(rows, turns, self.pad_id, params.n)
 
 

@@ -18,9 +18,8 @@ import copy
 import torch
 from transformers.cache_utils import StaticLayer
 
-from rlvr.rollout.base import Rollout
 from rlvr.rollout.streams import select_rows
-from rlvr.rollout.turns import ToolTally
+from rlvr.rollout.turns import ToolRows
 
 
 class _RaggedState:
@@ -78,9 +77,8 @@ def decode_ragged(engine, logits, cache, prompt_mask, expand, generators, params
     box, max_new = engine.tools, params.max_new_tokens
     T = box.total_tokens(max_new)
     B, P, device, pad = len(rows), prompt_mask.shape[1], logits.device, engine.pad_id
-    completion = torch.full((B, T), pad, dtype=torch.long, device=device)
-    log_probs = torch.zeros((B, T), dtype=torch.float32, device=device)
-    tool_mask = torch.zeros((B, T), dtype=torch.bool)
+    out = ToolRows(box, B, T, pad, device)
+    completion, log_probs, tool_mask = out.completion, out.log_probs, out.tool_mask
     prompt_part = prompt_mask.index_select(0, expand)  # (B, P) the left-padded prompts
     prompt_len = prompt_mask.sum(-1).index_select(0, expand)
     w = torch.zeros(B, dtype=torch.long, device=device)  # tokens written, per output row
@@ -91,25 +89,22 @@ def decode_ragged(engine, logits, cache, prompt_mask, expand, generators, params
     row_ids = torch.arange(B, device=device)
     alive = torch.ones(B, dtype=torch.bool, device=device)
     eos = torch.tensor(engine.eos_ids, dtype=torch.long, device=device)
-    model_count = torch.zeros(B, dtype=torch.long, device=device)
-    eos_seen = torch.zeros(B, dtype=torch.bool)
-    tally, turn_start = ToolTally(box, B), [0] * B
     streams = generators
     for t in range(T):
-        tokens, lp = engine._sample(logits, params, None, streams, None, t)
+        tokens, lp = engine.sample(logits, params, None, streams, None, t)
         at = w[row_ids].clamp(max=T - 1)
         completion[row_ids, at] = torch.where(alive, tokens, completion[row_ids, at])
         log_probs[row_ids, at] = torch.where(alive, lp, log_probs[row_ids, at])
         positions = prompt_len[row_ids] + w[row_ids]
         w[row_ids] += alive.long()
-        model_count[row_ids] += alive.long()
+        out.model_count[row_ids] += alive.long()
         is_eos = alive & torch.isin(tokens, eos)
-        full = alive & ~is_eos & ((model_count[row_ids] >= max_new) | (w[row_ids] >= T))
+        full = alive & ~is_eos & ((out.model_count[row_ids] >= max_new) | (w[row_ids] >= T))
         maybe = alive & ~is_eos & ~full & (tokens == box.close_ids[-1])
         replies = {}
         for k in maybe.nonzero().flatten().tolist():
             r = int(row_ids[k])
-            reply = tally.call(r, completion[r, turn_start[r] : int(w[r])].tolist())
+            reply = out.tally.call(r, completion[r, out.turn_start[r] : int(w[r])].tolist())
             if reply is None:
                 continue
             ids = reply.ids[: T - int(w[r])]
@@ -117,13 +112,13 @@ def decode_ragged(engine, logits, cache, prompt_mask, expand, generators, params
             completion[r, start : start + len(ids)] = torch.tensor(ids, device=device)
             tool_mask[r, start : start + len(ids)] = True
             w[r] += len(ids)
-            turn_start[r] = start + len(ids)
+            out.turn_start[r] = start + len(ids)
             if int(w[r]) >= T:
                 full[k] = True  # the turn was cut at the budget: the row ends, truncated
             else:
                 replies[k] = ids
         done = is_eos | full
-        eos_seen[row_ids[is_eos].cpu()] = True
+        out.eos_seen[row_ids[is_eos].cpu()] = True
         alive &= ~done
         fed = alive.clone()  # rows whose token's KV is kept: a row that ended needs none
         n_alive = int(alive.sum())
@@ -145,7 +140,7 @@ def decode_ragged(engine, logits, cache, prompt_mask, expand, generators, params
         # one decoding step for every live row, at its own column
         state.live = int(state.n.max())
         mask = _mask(prompt_part.index_select(0, row_ids), state.n, state.live + 1)
-        logits = engine._forward(tokens[:, None], mask, positions[:, None], view)
+        logits = engine.next_logits(tokens[:, None], mask, positions[:, None], view)
         state.n = state.n + fed.long()
         if replies:  # every tool turn of this step: one forward, each row its own K tokens
             logits = _prefill(
@@ -153,18 +148,7 @@ def decode_ragged(engine, logits, cache, prompt_mask, expand, generators, params
             )
         state.live = int(state.n.max())
 
-    lengths = w.cpu().clamp(max=T)
-    width = int(lengths.max()) if B else 0
-    return Rollout(
-        prompt_ids=rows,
-        completion_ids=completion[:, :width].cpu(),
-        lengths=lengths,
-        truncated=~eos_seen,
-        group_size=params.n,
-        sampling_log_probs=log_probs[:, :width].cpu(),
-        tool_mask=tool_mask[:, :width],
-        **tally.rollout_fields(),
-    )
+    return out.rollout(rows, w.cpu().clamp(max=T), params.n)
 
 
 def _prefill(engine, view, state, replies, row_ids, prompt_part, prompt_len, w, logits):
@@ -198,14 +182,7 @@ def _prefill(engine, view, state, replies, row_ids, prompt_part, prompt_len, w, 
         ~sees, torch.finfo(dtype).min
     )[:, None]
     try:
-        out = engine.model(
-            input_ids=ids,
-            attention_mask=mask,
-            position_ids=first[:, None] + steps,
-            use_cache=True,
-            logits_to_keep=K,
-            **{engine._cache_kw: view},
-        ).logits
+        out = engine.forward(ids, mask, first[:, None] + steps, view, keep=K)
     finally:
         state.rows = state.columns = state.real = None
     state.n[rows] = starts + lens

@@ -27,6 +27,11 @@ if TYPE_CHECKING:
 ENGINES: dict[str, type[RolloutEngine]] = {"fast": FastEngine, "hf": HFEngine, "vllm": VLLMEngine}
 
 
+def reporting_log_probs() -> list[str]:
+    """The engines that report their sampling log-probs (`RolloutEngine.reports_log_probs`)."""
+    return [name for name, engine in ENGINES.items() if engine.reports_log_probs]
+
+
 def build_engine(cfg: Config, model, tokenizer, site: EngineSite | None = None) -> RolloutEngine:
     """The engine `cfg.rollout.engine` names, on `model`, for the caller's `site`. An engine
     that cannot run here (`EngineError`, its message naming the key) or fails to build is

@@ -38,7 +38,7 @@ import tempfile
 import threading
 from dataclasses import replace
 from multiprocessing.connection import Connection
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
@@ -163,7 +163,14 @@ def _nbytes(dtype: str, shape) -> int:
 
 
 class ServerEngine:
-    """The engine `rollout.engine` names, run by the server process (the module docstring)."""
+    """The engine `rollout.engine` names, run by the server process (the module docstring).
+
+    It reports sampling log-probs: its engine is fast or vllm (`rlvr.config.placement`
+    refuses the server with hf), and both do. It pins weights (`pinned`), and `close` ends
+    its process."""
+
+    reports_log_probs: ClassVar[bool] = True
+    pins_weights: ClassVar[bool] = True
 
     def __init__(self, model, *, pad_id: int, eos_ids: list[int], cfg: Config, site: EngineSite):
         self.model = model
@@ -291,7 +298,8 @@ class ServerEngine:
         self._ask("release")
 
     def close(self) -> None:
-        """End the server: it exits when its socket closes (killed at once when lost)."""
+        """End the server: it exits when its socket closes (killed at once when lost). A
+        second call finds it ended and does nothing more."""
         with contextlib.suppress(OSError):
             self.conn.close()
         with contextlib.suppress(subprocess.TimeoutExpired):

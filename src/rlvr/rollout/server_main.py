@@ -72,14 +72,22 @@ def _start(msg: dict):
 
 
 def serve(conn: Connection) -> None:
-    kind, msg = pickle.loads(conn.recv_bytes())
+    _, msg = pickle.loads(conn.recv_bytes())  # the "start" request
     try:
         engine, copy = _start(msg)
-        reply = ("ok", {"resident_bytes": getattr(engine, "resident_bytes", 0)})
+        reply = ("ok", {"resident_bytes": engine.resident_bytes})
     except Exception as e:  # the trainer reports it, one line naming the server
         conn.send_bytes(pickle.dumps(("error", _text(e))))
         return
     conn.send_bytes(pickle.dumps(reply))
+    try:
+        _answer(conn, engine, copy)
+    finally:
+        engine.close()
+
+
+def _answer(conn: Connection, engine, copy) -> None:
+    """Answer the trainer's requests until it closes its end."""
     while True:
         try:
             kind, payload = pickle.loads(conn.recv_bytes())

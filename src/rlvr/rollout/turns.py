@@ -57,6 +57,28 @@ class RowTurns:
             return False
         return self.calls < toolbox.max_calls and toolbox.ends_call(self.ids[self.turn_start :])
 
+    def add_round(
+        self,
+        tokens: list[int],
+        eos_ids,
+        toolbox: Toolbox,
+        max_new: int,
+        total: int,
+        log_probs: list[float] | None = None,
+    ) -> None:
+        """Append what one round generated for the row (`tokens`, their `log_probs`, else
+        0) up to the token that ends the model's turn: at a call, the tool runs and its turn
+        is appended. A round that ends on none (the budget it was given is spent, or the
+        model's context) ends the row."""
+        lps = [0.0] * len(tokens) if log_probs is None else log_probs
+        for token, lp in zip(tokens, lps):
+            if self.add_model_token(token, eos_ids, toolbox, max_new, total, lp):
+                self.run_tool(toolbox, total)
+                return
+            if self.done:
+                return
+        self.done = True
+
     def run_tool(self, toolbox: Toolbox, total: int) -> list[int]:
         """Run the call ending the current turn; append (and return) the tool turn's ids,
         cut at the budget (the row is then done, truncated)."""
@@ -101,6 +123,37 @@ class ToolTally:
             "tool_errors": torch.tensor(self.errors, dtype=torch.long),
             "tool_seconds": torch.tensor(self.seconds, dtype=torch.float64),
         }
+
+
+class ToolRows:
+    """What the fast engine's batched loops with tools (`fast_tools`, `ragged`) write for
+    each of B output rows, T columns wide: the ids, the sampled log-probs (0 on tool tokens),
+    the tool mask, the model's own tokens so far, which rows ended on an EOS, where each row's
+    current turn starts, and the tool calls (`tally`)."""
+
+    def __init__(self, toolbox: Toolbox, B: int, T: int, pad_id: int, device):
+        self.completion = torch.full((B, T), pad_id, dtype=torch.long, device=device)
+        self.log_probs = torch.zeros((B, T), dtype=torch.float32, device=device)
+        self.tool_mask = torch.zeros((B, T), dtype=torch.bool)
+        self.model_count = torch.zeros(B, dtype=torch.long, device=device)
+        self.eos_seen = torch.zeros(B, dtype=torch.bool)
+        self.turn_start = [0] * B
+        self.tally = ToolTally(toolbox, B)
+
+    def rollout(self, rows: list[list[int]], lengths: torch.Tensor, group_size: int) -> Rollout:
+        """The rows as a `Rollout` with their `lengths` ((B,), on the CPU), cut to the
+        longest; a row that ended on no EOS is truncated."""
+        width = int(lengths.max()) if len(rows) else 0
+        return Rollout(
+            prompt_ids=rows,
+            completion_ids=self.completion[:, :width].cpu(),
+            lengths=lengths,
+            truncated=~self.eos_seen,
+            group_size=group_size,
+            sampling_log_probs=self.log_probs[:, :width].cpu(),
+            tool_mask=self.tool_mask[:, :width],
+            **self.tally.rollout_fields(),
+        )
 
 
 def turns_rollout(

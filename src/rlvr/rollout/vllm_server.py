@@ -32,7 +32,13 @@ from urllib.parse import urlsplit
 
 import torch
 
-from rlvr.rollout.base import EngineError, Rollout, SamplingParams, lengths_from_eos
+from rlvr.rollout.base import (
+    EngineDefaults,
+    EngineError,
+    Rollout,
+    SamplingParams,
+    lengths_from_eos,
+)
 from rlvr.rollout.vllm import sample_seeds, vllm_dtype
 from rlvr.rollout.vllm_fleet import Fleet, ServerDown, VLLMServerError, WeightClient
 from rlvr.rollout.vllm_host import kv_cache_bytes
@@ -44,12 +50,12 @@ TOLERANCE = {"float32": ("max", 2e-3), "bfloat16": ("mean", 0.02), "float16": ("
 CHECK_TOKENS = 8
 
 
-class VLLMServerEngine:
+class VLLMServerEngine(EngineDefaults):
     """Generation on vLLM servers (the module doc). `settings`: `rollout.vllm`; `site`: the
     caller's `EngineSite`; `temperature`: the run's, for the log-prob check."""
 
     reports_log_probs = True
-    pins_weights = False
+    pins_weights = False  # the servers sample with the weights of the last push
     resident_bytes = 0  # nothing of it lives in the trainer's memory
 
     def __init__(self, model, *, pad_id: int, eos_ids: list[int], settings, site, temperature):

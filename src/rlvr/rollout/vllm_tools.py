@@ -68,15 +68,7 @@ def tool_rounds(
             for i in active
         ]
         for i, req, (ids, lps) in zip(active, requests, generate(requests)):
-            t = turns[i]
-            for token, lp in zip(ids[: req.max_tokens], lps):
-                if t.add_model_token(token, eos, toolbox, max_new, total, lp):
-                    t.run_tool(toolbox, total)
-                    break
-                if t.done:
-                    break
-            else:
-                t.done = True  # the row ended on its budget (or the model's context)
+            turns[i].add_round(ids[: req.max_tokens], eos, toolbox, max_new, total, lps)
     for t in turns:  # past max_calls + 1 rounds a row can only be out of calls: never here
         t.done = True
     return turns_rollout(rows, turns, pad_id, params.n, with_log_probs=True)

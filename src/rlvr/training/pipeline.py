@@ -193,7 +193,7 @@ class Pipeline:
         last = self.queue[-1].step if self.queue else step - 1
         todo = list(range(last + 1, min(step + self.k, run.cfg.train.max_steps) + 1))
         # the rollout server: the last batch ahead is generated beside this step's update
-        beside = todo.pop() if todo and todo[-1] > step and hasattr(run.engine, "pinned") else None
+        beside = todo.pop() if todo and todo[-1] > step and run.engine.pins_weights else None
         for ahead in todo:
             self.queue.append(produce(ahead, run, version=step - 1))
         if beside is not None:

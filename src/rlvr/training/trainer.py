@@ -192,8 +192,8 @@ def train(
             discard_unstarted(run.run_dir)
         raise
     finally:  # the run directory's lock (rlvr.run.rundir), taken in setup by rank 0
-        if run is not None and hasattr(run.engine, "close"):
-            run.engine.close()  # the rollout server's process ends with the run
+        if run is not None:
+            run.engine.close()  # what the engine started (the rollout server) ends with the run
         locked = run.run_dir if run else cfg.train.output_dir or resume_dir
         if locked:
             unlock_run_dir(Path(locked))
