@@ -185,17 +185,20 @@ def run(argv: list[str]) -> int:
     engine = build_engine(cfg, model, tokenizer, eval_site(cfg, model, source, toolbox))
     sampled_rows: list[dict] = []
     greedy_rows: list[dict] = []
-    sampled = evaluate(
-        engine, tokenizer, scorer, source.eval, params=eval_params(cfg), records=sampled_rows
-    )
-    greedy = evaluate(
-        engine,
-        tokenizer,
-        scorer,
-        source.eval,
-        params=eval_params(cfg, greedy=True, n=1),
-        records=greedy_rows,
-    )
+    try:
+        sampled = evaluate(
+            engine, tokenizer, scorer, source.eval, params=eval_params(cfg), records=sampled_rows
+        )
+        greedy = evaluate(
+            engine,
+            tokenizer,
+            scorer,
+            source.eval,
+            params=eval_params(cfg, greedy=True, n=1),
+            records=greedy_rows,
+        )
+    finally:
+        engine.close()  # what it started (launched vLLM servers) ends with the evaluation
     result = {
         "model": target,
         "data": cfg.data.eval_path or source.name,
