@@ -144,13 +144,13 @@ class VLLMServerEngine(EngineDefaults):
             return WeightTransferTrainerFactory.trainer_init(
                 info, client=client, source=PolicySource(self.model)
             )
-        except VLLMServerError as e:
-            if "Weight transfer not configured" in str(e):
-                raise VLLMServerError(
-                    f"rollout.vllm.urls: {server.url} was started without "
-                    f'--weight-transfer-config \'{{"backend": "{self.backend}"}}\''
-                ) from None
+        except ServerDown:
             raise
+        except VLLMServerError as e:  # the server refused the setup (a 500 without details)
+            raise VLLMServerError(
+                f'{e} (started with --weight-transfer-config \'{{"backend": '
+                f'"{self.backend}"}}\'{" and rlvr installed" if self.backend == "rlvr_http" else ""}?)'
+            ) from None
 
     # -- weights ----------------------------------------------------------------------
 
