@@ -27,6 +27,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from rlvr.rollout.base import EngineError
 from rlvr.rollout.server import ServerError
 
 POLL_S = 2.0  # seconds between a server's heartbeats
@@ -34,9 +35,11 @@ RETRY_S = 0.5  # seconds before a failed connection is tried again
 KEEPALIVE_S = 3.0  # seconds an idle connection is kept (vLLM's uvicorn closes them at 5)
 
 
-class VLLMServerError(ServerError):
+class VLLMServerError(ServerError, EngineError):
     """A vLLM server in `rollout.vllm.urls` (or launched) failed, stopped answering or
-    answered what the run refuses; one line naming its URL and what it was doing."""
+    answered what the run refuses; one line naming its URL and what it was doing. Raised
+    while the engine is built, `build_engine` reports it as the config error it is (exit
+    2); during the run, it ends the run (exit 1, as the rollout server's errors)."""
 
 
 class ServerDown(VLLMServerError):
@@ -254,12 +257,13 @@ class WeightClient:
     def __init__(self, fleet: Fleet, server: Server, version: str = ""):
         self.fleet, self.server, self.version = fleet, server, version
 
-    def _post(self, path: str, body: dict | None = None) -> None:
-        doing = f"receiving weights (version {self.version}, {path})"
+    def _post(self, path: str, body: dict | None = None, doing: str = "") -> None:
+        doing = doing or f"receiving weights (version {self.version}, {path})"
         self.fleet.call(self.server, doing, "POST", path, body)
 
     def init_weight_transfer_engine(self, init_info: dict) -> None:
-        self._post("/init_weight_transfer_engine", {"init_info": init_info})
+        body = {"init_info": init_info}
+        self._post("/init_weight_transfer_engine", body, "setting up its weight transfer")
 
     def start_weight_update(self) -> None:
         self._post("/start_weight_update")
