@@ -6,8 +6,22 @@ starts real ones)."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import tempfile
 
-from rlvr.rollout.vllm_launch import LaunchPlan, command, environment, split
+import pytest
+
+from rlvr.rollout.vllm_fleet import VLLMServerError
+from rlvr.rollout.vllm_launch import (
+    Launched,
+    LaunchPlan,
+    _wait_healthy,
+    command,
+    environment,
+    split,
+    stop,
+)
 
 PLAN = LaunchPlan(model="/m", dtype="float32", max_model_len=96, kv_bytes=1 << 20, memory=0.4,
                   backend="rlvr_http")  # fmt: skip
@@ -48,3 +62,20 @@ def test_the_environment_mounts_the_rl_routes_and_drops_torchrun(monkeypatch):
 def test_cpus_and_gpus_split_evenly_in_order():
     assert split([0, 1, 2, 3], 2) == [[0, 1], [2, 3]]
     assert split([5], 1) == [[5]]
+
+
+def test_a_server_that_exits_while_starting_is_named_with_its_output_and_leaves_no_file():
+    """The output file is unlinked at start (a SIGKILLed trainer leaves none on disk); its
+    last lines still name why the server ended."""
+    fd, path = tempfile.mkstemp(prefix="rlvr-vllm-server-", suffix=".log")
+    os.unlink(path)
+    proc = subprocess.Popen(["sh", "-c", "echo loading; echo 'ValueError: no such model'; exit 3"],
+                            stdout=fd, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+    server = Launched(proc, "http://127.0.0.1:9", fd)
+    try:
+        with pytest.raises(VLLMServerError, match=r"exited with 3 while starting: loading \| ValueError: no such model$"):  # fmt: skip
+            _wait_healthy(server)
+    finally:
+        stop([server])
+        stop([server])  # idempotent
+    assert server.log == -1 and not os.path.exists(path)

@@ -62,7 +62,7 @@ class LaunchPlan:
 class Launched:
     proc: subprocess.Popen
     url: str
-    log: str
+    log: int  # a file descriptor of the server's output (the file itself already unlinked)
 
 
 def split(items: list[int], n: int) -> list[list[int]]:
@@ -114,7 +114,8 @@ def launch(plan: LaunchPlan, n: int, cpus: list[int], gpus: list[int]) -> list[L
 
 def _start(plan: LaunchPlan, cpus: list[int] | None, gpus: list[int] | None) -> Launched:
     port = free_port()
-    fd, log = tempfile.mkstemp(prefix="rlvr-vllm-server-", suffix=".log")
+    fd, path = tempfile.mkstemp(prefix="rlvr-vllm-server-", suffix=".log")
+    os.unlink(path)  # nothing left on disk however the trainer ends; both ends keep the file
 
     def child() -> None:  # in the server's process, before vLLM starts
         with contextlib.suppress(OSError, AttributeError):
@@ -131,8 +132,7 @@ def _start(plan: LaunchPlan, cpus: list[int] | None, gpus: list[int] | None) -> 
         start_new_session=True,  # a group of its own: ended with its engine core
         preexec_fn=child,
     )
-    os.close(fd)
-    return Launched(proc, f"http://127.0.0.1:{port}", log)
+    return Launched(proc, f"http://127.0.0.1:{port}", fd)
 
 
 def free_port() -> int:
@@ -162,15 +162,18 @@ def _wait_healthy(server: Launched) -> None:
     )
 
 
-def tail(path: str, lines: int = 3) -> str:
-    with contextlib.suppress(OSError), open(path, errors="replace") as f:
-        return " | ".join(line.strip() for line in f.readlines()[-lines:])
+def tail(fd: int, lines: int = 3) -> str:
+    """The last `lines` lines of a server's output."""
+    with contextlib.suppress(OSError):
+        size = os.fstat(fd).st_size
+        text = os.pread(fd, 8192, max(0, size - 8192)).decode(errors="replace")
+        return " | ".join(line.strip() for line in text.splitlines()[-lines:]) or "(no output)"
     return "(no log)"
 
 
 def stop(servers: list[Launched]) -> None:
     """End each server's process group: SIGTERM, SIGKILL after 10 s (or at once when it is
-    stopped); remove its log. Idempotent."""
+    stopped); close its log. Idempotent."""
     for s in servers:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(s.proc.pid, signal.SIGTERM)
@@ -182,5 +185,6 @@ def stop(servers: list[Launched]) -> None:
             os.killpg(s.proc.pid, signal.SIGKILL)  # what of the group is left
         if s.proc.poll() is None:
             s.proc.wait()
-        with contextlib.suppress(OSError):
-            os.unlink(s.log)
+        if s.log >= 0:
+            os.close(s.log)
+            s.log = -1
