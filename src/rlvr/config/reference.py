@@ -71,11 +71,11 @@ def _rows(where: str, cls: type, mine: Any, tiny: Any, schema: Any) -> list[str]
 def _own_rows() -> list[str]:
     """The built-in objectives' own settings (`rlvr.algos.settings`), each a key of `algo`
     with its declared type, default and documentation, and the loss it belongs to."""
-    from rlvr.algos.objectives import OBJECTIVES
+    from rlvr.algos.objectives import builtin_objectives
     from rlvr.algos.settings import default_of, own_fields
 
     rows, seen = [], set()
-    for objective in OBJECTIVES.values():
+    for objective in builtin_objectives():
         cls = objective.settings
         docs, hints = field_docs(cls), typing.get_type_hints(cls)
         for f in own_fields(cls):
