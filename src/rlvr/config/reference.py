@@ -27,7 +27,7 @@ YOUR_MODEL = "your/model"
 
 HEADER = """# Configuration reference
 
-Generated from `rlvr/config/schema.py` (and `rlvr/config/schema_rollout.py`) by `python scripts/config_reference.py`; do not edit by hand.
+Generated from `rlvr/config/schema.py` (and `rlvr/config/schema_algo.py`, `rlvr/config/schema_rollout.py`) by `python scripts/config_reference.py`; do not edit by hand.
 Set a key in a YAML file (`section: {key: value}`) or on the command line
 (`--section.key=value`). Precedence: the dataclass defaults, then the preset (`preset`, one of
 PRESETS), then the YAML file, then the command line.
