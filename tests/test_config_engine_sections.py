@@ -84,9 +84,9 @@ def test_data_preset_is_read_as_data_format_with_one_note(tmp_path, capsys, fres
     ("changes", "match"),
     [
         ({"vllm.dtyp": "x"}, r"unknown key rollout\.vllm\.dtyp; did you mean rollout\.vllm\.dtype\?; "
-                             r"valid keys of rollout\.vllm: dtype, memory$"),
+                             r"valid keys of rollout\.vllm: dtype, memory, mode, urls, launch, cpus, gpus, timeout$"),
         ({"vllm": {"memry": 0.5}}, r"unknown key rollout\.vllm\.memry; did you mean rollout\.vllm\.memory\?"),
-        ({"vllm": "bfloat16"}, r"rollout\.vllm: got 'bfloat16', expected a mapping of its keys \(dtype, memory\)$"),
+        ({"vllm": "bfloat16"}, r"rollout\.vllm: got 'bfloat16', expected a mapping of its keys \(dtype, memory, mode, urls, launch, cpus, gpus, timeout\)$"),
         ({"tools.x": 1}, r"unknown key rollout\.tools\.x"),
         ({"vllm.dtype": "int8"}, r"rollout\.vllm\.dtype: got 'int8', expected one of 'auto', "),
         ({"vllm_dtype": "float32"}, r"^rollout\.vllm\.dtype: got 'float32', expected auto unless rollout\.engine is vllm"),
@@ -105,6 +105,12 @@ def test_help_lists_the_sections_keys_documented():
     assert [line.split("=")[0] for line in lines] == [
         "  --rollout.vllm.dtype",
         "  --rollout.vllm.memory",
+        "  --rollout.vllm.mode",
+        "  --rollout.vllm.urls",
+        "  --rollout.vllm.launch",
+        "  --rollout.vllm.cpus",
+        "  --rollout.vllm.gpus",
+        "  --rollout.vllm.timeout",
     ]
     assert "vLLM's gpu_memory_utilization). [schema default 0.35]" in lines[1]
 

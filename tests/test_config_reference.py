@@ -8,7 +8,7 @@ import typing
 from dataclasses import fields, is_dataclass
 from pathlib import Path
 
-from rlvr.algos.objectives import OBJECTIVES
+from rlvr.algos.objectives import builtin_objectives
 from rlvr.algos.settings import own_fields
 from rlvr.config.reference import reference_markdown
 from rlvr.config.schema import SECTIONS, Config
@@ -21,7 +21,7 @@ def _keys(prefix: str, cls: type) -> list[str]:
     hints, out = typing.get_type_hints(cls), []
     for f in fields(cls):
         if f"{prefix}.{f.name}" == "algo.loss_settings":
-            out += [f"algo.{f.name}" for o in OBJECTIVES.values() for f in own_fields(o.settings)]
+            out += [f"algo.{f.name}" for o in builtin_objectives() for f in own_fields(o.settings)]
         elif is_dataclass(hints[f.name]):
             out += _keys(f"{prefix}.{f.name}", hints[f.name])
         else:

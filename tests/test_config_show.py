@@ -83,7 +83,7 @@ def test_preset_lists_come_from_the_registry(capsys):
     with pytest.raises(SystemExit):
         main(["train", "--help"])
     text = " ".join(capsys.readouterr().out.split())
-    doc = " ".join(rlvr.api.train.__doc__.split())
+    doc = " ".join(rlvr.train.__doc__.split())
     for name in PRESETS:
         assert re.search(rf"--preset PRESET .*\b{name}\b", text), name
         assert re.search(rf"preset: one of .*\b{name}\b", doc), name

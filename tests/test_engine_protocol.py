@@ -25,7 +25,15 @@ def test_the_protocol_names_every_capability():
     hints = typing.get_type_hints(RolloutEngine, include_extras=True)
     assert hints["reports_log_probs"] == typing.ClassVar[bool]
     assert hints["pins_weights"] == typing.ClassVar[bool]
-    for method in ("generate", "sync_weights", "release", "pinned", "close", "from_config"):
+    for method in (
+        "generate",
+        "sync_weights",
+        "release",
+        "pinned",
+        "close",
+        "step_metrics",
+        "from_config",
+    ):
         assert callable(getattr(RolloutEngine, method))
 
 
@@ -36,7 +44,7 @@ def test_each_engine_declares_its_capabilities_on_the_class(name):
     declared = (cls.reports_log_probs, cls.pins_weights)
     assert all(type(v) is bool for v in declared)
     assert declared == DECLARED[name]
-    for method in ("generate", "sync_weights", "release", "pinned", "close"):
+    for method in ("generate", "sync_weights", "release", "pinned", "close", "step_metrics"):
         assert inspect.isfunction(getattr(cls, method)), method
     assert inspect.ismethod(cls.from_config)
 

@@ -111,6 +111,11 @@ OBJECTIVES: dict[str, Objective] = {}
 """Objectives by name (`algo.loss`); each entry's fn(LossInputs, LossSettings) -> LossOutput."""
 
 
+def builtin_objectives() -> list[Objective]:
+    """The objectives rlvr registers itself (a user's module may have added more)."""
+    return [o for o in OBJECTIVES.values() if o.fn.__module__.startswith("rlvr.algos.")]
+
+
 def register_objective(
     name: str,
     *,

@@ -188,10 +188,13 @@ def run(argv: list[str]) -> int:
     sampled_rows: list[dict] = []
     greedy_rows: list[dict] = []
     gen = Generator(engine, tokenizer, scorer)
-    sampled = evaluate(gen, source.eval, params=eval_params(cfg), records=sampled_rows)
-    greedy = evaluate(
-        gen, source.eval, params=eval_params(cfg, greedy=True, n=1), records=greedy_rows
-    )
+    try:
+        sampled = evaluate(gen, source.eval, params=eval_params(cfg), records=sampled_rows)
+        greedy = evaluate(
+            gen, source.eval, params=eval_params(cfg, greedy=True, n=1), records=greedy_rows
+        )
+    finally:
+        engine.close()  # what it started (launched vLLM servers) ends with the evaluation
     result = {
         "model": target,
         "data": cfg.data.eval_path or source.name,

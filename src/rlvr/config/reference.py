@@ -27,7 +27,7 @@ YOUR_MODEL = "your/model"
 
 HEADER = """# Configuration reference
 
-Generated from `rlvr/config/schema.py` (and `rlvr/config/schema_rollout.py`) by `python scripts/config_reference.py`; do not edit by hand.
+Generated from `rlvr/config/schema.py` (and `rlvr/config/schema_algo.py`, `rlvr/config/schema_rollout.py`) by `python scripts/config_reference.py`; do not edit by hand.
 Set a key in a YAML file (`section: {key: value}`) or on the command line
 (`--section.key=value`). Precedence: the dataclass defaults, then the preset (`preset`, one of
 PRESETS), then the YAML file, then the command line.
@@ -71,11 +71,11 @@ def _rows(where: str, cls: type, mine: Any, tiny: Any, schema: Any) -> list[str]
 def _own_rows() -> list[str]:
     """The built-in objectives' own settings (`rlvr.algos.settings`), each a key of `algo`
     with its declared type, default and documentation, and the loss it belongs to."""
-    from rlvr.algos.objectives import OBJECTIVES
+    from rlvr.algos.objectives import builtin_objectives
     from rlvr.algos.settings import default_of, own_fields
 
     rows, seen = [], set()
-    for objective in OBJECTIVES.values():
+    for objective in builtin_objectives():
         cls = objective.settings
         docs, hints = field_docs(cls), typing.get_type_hints(cls)
         for f in own_fields(cls):

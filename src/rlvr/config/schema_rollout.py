@@ -9,17 +9,37 @@ from typing import Literal
 
 @dataclass(frozen=True)
 class VLLMSettings:
-    """The vllm engine's own settings (`rollout.vllm.dtype`, `rollout.vllm.memory`); the
-    other engines ignore them.
+    """The vllm engine's own settings (`rollout.vllm.KEY`); the other engines ignore them.
 
     dtype: the vllm engine's dtype: auto (bfloat16 under model.autocast=bfloat16, else
         model.dtype), float32, bfloat16 or float16.
-    memory: fraction of the GPU's memory the vllm engine takes while awake (weights and KV
-        cache; vLLM's gpu_memory_utilization).
+    memory: fraction of the GPU's memory the vllm engine (or each launched server) takes
+        while awake (weights and KV cache; vLLM's gpu_memory_utilization).
+    mode: colocate (vLLM in the trainer's process, on its device) or server (generation on
+        `vllm serve` processes through vLLM's HTTP API: rollout.vllm.urls or .launch;
+        docs/guides/vllm_server.md).
+    urls: server mode: the running vLLM servers, e.g. http://10.0.0.5:8000 (started with
+        VLLM_SERVER_DEV_MODE=1 and the flags the guide lists; keep them on loopback or a
+        private network).
+    launch: server mode: start this many vLLM servers on 127.0.0.1, stopped with the run
+        (0 = use rollout.vllm.urls).
+    cpus: the CPUs the launched servers run on, e.g. "2-3", split evenly in order among them;
+        empty = all this process may use.
+    gpus: the GPUs the launched servers run on, e.g. "1,2,3", split evenly in order among them
+        (tensor parallel over each share); empty = the servers run on the CPU.
+    timeout: seconds a server may leave its heartbeat (asked every 2 s) unanswered before
+        it counts as dead: its work goes to another server, or the run ends naming it (not
+        a limit on a long generation).
     """
 
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     memory: float = 0.35
+    mode: Literal["colocate", "server"] = "colocate"
+    urls: tuple[str, ...] = ()
+    launch: int = 0
+    cpus: str = ""
+    gpus: str = ""
+    timeout: float = 20.0
 
 
 @dataclass(frozen=True)

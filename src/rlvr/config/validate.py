@@ -10,7 +10,7 @@ import os
 import re
 from pathlib import Path
 
-from rlvr.config.placement import validate_server
+from rlvr.config.placement import validate_server, validate_vllm_server
 from rlvr.config.schema import Config, ConfigError, check
 
 MAX_LR = 1.0  # learning rates above this are refused
@@ -36,6 +36,7 @@ def validate(cfg: Config) -> None:
     _validate_staleness(cfg)  # before the algorithm: its engine checks would name another key
     validate_server(cfg)
     _validate_server_engine(cfg)
+    validate_vllm_server(cfg)
     # The algorithm's settings and what its estimator asks of the rollout, checked once there
     # (imported here: the objectives are torch code, and reading a config needs no torch).
     from rlvr.config.algorithm import Algorithm

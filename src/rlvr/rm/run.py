@@ -65,13 +65,17 @@ def collect_data(cfg, rcfg: RMConfig, run_dir: Path, console: Console) -> tuple[
     scorer = Scorer.build(cfg, source.task, has_answer=source.has_answer)
     n, seed = rcfg.samples_per_prompt, rcfg.seed
     console.print(f"sampling {n} responses to {rcfg.train_prompts} + {len(source.eval)} prompts")
-    records = sample_records(
-        engine, tok, scorer, source.train[: rcfg.train_prompts], cfg, n=n, seed=seed, split="train"
-    )
-    held_out = sample_records(
-        engine, tok, scorer, source.eval[: rcfg.eval_prompts], cfg, n=n, seed=seed, split="eval",
-        first_group=len(source.train),
-    )  # fmt: skip
+    try:
+        records = sample_records(
+            engine, tok, scorer, source.train[: rcfg.train_prompts], cfg, n=n, seed=seed,
+            split="train",
+        )  # fmt: skip
+        held_out = sample_records(
+            engine, tok, scorer, source.eval[: rcfg.eval_prompts], cfg, n=n, seed=seed,
+            split="eval", first_group=len(source.train),
+        )  # fmt: skip
+    finally:
+        engine.close()  # what it started (launched vLLM servers) ends with the sampling
     write_records(paths[1], held_out)
     write_records(paths[0], records)
     return records, held_out

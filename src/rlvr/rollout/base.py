@@ -152,8 +152,9 @@ class RolloutEngine(Protocol):
     them). pins_weights: `pinned()` holds the weights that sample fixed while the trainer
     updates its own (the rollout server), so a batch is produced ahead beside an update;
     elsewhere `pinned()` is a context that pins nothing. close: stop what the engine started
-    (a process, a server); idempotent, a no-op where it started nothing. `EngineDefaults`
-    gives the no-op `pinned` and `close`.
+    (a process, a server); idempotent, a no-op where it started nothing. step_metrics: the
+    engine's own counters for a step's metrics (vLLM servers: failovers and retries); empty
+    where it has none. `EngineDefaults` gives the no-op `pinned`, `close` and `step_metrics`.
     """
 
     reports_log_probs: ClassVar[bool]
@@ -175,6 +176,8 @@ class RolloutEngine(Protocol):
 
     def close(self) -> None: ...
 
+    def step_metrics(self) -> dict[str, float]: ...
+
 
 class EngineDefaults:
     """The capabilities of an engine that pins nothing and starts nothing of its own: a
@@ -189,6 +192,10 @@ class EngineDefaults:
 
     def close(self) -> None:
         """Nothing started: nothing to stop."""
+
+    def step_metrics(self) -> dict[str, float]:
+        """No counters of its own."""
+        return {}
 
 
 def lengths_from_eos(

@@ -19,6 +19,7 @@ from rlvr.rollout.fast import FastEngine
 from rlvr.rollout.hf import HFEngine
 from rlvr.rollout.server import ServerEngine
 from rlvr.rollout.vllm import VLLMEngine  # imports vllm only when constructed
+from rlvr.rollout.vllm_server import VLLMServerEngine  # imports vllm only when constructed
 
 if TYPE_CHECKING:
     from rlvr.config.schema import Config
@@ -35,7 +36,8 @@ def build_engine(cfg: Config, model, tokenizer, site: EngineSite | None = None) 
     """The engine `cfg.rollout.engine` names, on `model`, for the caller's `site`. An engine
     that cannot run here (`EngineError`, its message naming the key) or fails to build is
     a `ConfigError` naming rollout.engine. Under rollout.server.enabled the engine runs in the
-    rollout server's process (`rlvr.rollout.server`)."""
+    rollout server's process (`rlvr.rollout.server`); under rollout.vllm.mode=server the
+    vllm engine generates on vLLM servers (`rlvr.rollout.vllm_server`)."""
     pad, eos = tokenizer.pad_token_id, eos_ids(tokenizer, model)
     return engine_from_ids(cfg, model, pad, eos, site or EngineSite())
 
@@ -46,6 +48,8 @@ def engine_from_ids(
     """`build_engine` once the pad and EOS ids are known (the rollout server's process has
     them from the trainer, not a tokenizer)."""
     cls = ServerEngine if cfg.rollout.server.enabled else ENGINES[cfg.rollout.engine]
+    if cls is VLLMEngine and cfg.rollout.vllm.mode == "server":
+        cls = VLLMServerEngine  # vLLM's own servers (rollout.vllm.urls or launch)
     try:
         return cls.from_config(model, pad_id=pad_id, eos_ids=eos, cfg=cfg, site=site)
     except EngineError as e:  # no GPU, no or unsupported library, the engine failed to start

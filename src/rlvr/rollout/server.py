@@ -308,6 +308,10 @@ class ServerEngine:
             self.proc.kill()
             self.proc.wait()
 
+    def step_metrics(self) -> dict[str, float]:
+        """No counters of its own (its process's health ends the run when lost)."""
+        return {}
+
     def __del__(self):
         with contextlib.suppress(Exception):
             self.close()

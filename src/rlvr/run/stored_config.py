@@ -22,6 +22,13 @@ RESUME_SAFE = {
     ("train", "threads"),
     ("train", "eval_every"),
     ("reward", "python_path"),  # where the same modules are imported from
+    # where the vLLM servers run and how long one may stay silent (the weights and seeds
+    # they sample with are the run's)
+    ("rollout", "vllm.urls"),
+    ("rollout", "vllm.launch"),
+    ("rollout", "vllm.cpus"),
+    ("rollout", "vllm.gpus"),
+    ("rollout", "vllm.timeout"),
 }
 
 

@@ -83,6 +83,7 @@ def consume(produced: Produced, run: Run) -> tuple[dict[str, float], list[dict]]
         batch, token_metrics, targets = _advantages(run, batch)
         t1 = time.perf_counter()
     metrics = {**produced.metrics, **token_metrics}
+    metrics.update(run.engine.step_metrics())  # vLLM servers lost, if any
     if bound:
         metrics.update(staleness_metrics(lags, run.d))
     if batch.num_groups and run.critic is not None:

@@ -1,0 +1,321 @@
+"""The `vllm` engine in server mode (`rollout.vllm.mode=server`): generation on `vllm serve`
+processes through vLLM's own HTTP API, the servers of `rollout.vllm.urls` or
+`rollout.vllm.launch` ones that rlvr starts (`vllm_launch`).
+
+Generation. Every (prompt, sample) pair is one `/v1/completions` request: the prompt as token
+ids, its own 63-bit seed (`vllm.sample_seeds`, exactly as the colocated engine derives it, so
+both modes draw from the same streams), `return_token_ids` (the ids the server sampled,
+never re-tokenized text) and `logprobs: 0` (the sampled tokens' log-probs, after temperature
+with the server's `--logprobs-mode processed_logprobs`) -> `Rollout.sampling_log_probs`. A
+prompt's group goes to one server, groups to the least loaded (`vllm_fleet`).
+
+Weights. After every optimiser step (`sync_weights`) each live server receives every weight
+through vLLM's weight-transfer API (`vllm_weights`: NCCL from a GPU trainer, rlvr's
+`rlvr_http` backend from a CPU one), then its weight version is set to the number of pushes
+so far and read back from `/weight_info`, and its log-probs of a fixed sequence (a fixed
+prompt, 8 tokens sampled at the run's temperature with a fixed seed) are compared with the
+trainer's forward of the same tokens: beyond `TOLERANCE` of the server's dtype the run ends
+by name (a server started with another model, dtype or log-prob mode). The first push and
+check run at start, before any rollout.
+
+Faults. Every wait is bounded by the servers' heartbeats (`vllm_fleet`): a server silent for
+`rollout.vllm.timeout` seconds ends the run with a `VLLMServerError` naming its URL and what
+it was doing, or, with others alive, has its groups sent to them (a warning, and
+`rollout/vllm_failovers` in the step's metrics) and is left out from then on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+from urllib.parse import urlsplit
+
+import torch
+
+from rlvr.rollout.base import (
+    EngineDefaults,
+    EngineError,
+    Rollout,
+    SamplingParams,
+    lengths_from_eos,
+)
+from rlvr.rollout.vllm import sample_seeds, vllm_dtype
+from rlvr.rollout.vllm_fleet import Fleet, ServerDown, VLLMServerError, WeightClient
+from rlvr.rollout.vllm_host import kv_cache_bytes
+
+# The most |server - trainer| log-prob of the check's tokens, by the server's dtype: the max
+# in fp32 (rounding only), the mean in bf16/fp16 (single low-probability tokens move by more);
+# tests/test_vllm_engine.py's and scripts/gpu_check.py's tolerances.
+TOLERANCE = {"float32": ("max", 2e-3), "bfloat16": ("mean", 0.02), "float16": ("mean", 0.02)}
+CHECK_TOKENS = 8
+
+
+class VLLMServerEngine(EngineDefaults):
+    """Generation on vLLM servers (the module doc). `settings`: `rollout.vllm`; `site`: the
+    caller's `EngineSite`; `temperature`: the run's, for the log-prob check."""
+
+    reports_log_probs = True
+    pins_weights = False  # the servers sample with the weights of the last push
+    resident_bytes = 0  # nothing of it lives in the trainer's memory
+
+    def __init__(self, model, *, pad_id: int, eos_ids: list[int], settings, site, temperature):
+        if site.tools is not None:
+            raise EngineError("rollout.vllm.mode=server: tools are not supported in server mode")
+        self.model, self.pad_id, self.eos_ids = model, pad_id, list(eos_ids)
+        self.site, self.temperature = site, temperature
+        device = site.device or next(model.parameters()).device
+        self.dtype = vllm_dtype(next(model.parameters()).dtype, site.autocast, settings.dtype)
+        self.backend = "nccl" if torch.device(device).type == "cuda" else "rlvr_http"
+        self.launched: list = []
+        self.fleet: Fleet | None = None
+        self.version = 0
+        try:
+            urls = list(settings.urls) or self._launch(settings)
+            self.fleet = Fleet(urls, settings.timeout)
+            self.served = self._served_model()
+            self.senders = {s.url: self._sender(s) for s in self.fleet.servers}
+            self._push()
+        except BaseException:
+            self.close()
+            raise
+
+    @classmethod
+    def from_config(cls, model, *, pad_id: int, eos_ids: list[int], cfg, site):
+        return cls(model, pad_id=pad_id, eos_ids=eos_ids, settings=cfg.rollout.vllm, site=site,
+                   temperature=cfg.rollout.temperature)  # fmt: skip
+
+    # -- start ------------------------------------------------------------------------
+
+    def _launch(self, settings) -> list[str]:
+        from rlvr.config.placement import MACHINE_CPUS, parse_cpus
+        from rlvr.rollout.vllm_launch import LaunchPlan, launch
+
+        cfg = self.model.config
+        length = self.site.max_model_len or getattr(cfg, "max_position_embeddings", 2048)
+        gpus = sorted(int(g) for g in settings.gpus.split(",") if g.strip())
+        plan = LaunchPlan(
+            model=getattr(cfg, "_name_or_path", None) or self.model.name_or_path,
+            dtype=self.dtype,
+            max_model_len=length,
+            kv_bytes=0 if gpus else kv_cache_bytes(cfg, self.site.max_rows, length, self.dtype),
+            memory=settings.memory,
+            backend=self.backend,
+        )
+        cpus = (
+            sorted(parse_cpus("rollout.vllm.cpus", settings.cpus, MACHINE_CPUS))
+            if settings.cpus
+            else []
+        )
+        self.launched = launch(plan, settings.launch, cpus, gpus)
+        return [s.url for s in self.launched]
+
+    def _served_model(self) -> str:
+        """The one model name every server serves (the `model` of each request)."""
+        names = set()
+        for answer, server in zip(
+            self.fleet.each_live("listing its models", "GET", "/v1/models"), self.fleet.live
+        ):
+            served = [m["id"] for m in answer["data"]]
+            if len(served) != 1:
+                raise VLLMServerError(f"rollout.vllm: {server.url} serves {served}, expected one model")  # fmt: skip
+            names.add(served[0])
+        if len(names) > 1:
+            raise VLLMServerError(f"rollout.vllm.urls: the servers serve different models: {sorted(names)}")  # fmt: skip
+        return names.pop()
+
+    def _sender(self, server):
+        """vLLM's trainer-side weight-transfer engine for one server."""
+        from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
+
+        from rlvr.rollout.vllm_weights import PolicySource, trainer_init_info
+        from rlvr.vllm_plugin import register
+
+        register()
+        client = WeightClient(self.fleet, server)
+        extra = {}
+        if self.backend == "nccl":
+            from rlvr.rollout.vllm_launch import free_port
+
+            size = self.fleet.call(server, "reading its world size", "GET", "/get_world_size")
+            extra = {"master_address": local_address(server.url), "master_port": free_port(),
+                     "world_size": 1 + int(size["world_size"])}  # fmt: skip
+        info = trainer_init_info(self.backend, **extra)
+        try:
+            return WeightTransferTrainerFactory.trainer_init(
+                info, client=client, source=PolicySource(self.model)
+            )
+        except ServerDown:
+            raise
+        except VLLMServerError as e:  # the server refused the setup (a 500 without details)
+            raise VLLMServerError(
+                f'{e} (started with --weight-transfer-config \'{{"backend": '
+                f'"{self.backend}"}}\'{" and rlvr installed" if self.backend == "rlvr_http" else ""}?)'
+            ) from None
+
+    # -- weights ----------------------------------------------------------------------
+
+    def sync_weights(self) -> None:
+        """After an optimiser step: every live server gets the policy's weights."""
+        self.version += 1
+        self._push()
+
+    def _push(self) -> None:
+        """Every live server: the weights, the version read back, the log-prob check; a
+        server lost meanwhile is left out while others remain (`Fleet.lost`)."""
+        version = str(self.version)
+        for server in list(self.fleet.live):
+            try:
+                sender = self.senders[server.url]
+                sender.client.version = version
+                sender.send_weights()
+                doing = f"reporting its weight version after push {version}"
+                got = self.fleet.call(server, doing, "GET", "/weight_info")["weight_version"]
+                if got != version:
+                    raise VLLMServerError(
+                        f"rollout.vllm: {server.url} reports weight version {got!r} after "
+                        f"the push of version {version!r} (another trainer pushing to it?)"
+                    )
+            except ServerDown as e:
+                self.fleet.lost(e)
+        self.check_log_probs()
+
+    def check_log_probs(self) -> float:
+        """The live servers' log-probs of the check's tokens against the trainer's forward:
+        the largest difference (max or mean by dtype, `TOLERANCE`), VLLMServerError past it."""
+        worst = 0.0
+        for server in list(self.fleet.live):
+            try:
+                worst = max(worst, self._check(server))
+            except ServerDown as e:
+                self.fleet.lost(e)
+        self.last_check = worst
+        return worst
+
+    def _check(self, server) -> float:
+        how, limit = TOLERANCE[self.dtype]
+        prompt = [(7 * i + 3) % self.model.config.vocab_size for i in range(16)]
+        body = self._body(prompt, seed=1234, max_tokens=CHECK_TOKENS, temperature=self.temperature)  # fmt: skip
+        body["ignore_eos"] = True
+        doing = f"checking its log-probs (weight version {self.version})"
+        ids, server_lp = _choice(self.fleet.call(server, doing, "POST", "/v1/completions", body))
+        diff = (self._trainer_log_probs(prompt, ids) - torch.tensor(server_lp)).abs()
+        value = float(diff.max() if how == "max" else diff.mean())
+        if not value <= limit:
+            raise VLLMServerError(
+                f"rollout.vllm: {server.url}'s log-probs of a fixed sequence differ from "
+                f"the trainer's by {value:.3g} ({how}; {limit:g} allowed in {self.dtype}): "
+                "a server with another model, dtype or --logprobs-mode than processed_logprobs?"
+            )
+        return value
+
+    @torch.no_grad()
+    def _trainer_log_probs(self, prompt: list[int], ids: list[int]) -> torch.Tensor:
+        device = next(self.model.parameters()).device
+        seq = torch.tensor([prompt + ids], device=device)
+        training = self.model.training
+        self.model.eval()
+        try:
+            dtype = torch.bfloat16 if self.site.autocast == "bfloat16" else None
+            with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
+                logits = self.model(seq).logits[0, len(prompt) - 1 : -1].float()
+        finally:
+            self.model.train(training)
+        lp = (logits / self.temperature).log_softmax(-1)
+        return lp.gather(-1, torch.tensor(ids, device=device)[:, None])[:, 0].cpu()
+
+    # -- generation -------------------------------------------------------------------
+
+    def _body(self, prompt: list[int], *, seed: int, max_tokens: int, temperature: float,
+              top_p: float = 1.0, top_k: int = 0, min_tokens: int = 0) -> dict:  # fmt: skip
+        body = {"model": self.served, "prompt": list(prompt), "max_tokens": max_tokens,
+                "temperature": temperature, "top_p": top_p, "seed": seed, "logprobs": 0,
+                "return_token_ids": True, "return_tokens_as_token_ids": True,
+                "stop_token_ids": self.eos_ids, "min_tokens": min_tokens,
+                "skip_special_tokens": False}  # fmt: skip
+        if top_k:
+            body["top_k"] = top_k
+        return body
+
+    def generate(self, prompt_ids: list[list[int]], params: SamplingParams) -> Rollout:
+        seeds = sample_seeds(params, len(prompt_ids))
+        temperature = 0.0 if params.greedy else params.temperature
+        groups = [
+            [
+                self._body(
+                    prompt,
+                    seed=seed,
+                    max_tokens=params.max_new_tokens,
+                    temperature=temperature,
+                    top_p=params.top_p,
+                    top_k=params.top_k,
+                    min_tokens=params.min_new_tokens,
+                )
+                for seed in prompt_seeds
+            ]
+            for prompt, prompt_seeds in zip(prompt_ids, seeds)
+        ]
+        answers = self.fleet.generate(groups, f"generating {len(prompt_ids) * params.n} rows")
+        rows = [_choice(a) for group in answers for a in group]
+        return rollout_from_rows(prompt_ids, rows, params.n, self.pad_id, self.eos_ids)
+
+    def release(self) -> None:
+        """Nothing of the servers lives in the trainer's memory."""
+
+    def step_metrics(self) -> dict[str, float]:
+        """`rollout/vllm_failovers`: servers lost so far, their work sent to others;
+        `rollout/vllm_retries`: requests sent again after their connection failed."""
+        fleet = self.fleet
+        return {
+            "rollout/vllm_failovers": float(fleet.failovers if fleet else 0),
+            "rollout/vllm_retries": float(fleet.retries if fleet else 0),
+        }
+
+    def close(self) -> None:
+        """Stop the heartbeat and the servers rlvr launched (idempotent)."""
+        if self.fleet is not None:
+            self.fleet.close()
+        if self.launched:
+            from rlvr.rollout.vllm_launch import stop
+
+            stop(self.launched)
+            self.launched = []
+
+    def __del__(self):
+        with contextlib.suppress(Exception):
+            self.close()
+
+
+def _choice(answer: dict) -> tuple[list[int], list[float]]:
+    """The sampled token ids and their log-probs of a one-choice completion."""
+    choice = answer["choices"][0]
+    ids = list(choice["token_ids"] or [])
+    logprobs = (choice.get("logprobs") or {}).get("token_logprobs") or [0.0] * len(ids)
+    return ids, [float(x) for x in logprobs]
+
+
+def rollout_from_rows(prompt_ids, rows, n: int, pad_id: int, eos_ids: list[int]) -> Rollout:
+    """A `Rollout` from (token ids, log-probs) per row, prompt-major."""
+    width = max((len(ids) for ids, _ in rows), default=0)
+    ids_t = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    lp = torch.zeros((len(rows), width))
+    for i, (ids, logprobs) in enumerate(rows):
+        ids_t[i, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+        lp[i, : len(ids)] = torch.tensor(logprobs[: len(ids)])
+    lengths, truncated = lengths_from_eos(ids_t, eos_ids)
+    lengths = torch.minimum(lengths, torch.tensor([len(ids) for ids, _ in rows], dtype=torch.long))
+    return Rollout(
+        prompt_ids=[p for p in prompt_ids for _ in range(n)],
+        completion_ids=ids_t,
+        lengths=lengths,
+        truncated=truncated,
+        group_size=n,
+        sampling_log_probs=lp,
+    )
+
+
+def local_address(url: str) -> str:
+    """This machine's address as `url`'s host reaches it (the NCCL rendezvous address)."""
+    parts = urlsplit(url)
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect((parts.hostname or "127.0.0.1", parts.port or 80))
+        return s.getsockname()[0]
