@@ -161,11 +161,14 @@ def validate(cfg: Config) -> None:
         from rlvr.tasks import TASKS
 
         check(
-            cfg.data.task in TASKS,
+            cfg.data.task in TASKS or cfg.data.task == "reasoning_gym",
             "data.task",
-            f"one of {', '.join(map(repr, TASKS))}",
+            f"one of {', '.join(map(repr, TASKS))} or 'reasoning_gym'",
             cfg.data.task,
         )
+        g = cfg.data.reasoning_gym
+        check(g.size >= 1, "data.reasoning_gym.size", ">= 1", g.size)
+        check(bool(g.tasks), "data.reasoning_gym.tasks", "at least one task name", g.tasks)
     else:
         for key in ("path", "eval_path"):
             value = getattr(cfg.data, key)

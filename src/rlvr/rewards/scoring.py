@@ -237,13 +237,15 @@ class Scorer:
             res = combine_rewards(self.shaping, kwargs, on_error=r.on_error)
             wrong = torch.zeros(len(prompts), dtype=torch.bool)
             return torch.tensor(res.total, dtype=torch.float32), wrong, None
-        if self.accuracy_fn is None:
-            correct = torch.tensor(
-                [self.task.verify(c, p.example) for p, c in zip(prompts, completions)],
-                dtype=torch.bool,
+        if self.accuracy_fn is None:  # the task's score s in [0, 1]: 1 correct, 0 wrong
+            score = torch.tensor(
+                [self.task.score(c, p.example) for p, c in zip(prompts, completions)],
+                dtype=torch.float32,
             )
-            accuracy = torch.where(correct, r.correct_score, r.wrong_score)
-            return accuracy.float(), correct, None
+            between = r.wrong_score + (r.correct_score - r.wrong_score) * score
+            accuracy = torch.where(score >= 1.0, r.correct_score, r.wrong_score)
+            accuracy = torch.where((score > 0) & (score < 1), between, accuracy)
+            return accuracy.float(), score >= 1.0, None
         kwargs = kwargs or self.reward_kwargs(prompts, completions, rollout)
         name = _term_name(r.accuracy)  # errors and failures/* name the user's reward
         res = combine_rewards([(name, 1.0, self.accuracy_fn)], kwargs, on_error=r.on_error)

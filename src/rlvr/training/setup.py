@@ -18,7 +18,7 @@ from rlvr.config.algorithm import Algorithm
 from rlvr.config.load import to_dict
 from rlvr.config.placement import check_ranks
 from rlvr.config.schema import Config, ConfigError
-from rlvr.data.prompts import PromptSource, load_prompts
+from rlvr.data.prompts import PromptSource, dropped_note, load_prompts
 from rlvr.models import autocast, check_vocabulary, load_tokenizer
 from rlvr.rewards.sandbox import SandboxUnavailable, resolve_isolation
 from rlvr.rewards.scoring import Scorer
@@ -203,6 +203,8 @@ def setup(
         raise ConfigError(str(e)) from None
     backend = _cpu_backend(policy, cfg)
     source = load_prompts(cfg, tokenizer, getattr(model.config, "max_position_embeddings", None))
+    if d.is_main and dropped_note(source):
+        console.print(dropped_note(source))
     module = wrap(model, d, device, cfg.train.parallel)  # before the optimiser: FSDP2 shards
     optimizer, scheduler = _optimizer(cfg, model)
     toolbox = build_toolbox(cfg, source, tokenizer, given)
