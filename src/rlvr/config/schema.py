@@ -16,7 +16,7 @@ from typing import Any, Literal
 # the rollout and algorithm sections live in modules of their own; their classes are read
 # from here like the rest
 from .schema_algo import AlgoConfig
-from .schema_env import ReasoningGymSettings
+from .schema_env import EnvConfig, ReasoningGymSettings
 from .schema_rollout import RolloutConfig, ServerSettings, VLLMSettings  # noqa: F401
 
 
@@ -290,7 +290,7 @@ class TrainConfig:
 
 @dataclass(frozen=True)
 class Config:
-    """A whole run. Sections: model, data, rollout, algo, reward, optim, critic, train."""
+    """A whole run. Sections: model, data, rollout, algo, reward, optim, critic, train, env."""
 
     preset: str = "dapo"
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -301,6 +301,7 @@ class Config:
     optim: OptimConfig = field(default_factory=OptimConfig)
     critic: CriticConfig = field(default_factory=CriticConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    env: EnvConfig = field(default_factory=EnvConfig)
 
 
 SECTIONS = {f.name: f.type for f in fields(Config) if f.name != "preset"}

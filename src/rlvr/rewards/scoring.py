@@ -258,12 +258,18 @@ class Scorer:
         completions: list[str],
         rollout: Rollout,
         step: int | None = None,
+        given: torch.Tensor | None = None,
     ) -> Scores:
+        """`given`: (B,) accuracy scores from elsewhere (an agent's rewards, env.agent), in
+        place of the accuracy reward; correct where above reward.correct_threshold."""
         r, a = self.cfg.reward, self.cfg.algo
         if step is not None:
             self.state.global_step = step
         kwargs = self.reward_kwargs(prompts, completions, rollout)
-        if self.graded:
+        if given is not None:
+            res, terms, total = None, {"accuracy": given}, r.accuracy_weight * given
+            correct = given > r.correct_threshold
+        elif self.graded:
             accuracy, correct, res = self._accuracy(prompts, completions, rollout, kwargs)
             terms, total = {"accuracy": accuracy}, r.accuracy_weight * accuracy
         else:
