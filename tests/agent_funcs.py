@@ -10,14 +10,17 @@ from rlvr.tasks.calc import TOOL_CALL_CLOSE, TOOL_CALL_OPEN
 
 
 def arithmetic(client, row):
-    """One chat completion, scored by the task's verifier (1 or 0)."""
+    """One chat completion, scored by the task's verifier: 1 right, -1 wrong (the dapo
+    preset's reward.correct_score and reward.wrong_score, what `rlvr train` scores)."""
     reply = client.chat.completions.create(model="policy", messages=row["messages"])
-    return float(TASKS["arithmetic"].verify(reply.choices[0].message.content, row["example"]))
+    right = TASKS["arithmetic"].verify(reply.choices[0].message.content, row["example"])
+    return 1.0 if right else -1.0
 
 
 async def arithmetic_async(client, row):
     reply = await client.chat.completions.create(model="policy", messages=row["messages"])
-    return float(TASKS["arithmetic"].verify(reply.choices[0].message.content, row["example"]))
+    right = TASKS["arithmetic"].verify(reply.choices[0].message.content, row["example"])
+    return 1.0 if right else -1.0
 
 
 def calc_two_turns(client, row, replies=None):

@@ -27,7 +27,7 @@ def _metrics(run):
     return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_cli_agent_trains_two_steps(tiny_model_dir, tmp_path):
+def test_cli_agent_trains_two_steps_and_resumes(tiny_model_dir, tmp_path, capsys):
     run = tmp_path / "run"
     argv = ["train", f"--model.name_or_path={tiny_model_dir}", "--agent", f"{AGENTS}:arithmetic"]
     argv += ["--max-steps", "2", "--output-dir", str(run), "--no-progress"]
@@ -39,6 +39,12 @@ def test_cli_agent_trains_two_steps(tiny_model_dir, tmp_path):
         assert row["env/dropped"] == 0 and row["env/turns_per_rollout"] == 1
         assert row["responses"] % 16 == 0 and "time/agents" in row  # refills: whole batches
     assert f"{AGENTS}:arithmetic" in (run / "config.yaml").read_text()
+    # a run directory's agent is code: a resume imports it only when it is named again
+    resume = ["train", "--resume", str(run), "--max-steps", "3", "--no-progress"]
+    assert main(resume) == 2
+    assert f"its config.yaml names code to import: {AGENTS}:arithmetic" in capsys.readouterr().err
+    assert main([*resume, "--agent", f"{AGENTS}:arithmetic"]) == 0
+    assert [r["step"] for r in _metrics(run)] == [1, 2, 3]
 
 
 def test_async_agent_through_the_python_api(tmp_path):
