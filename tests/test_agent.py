@@ -45,6 +45,8 @@ def test_cli_agent_trains_two_steps_and_resumes(tiny_model_dir, tmp_path, capsys
     assert f"its config.yaml names code to import: {AGENTS}:arithmetic" in capsys.readouterr().err
     assert main([*resume, "--agent", f"{AGENTS}:arithmetic"]) == 0
     assert [r["step"] for r in _metrics(run)] == [1, 2, 3]
+    # evaluation samples with rlvr's own rollouts: the agent is not imported, nor asked for
+    assert main(["eval", "--model", str(run), "--k", "1", "--num-prompts", "2"]) == 0
 
 
 def test_async_agent_through_the_python_api(tmp_path):
