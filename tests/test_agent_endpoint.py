@@ -46,7 +46,7 @@ def _runner(model, tokenizer, fn, **env):
         params=CollectSettings.from_config(cfg).params,
         eos_ids=eos_ids(tokenizer, model),
         max_tokens=24,
-        context=512,
+        context=env.get("context", 512),
         timeout=env.get("timeout", 60.0),
         on_error=env.get("on_error", "raise"),
         task=TASKS["arithmetic"],
@@ -151,6 +151,19 @@ def test_a_prompt_that_does_not_extend_the_last_turn_is_drift(merging):
     try:
         batch = runner.run(_prompts(tokenizer, 2), _params(1), step=0)
         assert batch.dropped.all() and batch.sums["env/faults/drift"] == 2
+    finally:
+        runner.close()
+
+
+def test_a_prompt_that_fills_the_context_is_a_fault(merging):
+    model, tokenizer = merging
+    prompts = _prompts(tokenizer, 2)
+    runner = _runner(
+        model, tokenizer, agent_funcs.arithmetic, on_error="drop", context=len(prompts[0].ids)
+    )
+    try:
+        batch = runner.run(prompts, _params(1), step=0)
+        assert batch.sums["env/faults/context"] == 2
     finally:
         runner.close()
 

@@ -91,6 +91,7 @@ class Endpoint:
         )
         self._thread.start()
         self._closed = False
+        self.failure: Exception | None = None  # the first error of the endpoint's own
 
     def base_url(self, rid: str) -> str:
         return f"http://127.0.0.1:{self.port}/rollouts/{rid}/v1"
@@ -111,6 +112,11 @@ class Endpoint:
                 e.status,
                 {"error": {"message": str(e), "type": "invalid_request_error"}},
             )
+        except Exception as e:  # the run's own failure (the engine's): the run ends on it
+            if self.failure is None:
+                self.failure = e
+            message = f"the run's endpoint failed: {type(e).__name__}: {e}"
+            status, reply = HTTPStatus.INTERNAL_SERVER_ERROR, {"error": {"message": message}}
         data = json.dumps(reply).encode()
         handler.send_response(status)
         handler.send_header("Content-Type", "application/json")
@@ -174,7 +180,7 @@ class Endpoint:
             budget = min(budget, self.context - len(ids))
             if budget < 1:
                 raise AgentFault(
-                    "drift",
+                    "context",
                     f"the prompt has {len(ids)} tokens: no room left in the model's context of {self.context}",
                 )
         seed = derive_seed(trace.seed, "turn", len(trace.turns))

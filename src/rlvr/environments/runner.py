@@ -143,6 +143,11 @@ class AgentRunner:
             results = self._calls(rids, rows)
         finally:
             self.batcher.set_active(0)
+        if self.endpoint.failure is not None:  # not the agents' fault: never dropped
+            for rid in rids:
+                self.recorder.close(rid)
+            failure, self.endpoint.failure = self.endpoint.failure, None
+            raise RuntimeError(f"the run's endpoint failed: {failure}") from failure
         sums: Counter[str] = Counter({"env/dropped": 0.0})
         trajectories, rewards, dropped = [], [], []
         for i, (rid, result) in enumerate(zip(rids, results)):
