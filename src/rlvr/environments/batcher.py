@@ -4,8 +4,11 @@ Agent calls run concurrently and each waits on its own request; one thread takes
 requests and calls `engine.generate` once for all of them (one call per completion budget),
 each request with its own seed, so a request's tokens do not depend on which others share its
 batch. It starts a batch as soon as every running agent call has a request waiting (the
-endpoint knows how many run: `active`), or `WINDOW_S` after the first request came, so an agent
-busy in its environment does not hold the others back for long.
+endpoint knows how many run: `active`), or once no request has come for `GAP_S` (the calls
+still running are busy elsewhere, in their environments), and at the latest `MAX_WAIT_S` after
+the batch's first request, so a slow agent does not hold the others back for long. Requests
+still arriving one by one (hundreds of agent calls starting together) join the batch instead
+of leaving in fragments.
 """
 
 from __future__ import annotations
@@ -18,7 +21,8 @@ from dataclasses import dataclass, replace
 
 from rlvr.rollout import RolloutEngine, SamplingParams
 
-WINDOW_S = 0.05  # the longest a request waits for others to share its batch
+GAP_S = 0.05  # a batch starts once no request came for this long
+MAX_WAIT_S = 1.0  # the longest the batch's first request waits for others
 
 
 @dataclass
@@ -41,6 +45,8 @@ class Batcher:
         self._pending: list[Request] = []
         self._cond = threading.Condition()
         self._stop = False
+        self._last = 0.0  # when the last request came (time.monotonic)
+        self.calls = self.requests = 0  # engine calls and the requests they answered
         self._thread = threading.Thread(target=self._loop, name="rlvr-endpoint-gen", daemon=True)
         self._thread.start()
 
@@ -66,6 +72,7 @@ class Batcher:
             if self._stop:
                 raise RuntimeError("the endpoint is stopped")
             self._pending.append(request)
+            self._last = time.monotonic()
             self._cond.notify()
         return request.done
 
@@ -83,9 +90,9 @@ class Batcher:
                 for r in self._pending:
                     r.done.set_exception(RuntimeError("the endpoint is stopped"))
                 return None
-            deadline = time.monotonic() + WINDOW_S
+            latest = time.monotonic() + MAX_WAIT_S
             while len(self._pending) < self.active and not self._stop:
-                left = deadline - time.monotonic()
+                left = min(self._last + GAP_S, latest) - time.monotonic()
                 if left <= 0:
                     break
                 self._cond.wait(left)
@@ -110,6 +117,7 @@ class Batcher:
             for r in requests:
                 r.done.set_exception(e)
             return
+        self.calls, self.requests = self.calls + 1, self.requests + len(requests)
         lps = rollout.sampling_log_probs
         for i, r in enumerate(requests):
             n = int(rollout.lengths[i])

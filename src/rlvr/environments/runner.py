@@ -138,7 +138,7 @@ class AgentRunner:
             self.recorder.open(rid, derive_seed(seeds[i // G], "agent", i % G))
         self.batcher.set_params(params)
         self.batcher.set_active(len(rows))
-        t0 = time.perf_counter()
+        t0, calls0, requests0 = time.perf_counter(), self.batcher.calls, self.batcher.requests
         try:
             results = self._calls(rids, rows)
         finally:
@@ -174,6 +174,8 @@ class AgentRunner:
             sums["env/turns"] += len(trace.turns)
         sums["env/rollouts"] += len(rows)
         sums["env/seconds"] += time.perf_counter() - t0
+        sums["env/engine_calls"] += self.batcher.calls - calls0
+        sums["env/requests"] += self.batcher.requests - requests0
         pad = self.tokenizer.pad_token_id
         return AgentBatch(
             rollout_of(trajectories, G, pad),

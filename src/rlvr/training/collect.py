@@ -204,12 +204,15 @@ def tool_metrics(total: dict[str, float]) -> dict[str, float]:
 
 def env_metrics(total: dict[str, float]) -> dict[str, float]:
     """The agents' counts over a step (docs/environments.md#metrics): rollouts dropped, by
-    fault, the mean turns of a kept rollout and the seconds spent in agent calls."""
+    fault, the mean turns of a kept rollout, the seconds spent in agent calls and the requests
+    one engine call answered."""
     kept = max(total["env/rollouts"] - total["env/dropped"], 1.0)
     out = {k: v for k, v in total.items() if k.startswith("env/faults/")}
     out["env/dropped"] = total["env/dropped"]
     out["env/turns_per_rollout"] = total.get("env/turns", 0.0) / kept
     out["time/agents"] = total["env/seconds"]
+    # requests answered per engine call: how well the endpoint batches the agents' requests
+    out["env/requests_per_batch"] = total["env/requests"] / max(total["env/engine_calls"], 1.0)
     return out
 
 
