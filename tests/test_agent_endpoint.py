@@ -219,6 +219,19 @@ def test_faults_end_or_drop_within_the_timeout(merging, fn, kind):
         assert time.monotonic() - t0 < timeout + 30  # env.timeout + 30 s, as docs promise
 
 
+def test_tools_beside_an_agent_are_refused(tmp_path):
+    import rlvr
+
+    with pytest.raises(ConfigError, match=r"rollout\.tools: calc would not run"):
+        rlvr.train(
+            "rlvr-tiny",
+            agent=agent_funcs.arithmetic,
+            tools=["calc"],
+            output_dir=tmp_path / "run",
+            show_progress=False,
+        )
+
+
 def test_env_keys_are_checked():
     with pytest.raises(ConfigError, match=r"env\.timeout"):
         load_config(None, ["--env.timeout=0"])

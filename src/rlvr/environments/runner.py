@@ -273,6 +273,11 @@ def build_agents(cfg, engine: RolloutEngine, tokenizer, model, source, fn: Calla
 
     if fn is None and cfg.env.agent is None:
         return None
+    if cfg.rollout.tools:
+        raise ConfigError(
+            f"rollout.tools: {', '.join(cfg.rollout.tools)} would not run: under env.agent the "
+            "agent runs its own tools (docs/environments.md); leave rollout.tools empty"
+        )
     if fn is None:
         extend_sys_path(cfg.reward.python_path)
         try:
