@@ -150,8 +150,8 @@ class AgentRunner:
             raise RuntimeError(f"the run's endpoint failed: {failure}") from failure
         sums: Counter[str] = Counter({"env/dropped": 0.0})
         trajectories, rewards, dropped = [], [], []
-        for i, (rid, result) in enumerate(zip(rids, results)):
-            trace = self.recorder.close(rid)
+        traces = [self.recorder.close(rid) for rid in rids]  # later requests are refused
+        for i, (trace, result) in enumerate(zip(traces, results)):
             # the endpoint's record first: the agent's error is often its consequence
             fault = trace.fault or (result if isinstance(result, AgentFault) else None)
             if fault is None and not trace.turns:
