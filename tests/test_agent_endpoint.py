@@ -38,7 +38,8 @@ def merging():
 
 
 def _runner(model, tokenizer, fn, **env):
-    cfg = load_config(None, ["--rollout.max_new_tokens=24"])
+    engine = env.get("engine", "fast")
+    cfg = load_config(None, ["--rollout.max_new_tokens=24", f"--rollout.engine={engine}"])
     return AgentRunner(
         fn,
         build_engine(cfg, model, tokenizer),
@@ -153,6 +154,26 @@ def test_a_prompt_that_does_not_extend_the_last_turn_is_drift(merging):
         assert batch.dropped.all() and batch.sums["env/faults/drift"] == 2
     finally:
         runner.close()
+
+
+def test_the_hf_engine_serves_without_sampling_log_probs(merging):
+    model, tokenizer = merging
+    got = []
+
+    def agent(client, row):
+        reply = client.chat.completions.create(model="m", messages=row["messages"])
+        got.append(reply.choices[0].token_ids)
+        return 1.0
+
+    runner = _runner(model, tokenizer, agent, engine="hf")
+    try:
+        batch = runner.run(_prompts(tokenizer, 2), _params(2), step=0)
+    finally:
+        runner.close()
+    rollout = batch.rollout
+    assert rollout.sampling_log_probs is None  # the trainer's forward computes them
+    rows = [rollout.completion_ids[i, : rollout.lengths[i]].tolist() for i in range(4)]
+    assert sorted(rows) == sorted(got)
 
 
 def test_a_prompt_that_fills_the_context_is_a_fault(merging):
