@@ -15,7 +15,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src" / "rlvr"
 PACKAGES = {
-    "algos", "api", "cli", "config", "cpu", "data", "rewards", "rm", "rollout", "run", "tasks",
+    "algos", "api", "cli", "config", "cpu", "data", "environments", "rewards", "rm", "rollout",
+    "run", "tasks",
     "tools", "training",
 }  # fmt: skip
 

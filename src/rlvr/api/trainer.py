@@ -37,6 +37,7 @@ from typing import Any
 from rlvr.api.inputs import (
     check_rows,
     dataset_path,
+    importable,
     overrides,
     python_path,
     reward_changes,
@@ -90,6 +91,7 @@ class Trainer:
         processing_class: Any = None,
         peft_config: Any = None,
         tools: Sequence[str | Callable] = (),
+        agent: str | Callable | None = None,
         show_progress: bool = True,
     ):
         if (
@@ -104,6 +106,7 @@ class Trainer:
         )
         self.args, self.peft_config = args, peft_config
         self.tools = list(tools or ())
+        self.agent = agent
         self.reward_funcs, self.reward_weights = reward_funcs, reward_weights
         self.train_dataset, self.eval_dataset = train_dataset, eval_dataset
         self.preset, self.config_arg = preset, config
@@ -164,7 +167,17 @@ class Trainer:
         if self.tools:
             names, self.tool_functions = tool_names(self.tools)
             changes.setdefault("rollout", {})["tools"] = names
-        roots = python_path([*self.functions.values(), *self.tool_functions.values()])
+        self.agent_function = None if isinstance(self.agent, str) else self.agent
+        if self.agent is not None:  # config.yaml records it by name where it is importable
+            if not (isinstance(self.agent, str) or callable(self.agent)):
+                raise ConfigError(
+                    f"agent: expected a function or 'module:function', got {self.agent!r}"
+                )
+            name = self.agent if isinstance(self.agent, str) else importable(self.agent)
+            if name is not None:  # a function of a script's __main__ runs unrecorded
+                changes.setdefault("env", {})["agent"] = name
+        agents = [self.agent_function] if self.agent_function is not None else []
+        roots = python_path([*self.functions.values(), *self.tool_functions.values(), *agents])
         if roots and "python_path" not in changes.get("reward", {}):
             changes.setdefault("reward", {})["python_path"] = roots
         return changes
@@ -275,6 +288,7 @@ class Trainer:
             tokenizer=tokenizer,
             reward_functions=self.functions,
             tools=self.tool_functions,
+            agent=self.agent_function,
             callbacks=self.callbacks,
             callback_args=None if isinstance(self.args, Mapping) else self.args,
             logging_steps=self.trl.logging_steps if self.trl is not None else 1,
@@ -313,6 +327,7 @@ def train(
     processing_class: Any = None,
     peft_config: Any = None,
     tools: Sequence[str | Callable] = (),
+    agent: str | Callable | None = None,
     resume_from_checkpoint: bool | str | Path | None = None,
     show_progress: bool = True,
 ) -> TrainResult:
@@ -340,6 +355,10 @@ def train(
     tools: functions the model may call inside its responses (type hints and a docstring
         with Args:, as TRL takes them) and/or names ("calc", "python", "module:function");
         docs/tools.md. Empty: the config's (the task's own tools by default).
+    agent: a function `fn(client, row) -> reward` (or a coroutine function, or its
+        "module:function") that makes each rollout through `client`, an OpenAI client
+        pointed at the run's own endpoint; training uses the token ids sampled for its
+        requests (docs/environments.md). None: the config's env.agent (rlvr's own rollouts).
     args: TRL's training arguments: a mapping of `GRPOConfig` field names (only those given
         are applied, on top of the preset and `config`) or a `trl.GRPOConfig` (every field,
         TRL's defaults included); rlvr.api.trl and docs/from_trl.md give the mapping.
@@ -363,6 +382,7 @@ def train(
         processing_class=processing_class,
         peft_config=peft_config,
         tools=tools,
+        agent=agent,
         show_progress=show_progress,
     )
     return trainer.train(resume_from_checkpoint=resume_from_checkpoint)

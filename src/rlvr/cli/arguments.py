@@ -42,6 +42,12 @@ def train_parser(prog: str = "rlvr train", shown: Config | None = None) -> argpa
     p.add_argument("--output-dir", help="run directory (default runs/<timestamp>)")
     p.add_argument("--max-steps", type=int, help="rollout steps (train.max_steps)")
     p.add_argument("--seed", type=int, help="run seed (train.seed)")
+    p.add_argument(
+        "--agent",
+        metavar="MODULE:FUNCTION",
+        help="fn(client, row) -> reward makes each rollout through the run's OpenAI-compatible "
+        "endpoint (env.agent; docs/environments.md)",
+    )
     p.add_argument("--save-every", type=int, help="checkpoint interval in steps (train.save_every)")
     p.add_argument(
         "--resume", metavar="RUN_DIR", help="continue a run from its newest good checkpoint"
@@ -99,6 +105,8 @@ def train_request(argv: list[str], prog: str = "rlvr train", check: bool = True)
     ):
         if value is not None:
             overrides.setdefault("train", {})[key] = value
+    if args.agent is not None:
+        overrides.setdefault("env", {})["agent"] = args.agent
     if not args.resume:
         # local paths made absolute: config.yaml then resumes from any working directory
         cfg = resolve_paths(load_config(args.config, overrides, preset=args.preset, check=check))

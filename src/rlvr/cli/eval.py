@@ -89,6 +89,7 @@ def _config(args, overrides: dict, run_dir: Path | None, model: str) -> Config:
     if args.task:
         changes.setdefault("data", {}).update(task=args.task, path=None, eval_path=None)
     changes.setdefault("model", {})["name_or_path"] = model
+    changes.setdefault("env", {})["agent"] = None  # evaluation samples with rlvr's own rollouts
     train = changes.setdefault("train", {})
     train.update(eval_size=args.num_prompts, eval_samples=args.k, output_dir=None)
     rollout = changes.setdefault("rollout", {})
@@ -160,7 +161,7 @@ def run(argv: list[str]) -> int:
     args, unknown = _parser().parse_known_args(rest)
     # imported once the arguments parse: `rlvr eval --help` needs neither torch nor a model
     from rlvr.cli.eval_samples import eval_samples, model_passk
-    from rlvr.data.prompts import load_prompts
+    from rlvr.data.prompts import dropped_note, load_prompts
     from rlvr.rewards.scoring import Scorer
     from rlvr.rollout import build_engine
     from rlvr.training.evaluation import evaluate
@@ -180,6 +181,8 @@ def run(argv: list[str]) -> int:
     cfg = _config(args, parse_overrides(over_argv + unknown), run_dir, target)
     model, tokenizer = load_for_eval(target, cfg.model.dtype)
     source = load_prompts(cfg, tokenizer, getattr(model.config, "max_position_embeddings", None))
+    if dropped_note(source):
+        print(dropped_note(source), file=sys.stderr)
     if not source.eval:
         raise ConfigError("no held-out prompts: set --num-prompts > 0 or --data.eval_path")
     scorer = Scorer.build(cfg, source.task, has_answer=source.has_answer)

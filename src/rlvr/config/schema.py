@@ -16,6 +16,7 @@ from typing import Any, Literal
 # the rollout and algorithm sections live in modules of their own; their classes are read
 # from here like the rest
 from .schema_algo import AlgoConfig
+from .schema_env import EnvConfig, ReasoningGymSettings
 from .schema_rollout import RolloutConfig, ServerSettings, VLLMSettings  # noqa: F401
 
 
@@ -78,7 +79,8 @@ class ModelConfig:
 class DataConfig:
     """Where prompts come from: a built-in task, or a dataset file.
 
-    task: built-in task name (see `rlvr.tasks.TASKS`); ignored when `path` is set.
+    task: built-in task name (see `rlvr.tasks.TASKS`), or reasoning_gym (its tasks from
+        `data.reasoning_gym`); ignored when `path` is set.
     path: a jsonl / parquet file or a local Hugging Face dataset directory.
     format: the dataset's file format, which names its columns: none (prompt, answer),
         gsm8k, dapo_math, or a code benchmark's (humaneval, mbpp, apps, codecontests:
@@ -91,6 +93,8 @@ class DataConfig:
     prompt_template: template with {question} applied to string prompts.
     dedup: drop repeated prompts (the public DAPO-Math-17k copy repeats each ~100 times).
     train_size: number of built-in task training prompts to generate.
+    reasoning_gym: reasoning-gym's tasks under task=reasoning_gym, `data.reasoning_gym.KEY`
+        (`ReasoningGymSettings`).
     """
 
     task: str = "arithmetic"
@@ -105,6 +109,7 @@ class DataConfig:
     prompt_template: str = "{question}"
     dedup: bool = False
     train_size: int = 4000
+    reasoning_gym: ReasoningGymSettings = field(default_factory=ReasoningGymSettings)
 
 
 @dataclass(frozen=True)
@@ -285,7 +290,7 @@ class TrainConfig:
 
 @dataclass(frozen=True)
 class Config:
-    """A whole run. Sections: model, data, rollout, algo, reward, optim, critic, train."""
+    """A whole run. Sections: model, data, rollout, algo, reward, optim, critic, train, env."""
 
     preset: str = "dapo"
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -296,6 +301,7 @@ class Config:
     optim: OptimConfig = field(default_factory=OptimConfig)
     critic: CriticConfig = field(default_factory=CriticConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    env: EnvConfig = field(default_factory=EnvConfig)
 
 
 SECTIONS = {f.name: f.type for f in fields(Config) if f.name != "preset"}

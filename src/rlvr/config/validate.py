@@ -150,6 +150,7 @@ def validate(cfg: Config) -> None:
     )
     check(0 < r.vllm.memory < 1, "rollout.vllm.memory", "in (0, 1)", r.vllm.memory)
     _validate_tools(cfg)
+    _validate_env(cfg)
     template = cfg.data.prompt_template
     check(
         template is None or "{question}" in template,
@@ -161,11 +162,14 @@ def validate(cfg: Config) -> None:
         from rlvr.tasks import TASKS
 
         check(
-            cfg.data.task in TASKS,
+            cfg.data.task in TASKS or cfg.data.task == "reasoning_gym",
             "data.task",
-            f"one of {', '.join(map(repr, TASKS))}",
+            f"one of {', '.join(map(repr, TASKS))} or 'reasoning_gym'",
             cfg.data.task,
         )
+        g = cfg.data.reasoning_gym
+        check(g.size >= 1, "data.reasoning_gym.size", ">= 1", g.size)
+        check(bool(g.tasks), "data.reasoning_gym.tasks", "at least one task name", g.tasks)
     else:
         for key in ("path", "eval_path"):
             value = getattr(cfg.data, key)
@@ -268,6 +272,19 @@ def _validate_reference(cfg: Config) -> None:
     check(w.rm_epochs >= 1, "reward.rm_epochs", ">= 1", w.rm_epochs)
     if w.model is not None and not Path(w.model).exists():
         raise ConfigError(f"reward.model: {w.model} does not exist")
+
+
+def _validate_env(cfg: Config) -> None:
+    """The agent keys (docs/environments.md); the function itself is imported when the run
+    is built."""
+    e = cfg.env
+    check(math.isfinite(e.timeout) and e.timeout > 0, "env.timeout", "seconds > 0", e.timeout)
+    check(
+        e.agent is None or (":" in e.agent and all(e.agent.rpartition(":")[::2])),
+        "env.agent",
+        "'module:function' or 'path/to/file.py:function'",
+        e.agent,
+    )
 
 
 def _validate_tools(cfg: Config) -> None:

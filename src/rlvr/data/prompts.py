@@ -1,4 +1,4 @@
-"""Prompts for a run, from a built-in task or a dataset file, rendered and tokenized once.
+"""Prompts for a run, from a built-in task, reasoning-gym's tasks or a dataset file, rendered and tokenized once.
 
 Either source yields `Prompt`s with the chat-rendered text, its token ids, the reference
 answer and the raw example; the accuracy reward sees the same answer string either way.
@@ -6,6 +6,7 @@ answer and the raw example; the accuracy reward sees the same answer string eith
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,6 +33,7 @@ class PromptSource:
     eval: list[Prompt]
     task: Any | None
     name: str
+    dropped: dict[str, int] = field(default_factory=dict)  # prompts over the context, by task
 
     @property
     def has_answer(self) -> bool:
@@ -74,6 +76,60 @@ def _from_task(cfg: Config, tokenizer) -> PromptSource:
         eval=build("test", cfg.train.eval_size, EVAL_SEED),
         task=task,
         name=cfg.data.task,
+    )
+
+
+def _from_reasoning_gym(cfg: Config, tokenizer, max_context: int | None) -> PromptSource:
+    """reasoning-gym's rows (`rlvr.tasks.reasoning_gym`): training rows from
+    `data.reasoning_gym.seed`, held-out rows (at most train.eval_size) from another seed less
+    the training questions. A procedural task's rows vary in length (a maze, a long list of
+    animals): a prompt longer than the context leaves for the prompt is dropped and counted
+    under its task's name (`PromptSource.dropped`, printed by name when a run or an evaluation
+    starts), where a built-in task or a dataset file with such a prompt is refused."""
+    from rlvr.tasks.reasoning_gym import HELD_OUT_SEED_OFFSET, ReasoningGymTask
+
+    s = cfg.data.reasoning_gym
+    try:
+        task = ReasoningGymTask.from_settings(s)
+    except ImportError as e:
+        raise ConfigError(str(e)) from None
+    budget = None if max_context is None else max_context - response_budget(cfg)[1]
+    dropped: Counter[str] = Counter()
+
+    def build(examples, limit: int) -> list[Prompt]:
+        out = []
+        for ex in examples:
+            if len(out) == limit:
+                break
+            messages = task.prompt_messages(ex)
+            if cfg.data.system_prompt:
+                messages = [{"role": "system", "content": cfg.data.system_prompt}, *messages]
+            text, ids = render_messages(messages, tokenizer)
+            if budget is not None and len(ids) > budget:
+                dropped[ex.meta["task"]] += 1
+                continue
+            out.append(Prompt(text=text, ids=ids, answer=ex.answer, example=ex))
+        return out
+
+    train_examples = task.examples(s.size, s.seed)
+    seen = frozenset(ex.question for ex in train_examples)
+    eval_size = cfg.train.eval_size
+    held_out = []
+    if eval_size:
+        held_out = task.examples(eval_size, s.seed + HELD_OUT_SEED_OFFSET + EVAL_SEED, exclude=seen)
+    train = build(train_examples, len(train_examples))
+    if not train:
+        raise ConfigError(
+            f"data.reasoning_gym.tasks: every training prompt of {', '.join(s.tasks)} is longer "
+            f"than the model's context of {max_context} tokens leaves for the prompt ({budget} "
+            f"with {response_budget(cfg)[0]} {response_budget(cfg)[1]})"
+        )
+    return PromptSource(
+        train=train,
+        eval=build(held_out, eval_size),
+        task=task,
+        name="reasoning_gym:" + ",".join(s.tasks),
+        dropped=dict(dropped),
     )
 
 
@@ -133,7 +189,7 @@ def _from_dataset(cfg: Config, tokenizer, max_context: int | None) -> PromptSour
 def _check_length(text: str, per_token: float, where: str, cfg: Config, max_context: int) -> None:
     """ConfigError when `text` is provably longer than the context leaves for the prompt
     (rlvr.data.token_bound); tokenizing a 10 MB prompt would cost gigabytes before the exact check."""
-    key, response = _response_budget(cfg)
+    key, response = response_budget(cfg)
     budget = max_context - response
     if min_tokens(text, per_token) > budget:
         raise ConfigError(
@@ -144,7 +200,7 @@ def _check_length(text: str, per_token: float, where: str, cfg: Config, max_cont
         )
 
 
-def _response_budget(cfg: Config) -> tuple[str, int]:
+def response_budget(cfg: Config) -> tuple[str, int]:
     """The key and value of a response's longest length: with tools, the total budget of the
     model's and the tools' tokens (docs/tools.md), else max_new_tokens."""
     r = cfg.rollout
@@ -153,9 +209,19 @@ def _response_budget(cfg: Config) -> tuple[str, int]:
     return "rollout.max_new_tokens", r.max_new_tokens
 
 
+def dropped_note(source: PromptSource) -> str | None:
+    """One line naming the prompts dropped for length, by task (None: none dropped)."""
+    if not source.dropped:
+        return None
+    counts = ", ".join(f"{task} {n}" for task, n in sorted(source.dropped.items()))
+    return f"data: dropped {sum(source.dropped.values())} prompts longer than the context: {counts}"
+
+
 def load_prompts(cfg: Config, tokenizer, max_context: int | None) -> PromptSource:
     """Build the prompts and check, before any work, that each fits the model's context."""
-    if cfg.data.path is None:
+    if cfg.data.path is None and cfg.data.task == "reasoning_gym":
+        source = _from_reasoning_gym(cfg, tokenizer, max_context)
+    elif cfg.data.path is None:
         source = _from_task(cfg, tokenizer)
     else:
         source = _from_dataset(cfg, tokenizer, max_context)
@@ -167,7 +233,7 @@ def load_prompts(cfg: Config, tokenizer, max_context: int | None) -> PromptSourc
             f"the {len(source.train)} training prompts of {source.name}"
         )
     if max_context is not None:
-        key, response = _response_budget(cfg)
+        key, response = response_budget(cfg)
         budget = max_context - response
         for split, prompts in (("train", source.train), ("eval", source.eval)):
             for i, p in enumerate(prompts):

@@ -237,13 +237,15 @@ class Scorer:
             res = combine_rewards(self.shaping, kwargs, on_error=r.on_error)
             wrong = torch.zeros(len(prompts), dtype=torch.bool)
             return torch.tensor(res.total, dtype=torch.float32), wrong, None
-        if self.accuracy_fn is None:
-            correct = torch.tensor(
-                [self.task.verify(c, p.example) for p, c in zip(prompts, completions)],
-                dtype=torch.bool,
+        if self.accuracy_fn is None:  # the task's score s in [0, 1]: 1 correct, 0 wrong
+            score = torch.tensor(
+                [self.task.score(c, p.example) for p, c in zip(prompts, completions)],
+                dtype=torch.float32,
             )
-            accuracy = torch.where(correct, r.correct_score, r.wrong_score)
-            return accuracy.float(), correct, None
+            between = r.wrong_score + (r.correct_score - r.wrong_score) * score
+            accuracy = torch.where(score >= 1.0, r.correct_score, r.wrong_score)
+            accuracy = torch.where((score > 0) & (score < 1), between, accuracy)
+            return accuracy.float(), score >= 1.0, None
         kwargs = kwargs or self.reward_kwargs(prompts, completions, rollout)
         name = _term_name(r.accuracy)  # errors and failures/* name the user's reward
         res = combine_rewards([(name, 1.0, self.accuracy_fn)], kwargs, on_error=r.on_error)
@@ -256,12 +258,18 @@ class Scorer:
         completions: list[str],
         rollout: Rollout,
         step: int | None = None,
+        given: torch.Tensor | None = None,
     ) -> Scores:
+        """`given`: (B,) accuracy scores from elsewhere (an agent's rewards, env.agent), in
+        place of the accuracy reward; correct where above reward.correct_threshold."""
         r, a = self.cfg.reward, self.cfg.algo
         if step is not None:
             self.state.global_step = step
         kwargs = self.reward_kwargs(prompts, completions, rollout)
-        if self.graded:
+        if given is not None:
+            res, terms, total = None, {"accuracy": given}, r.accuracy_weight * given
+            correct = given > r.correct_threshold
+        elif self.graded:
             accuracy, correct, res = self._accuracy(prompts, completions, rollout, kwargs)
             terms, total = {"accuracy": accuracy}, r.accuracy_weight * accuracy
         else:

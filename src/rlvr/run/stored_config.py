@@ -63,6 +63,7 @@ def resolve_paths(cfg: Config) -> Config:
             r, accuracy=accuracy, extra=extra, params=params, model=local(r.model)
         ),
         train=dataclasses.replace(t, output_dir=output),
+        env=dataclasses.replace(cfg.env, agent=cfg.env.agent and absolute_spec(cfg.env.agent)),
     )
 
 
@@ -158,15 +159,21 @@ def check_trained_with(state: dict, cfg: Config, checkpoint: Path) -> None:
 
 
 # Keys whose values name code to import ("module:function", "path/file.py:function").
-CODE_KEYS = (("reward", "accuracy"), ("reward", "extra"), ("rollout", "tools"), ("algo", "loss"))
+CODE_KEYS = (
+    ("reward", "accuracy"),
+    ("reward", "extra"),
+    ("rollout", "tools"),
+    ("algo", "loss"),
+    ("env", "agent"),
+)
 
 
 def run_code(cfg: Config) -> list[str]:
-    """The code `cfg` imports, in order: reward, tool and objective specs holding ":"
+    """The code `cfg` imports, in order: reward, tool, objective and agent specs holding ":"
     (built-in reward, tool and objective names hold none)."""
     r = cfg.reward
     specs = [r.accuracy, *(e.rsplit("=", 1)[0] for e in r.extra), *cfg.rollout.tools]
-    specs.append(cfg.algo.loss)
+    specs += [cfg.algo.loss, cfg.env.agent or ""]
     return list(dict.fromkeys(s for s in specs if ":" in s))
 
 
@@ -216,7 +223,8 @@ def check_run_code(cfg: Config, given: dict, trust: bool, where: str) -> str | N
         raise ConfigError(
             f"{where}: its config.yaml names code to import: {', '.join(unnamed)}; a run "
             "directory's code runs only when you name it again (--reward.extra=..., "
-            "--reward.accuracy=..., --rollout.tools=..., --algo.loss=... as the run was started) or "
+            "--reward.accuracy=..., --rollout.tools=..., --algo.loss=..., --agent ... as the run was "
+            "started) or "
             "pass "
             "--trust-run-code"
         )

@@ -122,3 +122,7 @@ class Task(ABC):
     def verify(self, completion: str, example: Example) -> bool:
         """True when the one answer block holds exactly the canonical answer."""
         return extract_answer(completion) == example.answer
+
+    def score(self, completion: str, example: Example) -> float:
+        """The accuracy score in [0, 1] (1: correct); a built-in task's is 1 or 0."""
+        return float(self.verify(completion, example))

@@ -150,6 +150,8 @@ class Tally:
         }
         if "tools/samples" in total:
             out.update(tool_metrics(total))
+        if "env/rollouts" in total:
+            out.update(env_metrics(total))
         return out
 
 
@@ -200,12 +202,26 @@ def tool_metrics(total: dict[str, float]) -> dict[str, float]:
     }
 
 
+def env_metrics(total: dict[str, float]) -> dict[str, float]:
+    """The agents' counts over a step (docs/environments.md#metrics): rollouts dropped, by
+    fault, the mean turns of a kept rollout, the seconds spent in agent calls and the requests
+    one engine call answered."""
+    kept = max(total["env/rollouts"] - total["env/dropped"], 1.0)
+    out = {k: v for k, v in total.items() if k.startswith("env/faults/")}
+    out["env/dropped"] = total["env/dropped"]
+    out["env/turns_per_rollout"] = total.get("env/turns", 0.0) / kept
+    out["time/agents"] = total["env/seconds"]
+    # requests answered per engine call: how well the endpoint batches the agents' requests
+    out["env/requests_per_batch"] = total["env/requests"] / max(total["env/engine_calls"], 1.0)
+    return out
+
+
 def _groups(rows: list[Prompt], rollout: Rollout, scores: Scores, G: int) -> list[list[Sample]]:
     engine_lp = rollout.sampling_log_probs
     return [
         [
             Sample(
-                prompt_ids=rows[i].ids,
+                prompt_ids=rollout.prompt_ids[i],  # an agent's own first prompt, else the row's
                 completion_ids=rollout.completion_ids[i, : rollout.lengths[i]].tolist(),
                 truncated=bool(rollout.truncated[i]),
                 reward=float(scores.total[i]),
@@ -285,6 +301,7 @@ def collect(step: int, run: Collecting) -> Collected:
         groups: list[list[Sample]] = []
         for part in done:
             tally.add(part.rollout, part.scores, part.completions, G)
+            tally.sums.update(part.env)  # env/*: the agents' turns and dropped rollouts
             want = max(c.log_samples - len(examples), 0)
             examples += _examples(part.rows[:want], part.completions, part.rollout, part.scores)
             groups += _groups(part.rows, part.rollout, part.scores, G)
@@ -295,6 +312,8 @@ def collect(step: int, run: Collecting) -> Collected:
                 keep = keep_groups_with_spread(_gathered(d, [p.scores.total for p in done]), G)
         else:
             keep = torch.ones(size, dtype=torch.bool)
+        if run.agents is not None:  # a group with a dropped rollout is left out of the step
+            keep &= ~_gathered(d, [part.dropped for part in done]).view(-1, G).any(1)
         # one payload per group of the batch: this rank's samples of it (none: another rank's)
         others: list[list[Sample]] = [[] for _ in range(size - (hi - lo))]
         buffer.add(others[:lo] + groups + others[lo:], keep)

@@ -16,8 +16,10 @@ import contextlib
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
+
+import torch
 
 from rlvr.data.prompts import Prompt
 from rlvr.rewards.limits import _thread_state
@@ -29,11 +31,14 @@ PARTS = 4  # a generation batch's parts when scoring overlaps generation
 
 class Generation(Protocol):
     """What turns prompts into scored responses: the engine that samples, the tokenizer that
-    decodes, the scorer that scores (a run, `rlvr.training.setup.Run`, has all three)."""
+    decodes, the scorer that scores (a run, `rlvr.training.setup.Run`, has all three), and
+    the agents that drive the engine through the run's endpoint (`env.agent`; None: the
+    engine samples the prompts itself)."""
 
     engine: RolloutEngine
     tokenizer: Any
     scorer: Scorer
+    agents: Any
 
 
 @dataclass(frozen=True)
@@ -43,16 +48,20 @@ class Generator:
     engine: RolloutEngine
     tokenizer: Any
     scorer: Scorer
+    agents: Any = None
 
 
 @dataclass
 class Part:
-    """One part's responses (`rows`: the prompt of each response) and their scores."""
+    """One part's responses (`rows`: the prompt of each response) and their scores; with
+    agents, the rollouts they dropped (`dropped`, (B,) bool) and their counts (`env`)."""
 
     rows: list[Prompt]
     rollout: Rollout
     completions: list[str]  # as the samples log shows them (tool turns included)
     scores: Scores
+    dropped: torch.Tensor | None = None
+    env: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -101,32 +110,44 @@ def generate_and_score(
     bounds = part_bounds(len(prompts), parts)
     caller_state = _thread_state()
 
-    def score(rows: list[Prompt], scored: list[str], rollout: Rollout) -> tuple[Scores, float]:
+    def score(
+        rows: list[Prompt], scored: list[str], rollout: Rollout, given
+    ) -> tuple[Scores, float]:
         t0 = time.perf_counter()
         with caller_state():
-            scores = scorer(rows, scored, rollout, step=step)
+            scores = scorer(rows, scored, rollout, step=step, given=given)
         return scores, time.perf_counter() - t0
 
     pool = ThreadPoolExecutor(1, thread_name_prefix="rlvr-scoring") if len(bounds) > 1 else None
-    pending: list[tuple[list[Prompt], Rollout, list[str], Future | tuple[Scores, float]]] = []
+    pending: list[tuple[Part, Future | tuple[Scores, float]]] = []
     with pool or contextlib.nullcontext():
         for lo, hi in bounds:
             t0 = time.perf_counter()
-            rollout = engine.generate([p.ids for p in prompts[lo:hi]], params_for(lo, hi))
+            given = dropped = None  # the agents' rewards and dropped rollouts
+            env: dict[str, float] = {}
+            if gen.agents is not None:
+                batch = gen.agents.run(prompts[lo:hi], params_for(lo, hi), step)
+                rollout, given, dropped, env = (
+                    batch.rollout,
+                    batch.rewards,
+                    batch.dropped,
+                    batch.sums,
+                )
+            else:
+                rollout = engine.generate([p.ids for p in prompts[lo:hi]], params_for(lo, hi))
             timing.generation += time.perf_counter() - t0
             rows = [p for p in prompts[lo:hi] for _ in range(rollout.group_size)]
             completions = decode_completions(tokenizer, rollout)  # logged, tool turns included
             scored = decode_completions(tokenizer, rollout, model_only=True)  # the model's text
-            job = (
-                pool.submit(score, rows, scored, rollout) if pool else score(rows, scored, rollout)
-            )
-            pending.append((rows, rollout, completions, job))
+            args = (rows, scored, rollout, given)
+            job = pool.submit(score, *args) if pool else score(*args)
+            pending.append((Part(rows, rollout, completions, None, dropped, env), job))  # type: ignore[arg-type]
         out = []
-        for rows, rollout, completions, job in pending:
+        for part, job in pending:
             t0 = time.perf_counter()
-            scores, seconds = job.result() if isinstance(job, Future) else job
+            part.scores, seconds = job.result() if isinstance(job, Future) else job
             timing.wait += time.perf_counter() - t0 if isinstance(job, Future) else seconds
             timing.scoring += seconds
-            timing.scored += len(rows)
-            out.append(Part(rows, rollout, completions, scores))
+            timing.scored += len(part.rows)
+            out.append(part)
     return out

@@ -18,7 +18,8 @@ from rlvr.config.algorithm import Algorithm
 from rlvr.config.load import to_dict
 from rlvr.config.placement import check_ranks
 from rlvr.config.schema import Config, ConfigError
-from rlvr.data.prompts import PromptSource, load_prompts
+from rlvr.data.prompts import PromptSource, dropped_note, load_prompts
+from rlvr.environments.runner import AgentRunner, build_agents
 from rlvr.models import autocast, check_vocabulary, load_tokenizer
 from rlvr.rewards.sandbox import SandboxUnavailable, resolve_isolation
 from rlvr.rewards.scoring import Scorer
@@ -65,7 +66,8 @@ class Given:
     names `rollout.tools` uses, and `callbacks`: functions called as `fn(step, metrics)`
     after every step (returning "stop" ends the run) and TrainerCallback objects
     (`rlvr.run.callbacks`), given `callback_args` (TRL's GRPOConfig, when passed) and
-    on_log every `logging_steps` steps."""
+    on_log every `logging_steps` steps; `agent`: the function that drives the rollouts
+    (docs/environments.md)."""
 
     model: torch.nn.Module | None = None
     tokenizer: object | None = None
@@ -74,6 +76,7 @@ class Given:
     callbacks: tuple[Callable, ...] = ()
     callback_args: object | None = None
     logging_steps: int = 1
+    agent: Callable | None = None  # env.agent's function
 
 
 @dataclass
@@ -102,6 +105,7 @@ class Run:
     kl_ctl: KLController | None = None  # the per-token reward's beta (algo.kl_in_reward)
     outer: OuterLoop | None = None  # reference resets, the reward model's refresh (outer.py)
     pipeline: Pipeline = field(default_factory=lambda: Pipeline(0))  # batches produced ahead
+    agents: AgentRunner | None = None  # env.agent's calls on the run's endpoint
 
     def step_context(self) -> UpdateContext:
         """What every micro-batch of a step reads (the policy, its training module, the pad
@@ -203,11 +207,17 @@ def setup(
         raise ConfigError(str(e)) from None
     backend = _cpu_backend(policy, cfg)
     source = load_prompts(cfg, tokenizer, getattr(model.config, "max_position_embeddings", None))
+    if d.is_main and dropped_note(source):
+        console.print(dropped_note(source))
     module = wrap(model, d, device, cfg.train.parallel)  # before the optimiser: FSDP2 shards
     optimizer, scheduler = _optimizer(cfg, model)
-    toolbox = build_toolbox(cfg, source, tokenizer, given)
+    agent = given.agent is not None or cfg.env.agent is not None  # the agent runs the tools
+    toolbox = None if agent else build_toolbox(cfg, source, tokenizer, given)
     site = replace(engine_site(cfg, model, device, d, backend, source), tools=toolbox)
+    if agent:  # an agent's later turns hold its context: the engine takes the model's length
+        site = replace(site, max_model_len=None)
     engine = build_engine(cfg, model, tokenizer, site)
+    agents = build_agents(cfg, engine, tokenizer, model, source, given.agent)
     scorer = Scorer.build(cfg, source.task, given.reward_functions, has_answer=source.has_answer)
     if run_dir is None:  # everything built and checked: only now the run directory
         run_dir = _prepared(cfg, d, resume=False)
@@ -231,6 +241,7 @@ def setup(
         update_settings=UpdateSettings.from_config(cfg),
         critic_context=CriticContext.from_config(cfg, tokenizer.pad_token_id, device, d),
         pipeline=Pipeline(cfg.train.max_staleness, max_steps=cfg.train.max_steps),
+        agents=agents,
     )
     try:
         run.kl_ctl = kl_controller(cfg)
@@ -240,6 +251,8 @@ def setup(
             return run, None
         return run, _resume(run, checkpoint, state, console)
     except BaseException:
+        if agents is not None:
+            agents.close()
         if resume_dir is None and d.is_main:
             discard_unstarted(run_dir)
         raise

@@ -180,6 +180,8 @@ def train(
         raise
     finally:  # the run directory's lock (rlvr.run.rundir), taken in setup by rank 0
         if run is not None:
+            if run.agents is not None:
+                run.agents.close()  # the endpoint's server and generation threads
             run.engine.close()  # what the engine started (the rollout server) ends with the run
         locked = run.run_dir if run else cfg.train.output_dir or resume_dir
         if locked:
