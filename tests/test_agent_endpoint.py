@@ -18,6 +18,7 @@ from rlvr.config.schema import ConfigError
 from rlvr.data.prompts import render_messages
 from rlvr.environments.runner import AgentError, AgentRunner
 from rlvr.models import build_tokenizer, eos_ids, load_model
+from rlvr.rewards.scoring import Scores
 from rlvr.rollout import SamplingParams, build_engine
 from rlvr.tasks import TASKS
 from rlvr.training.collect import _groups
@@ -129,7 +130,7 @@ def test_two_turns_train_on_the_sampled_ids(merging):
         assert (lps[torch.tensor(context)] == 0).all() and (lps[~torch.tensor(context)] < 0).any()
     assert drifted > 0, "no sampled completion re-encodes to other ids: the check proves nothing"
     # what the trainer trains: each Sample's ids are the rollout's, the sampled ones
-    scores = type("S", (), {"total": batch.rewards, "correct": batch.rewards > 0})
+    scores = Scores(batch.rewards, batch.rewards > 0, terms={}, failures={})
     rows = [p for p in prompts for _ in range(2)]
     samples = [s for g in _groups(rows, rollout, scores, 2) for s in g]
     for i, sample in enumerate(samples):
