@@ -15,6 +15,8 @@ update and the config checks instead of each testing config strings
     correction, bypass  rollout correction's weights (None = off) and whether the engine's
                      log-probs are pi_old (docs/algorithms.md#rollout-correction)
     adaptive_refill  dynamic sampling's refill batch: sized from the keep rate, or whole
+    distill_coef     on-policy distillation's share of the advantage (0: no teacher;
+                     rlvr.algos.distill, docs/distillation.md)
 """
 
 from __future__ import annotations
@@ -47,6 +49,12 @@ class Algorithm:
     adaptive_refill: bool = True  # dynamic sampling's refills sized from the keep rate
     correction: CorrectionSettings | None = None  # rollout correction's weights, or off
     bypass: bool = False  # the engine's log-probs serve as pi_old (no old-log-prob forward)
+    distill_coef: float = 0.0  # algo.teacher's share c of the advantage; 0 = no teacher
+
+    @property
+    def distills(self) -> bool:
+        """On-policy distillation: a teacher scores the sampled tokens (algo.teacher)."""
+        return self.distill_coef > 0
 
     @classmethod
     def from_config(cls, cfg: Config) -> Algorithm:
@@ -81,6 +89,7 @@ class Algorithm:
             adaptive_refill=a.refill == "adaptive",
             correction=_correction(cfg),
             bypass=a.rollout_bypass,
+            distill_coef=_distill_coef(cfg),
         )
 
     def group_advantages(self, rewards: torch.Tensor, group_size: int) -> torch.Tensor:
@@ -124,6 +133,29 @@ def _check_consistency(cfg: Config) -> None:
         "population when group_size is 1",
         a.std,
     )
+
+
+def _distill_coef(cfg: Config) -> float:
+    """The teacher's share of the advantage (0 without algo.teacher), and what distillation
+    asks of the rest of the config."""
+    a = cfg.algo
+    check(
+        bool(a.teacher) or cfg.preset != "opd",
+        "algo.teacher",
+        "a teacher model (a directory, hub id, run directory or checkpoint) under preset opd",
+        a.teacher,
+    )
+    if not a.teacher:
+        return 0.0
+    c = a.distill_coef
+    check(0 < c <= 1, "algo.distill_coef", "in (0, 1] (1: distillation alone)", c)
+    check(
+        a.loss != "gmpo",
+        "algo.loss",
+        "not gmpo with algo.teacher (its advantage is the response's; distillation's is per token)",
+        a.loss,
+    )
+    return float(c)
 
 
 def _correction(cfg: Config) -> CorrectionSettings | None:

@@ -56,6 +56,7 @@ from rlvr.training.settings import (
     eval_params,
     kl_controller,
 )
+from rlvr.training.teacher import Teacher
 
 
 @dataclass(frozen=True)
@@ -101,6 +102,7 @@ class Run:
     critic: Critic | None = None  # PPO's value model (algo.advantage=gae)
     kl_ctl: KLController | None = None  # the per-token reward's beta (algo.kl_in_reward)
     outer: OuterLoop | None = None  # reference resets, the reward model's refresh (outer.py)
+    teacher: Teacher | None = None  # on-policy distillation's (algo.teacher, teacher.py)
     pipeline: Pipeline = field(default_factory=lambda: Pipeline(0))  # batches produced ahead
 
     def step_context(self) -> UpdateContext:
@@ -209,6 +211,10 @@ def setup(
     site = replace(engine_site(cfg, model, device, d, backend, source), tools=toolbox)
     engine = build_engine(cfg, model, tokenizer, site)
     scorer = Scorer.build(cfg, source.task, given.reward_functions, has_answer=source.has_answer)
+    algorithm = Algorithm.from_config(cfg)  # built once, passed to every stage
+    teacher = None
+    if algorithm.distills:  # refused (another tokenizer) before the run directory is written
+        teacher = Teacher.load(cfg, tokenizer, device, algorithm.distill_coef)
     if run_dir is None:  # everything built and checked: only now the run directory
         run_dir = _prepared(cfg, d, resume=False)
     run = Run(
@@ -226,11 +232,12 @@ def setup(
         optimizer=optimizer,
         scheduler=scheduler,
         backend=backend,
-        algorithm=Algorithm.from_config(cfg),  # built once, passed to every stage
+        algorithm=algorithm,
         collect_settings=CollectSettings.from_config(cfg),
         update_settings=UpdateSettings.from_config(cfg),
         critic_context=CriticContext.from_config(cfg, tokenizer.pad_token_id, device, d),
         pipeline=Pipeline(cfg.train.max_staleness, max_steps=cfg.train.max_steps),
+        teacher=teacher,
     )
     try:
         run.kl_ctl = kl_controller(cfg)
