@@ -190,7 +190,8 @@ def test_a_student_equal_to_its_teacher_gets_zero_advantage_everywhere(tiny_mode
     cfg = load_config(None, {"preset": "opd", "model": {"name_or_path": str(tiny_model_dir)},
                              "algo": {"teacher": str(tiny_model_dir)}})  # fmt: skip
     algo = Algorithm.from_config(cfg)
-    teacher = Teacher.load(cfg, tokenizer, torch.device("cpu"), algo.distill_coef)
+    teacher = Teacher.load(str(tiny_model_dir), tokenizer, student=str(tiny_model_dir),
+                           dtype="float32", device=torch.device("cpu"), coef=algo.distill_coef)  # fmt: skip
     from rlvr.models import load_model
 
     student = load_model(str(tiny_model_dir)).eval()

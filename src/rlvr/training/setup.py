@@ -214,7 +214,9 @@ def setup(
     algorithm = Algorithm.from_config(cfg)  # built once, passed to every stage
     teacher = None
     if algorithm.distills:  # refused (another tokenizer) before the run directory is written
-        teacher = Teacher.load(cfg, tokenizer, device, algorithm.distill_coef)
+        m = cfg.model
+        teacher = Teacher.load(cfg.algo.teacher, tokenizer, student=m.name_or_path,
+                               dtype=m.dtype, device=device, coef=algorithm.distill_coef)  # fmt: skip
     if run_dir is None:  # everything built and checked: only now the run directory
         run_dir = _prepared(cfg, d, resume=False)
     run = Run(

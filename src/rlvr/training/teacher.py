@@ -23,7 +23,7 @@ import torch
 
 import rlvr.cpu as cpu
 from rlvr.algos.distill import DistillSums, distill_advantages, distill_sums
-from rlvr.config.schema import Config, ConfigError
+from rlvr.config.schema import ConfigError
 from rlvr.models import check_vocabulary, load_model, load_tokenizer
 from rlvr.run.distributed import Dist
 from rlvr.training.batch import Batch
@@ -94,17 +94,19 @@ class Teacher:
     name: str
 
     @classmethod
-    def load(cls, cfg: Config, tokenizer, device: torch.device, coef: float) -> Teacher:
-        """The run's teacher, checked against the student's tokenizer before any work."""
-        name = cfg.algo.teacher
+    def load(
+        cls, name: str, tokenizer, *, student: str, dtype: str, device: torch.device, coef: float
+    ) -> Teacher:
+        """The teacher `name` (`algo.teacher`) in `dtype` on `device`, checked against the
+        student's tokenizer (`tokenizer`, of the model `student`) before any work."""
         path = resolve_teacher(name)
         try:
             teacher_tokenizer = load_tokenizer(path)
-            model = _load(path, cfg.model.dtype, device)
+            model = _load(path, dtype, device)
             check_vocabulary(tokenizer, model, "algo.teacher")
         except (FileNotFoundError, ValueError) as e:
             raise ConfigError(f"algo.teacher: {e}") from None
-        check_same_tokenizer(tokenizer, teacher_tokenizer, cfg.model.name_or_path, name)
+        check_same_tokenizer(tokenizer, teacher_tokenizer, student, name)
         model.requires_grad_(False)
         model.eval()
         backend = cpu.backend(model)
