@@ -92,9 +92,13 @@ def load_run(run: Path) -> dict | None:
     }
 
 
-def first_reaching(curve: list, target: float, axis: int) -> float | None:
-    """Tokens (axis 0) or seconds (axis 1) at the first evaluation at or above `target`."""
-    return next((c[axis] for c in curve if c[2] >= target), None)
+def first_reaching(curve: list, target: float, axis: int, hold: int = 1) -> float | None:
+    """Tokens (axis 0) or seconds (axis 1) at the first evaluation at or above `target` that
+    the next `hold - 1` evaluations also reach (hold = 1: the first touch)."""
+    for i in range(len(curve) - hold + 1):
+        if all(c[2] >= target for c in curve[i : i + hold]):
+            return curve[i][axis]
+    return None
 
 
 def _interp(curve: list, x: float, axis: int) -> float:
@@ -144,18 +148,21 @@ def report(a: argparse.Namespace) -> None:
         return
     rows = [
         "| arm | seeds | held-out before | held-out after | best | tokens to "
-        f"{a.target} | seconds to {a.target} | tokens in run | s/step |",
-        "|---|---|---|---|---|---|---|---|---|",
+        f"{a.target} | tokens to hold {a.target} (3 evaluations) | seconds to hold it | "
+        "tokens in run | s/step |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for arm, runs in results.items():
         reach = [first_reaching(r["curve"], a.target, 0) for r in runs]
-        secs = [first_reaching(r["curve"], a.target, 1) for r in runs]
-        hit = [x for x in reach if x is not None]
+        held = [first_reaching(r["curve"], a.target, 0, hold=3) for r in runs]
+        secs = [first_reaching(r["curve"], a.target, 1, hold=3) for r in runs]
+        hit, kept = [x for x in reach if x is not None], [x for x in held if x is not None]
         rows.append(
             f"| {arm} | {len(runs)} | {mean_sd([r['before'] for r in runs])} | "
             f"{mean_sd([r['final'] for r in runs])} | "
             f"{mean_sd([max(c[2] for c in r['curve']) for r in runs])} | "
-            f"{mean_sd(hit, ',.0f')} ({len(hit)}/{len(runs)} reach it) | "
+            f"{mean_sd(hit, ',.0f')} ({len(hit)}/{len(runs)}) | "
+            f"{mean_sd(kept, ',.0f')} ({len(kept)}/{len(runs)}) | "
             f"{mean_sd([x for x in secs if x is not None], '.0f')} | "
             f"{mean_sd([r['tokens'] for r in runs], ',.0f')} | "
             f"{mean_sd([r['step_time_s'] for r in runs], '.2f')} |"
