@@ -293,7 +293,7 @@ def test_distillation_reaches_the_teacher_sooner_than_grpo(tmp_path):
     (0.40). Distilling, the student passes 0.91 held-out (256 prompts) within 30 steps, in
     fewer generated tokens than GRPO from the same student needs, or GRPO never gets there in
     as many steps. bench/distill.py measures three seeds of it (docs/distillation.md: OPD
-    first at 0.91 after 55-68k tokens; GRPO's preset peaks at 0.90-0.91 and falls back)."""
+    reaches and holds 0.91 after 42-55k tokens; GRPO's preset holds it in 1 seed of 3)."""
     teacher = tmp_path / "teacher"
     assert main(["train", "--output-dir", str(teacher), "--no-progress"]) == 0
     runs = {}
