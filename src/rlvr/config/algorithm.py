@@ -19,6 +19,8 @@ update and the config checks instead of each testing config strings
     gdpo_terms       under advantage gdpo: the reward terms it normalises one by one, with
                      their weights in the total (docs/algorithms.md#gdpo)
     adaptive_refill  dynamic sampling's refill batch: sized from the keep rate, or whole
+    distill_coef     on-policy distillation's share of the advantage (0: no teacher;
+                     rlvr.algos.distill, docs/distillation.md)
 """
 
 from __future__ import annotations
@@ -54,6 +56,12 @@ class Algorithm:
     bypass: bool = False  # the engine's log-probs serve as pi_old (no old-log-prob forward)
     sequence_mask: float | None = None  # off-policy sequence masking's threshold, or off
     gdpo_terms: tuple[tuple[str, float], ...] = ()  # GDPO's rewards and their weights
+    distill_coef: float = 0.0  # algo.teacher's share c of the advantage; 0 = no teacher
+
+    @property
+    def distills(self) -> bool:
+        """On-policy distillation: a teacher scores the sampled tokens (algo.teacher)."""
+        return self.distill_coef > 0
 
     @classmethod
     def from_config(cls, cfg: Config) -> Algorithm:
@@ -90,6 +98,7 @@ class Algorithm:
             bypass=a.rollout_bypass,
             sequence_mask=_sequence_mask(cfg),
             gdpo_terms=_gdpo_terms(cfg),
+            distill_coef=_distill_coef(cfg),
         )
 
     def group_advantages(
@@ -153,6 +162,29 @@ def _check_consistency(cfg: Config) -> None:
         "population when group_size is 1",
         a.std,
     )
+
+
+def _distill_coef(cfg: Config) -> float:
+    """The teacher's share of the advantage (0 without algo.teacher), and what distillation
+    asks of the rest of the config."""
+    a = cfg.algo
+    check(
+        bool(a.teacher) or cfg.preset != "opd",
+        "algo.teacher",
+        "a teacher model (a directory, hub id, run directory or checkpoint) under preset opd",
+        a.teacher,
+    )
+    if not a.teacher:
+        return 0.0
+    c = a.distill_coef
+    check(0 < c <= 1, "algo.distill_coef", "in (0, 1] (1: distillation alone)", c)
+    check(
+        a.loss != "gmpo",
+        "algo.loss",
+        "not gmpo with algo.teacher (its advantage is the response's; distillation's is per token)",
+        a.loss,
+    )
+    return float(c)
 
 
 def _correction(cfg: Config) -> CorrectionSettings | None:

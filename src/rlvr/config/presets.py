@@ -107,6 +107,21 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
             "agg": "token_sum_norm",
         },
     },
+    # On-policy distillation (Thinking Machines' "On-Policy Distillation"; docs/distillation.md):
+    # the advantage of every sampled token is log pi_teacher - log pi_student alone
+    # (algo.distill_coef 1), under the token-mean clipped loss, with no KL to a reference (the
+    # teacher is the anchor) and none of DAPO's reward shaping (the reward takes no part).
+    # algo.teacher names the teacher; the preset refuses to run without one.
+    "opd": {
+        "algo": {
+            "advantage": "grpo",
+            "clip_low": 0.2,
+            "clip_high": 0.2,
+            "kl_coef": 0.0,
+            "agg": "token_mean",
+            "distill_coef": 1.0,
+        },
+    },
     # PPO as verl and OpenRLHF run it for LLMs: one sample per prompt, GAE over a critic's
     # values (gamma 1, lam 0.95), k1 KL in the per-token reward, token-mean loss.
     "ppo": _one_sample("gae", lam=0.95),
@@ -138,6 +153,10 @@ TINY_DEFAULTS: dict[str, dict[str, Any]] = {
 TINY_PRESET_DEFAULTS: dict[str, dict[str, dict[str, Any]]] = {
     "ppo": {"optim": {"lr": 2e-4}, "train": {"max_steps": 200}, "critic": {"arch": "surprise"}},
     "reinforce_pp": {"optim": {"lr": 2e-4}, "train": {"max_steps": 200}},
+    # On-policy distillation at half the lr: at 4e-4 the student passes 0.91 held-out by step
+    # 10 and then falls back (0.79 at step 30) as it sharpens onto its own samples; at 2e-4
+    # it climbs steadily (0.91 by step 25, 0.94 at 40; docs/distillation.md).
+    "opd": {"optim": {"lr": 2e-4}, "train": {"max_steps": 60}},
 }
 
 # Per built-in task, on top of TINY_DEFAULTS (rlvr-tiny with `data.task` and no `data.path`):

@@ -68,6 +68,11 @@ class AlgoConfig:
     gdpo_reward_keys: the rewards GDPO normalises one by one (verl's gdpo_reward_keys): names
         of reward terms (accuracy, format, soft_overlong, an extra's name); empty = every term
         of the total. Only under advantage gdpo.
+    teacher: on-policy distillation's teacher (docs/distillation.md): any causal LM with the
+        student's tokenizer, as a model directory, a hub id, a run directory (its newest good
+        checkpoint) or a checkpoint (a LoRA one merged into its base); none = no teacher.
+    distill_coef: c, the teacher's share of the advantage: A_t = (1 - c) A_reward +
+        c (log pi_teacher(o_t) - log pi_old(o_t)); 1 = distillation alone (preset opd).
     loss_settings: the objective's own settings, each written as a key of this section
         (`algo.tau_pos` under loss sapo; sapo: tau_pos, tau_neg; clip_cov: clip_cov_ratio,
         clip_cov_lb, clip_cov_ub; kl_cov: kl_cov_ratio, kl_cov_coef; a user's objective: what
@@ -109,4 +114,6 @@ class AlgoConfig:
     rollout_bypass: bool = False
     off_policy_mask_threshold: float | None = None
     gdpo_reward_keys: tuple[str, ...] = ()
+    teacher: str | None = None
+    distill_coef: float = 1.0
     loss_settings: dict[str, Any] = field(default_factory=dict)

@@ -21,6 +21,8 @@ tokens, c tokens per scoring chunk):
          + what the code reward's sandboxes may hold at once: workers x one sandbox's budget
            (its cgroup's memory_mb + tmp_mb, or without a cgroup the per-process bound,
            `rlvr.rewards.sandbox.budget`)
+         + on-policy distillation's teacher (algo.teacher): its weights, held all run; its
+           no-grad scoring pass runs before the update, so its transient is under the update's
 
 10 d + 4 f + 3 kv are the per-token values a Qwen2/Llama layer keeps for its backward (norm
 inputs and outputs, q/k/v, attention output, residuals; gate, up, SiLU and product); under
@@ -113,6 +115,7 @@ class Work:
     engine_bytes: float = 0.0  # held by the rollout engine through the update
     logits_chunk: int = 0  # optim.logits_chunk_tokens (0: from the scoring's budget)
     sandbox_bytes: float = 0.0  # what the code reward's sandboxes may hold at once
+    teacher_bytes: float = 0.0  # on-policy distillation's teacher's weights (algo.teacher)
 
 
 def predict(shape: Shape, work: Work) -> dict[str, float]:
@@ -138,6 +141,7 @@ def predict(shape: Shape, work: Work) -> dict[str, float]:
         "kv_cache": 8.0 * s.layers * s.kv * w.rows * (w.prompt + w.response),
         "engine": float(w.engine_bytes),
         "sandboxes": float(w.sandbox_bytes),
+        "teacher": float(w.teacher_bytes),
     }
     parts["total"] = sum(parts.values())
     return parts
@@ -178,6 +182,7 @@ class MemoryGuard:
         reference_copy: bool,
         engine_bytes: float = 0.0,
         sandbox_bytes: float = 0.0,
+        teacher_bytes: float = 0.0,
     ) -> MemoryGuard:
         r, o = cfg.rollout, cfg.optim
         rows = r.prompts_per_step * r.group_size
@@ -194,6 +199,7 @@ class MemoryGuard:
             engine_bytes=engine_bytes,
             logits_chunk=o.logits_chunk_tokens,
             sandbox_bytes=sandbox_bytes,
+            teacher_bytes=teacher_bytes,
         )
         on_cpu = all(p.device.type == "cpu" for p in model.parameters())
         return MemoryGuard(Shape.of(model) if on_cpu else None, work)
@@ -215,6 +221,8 @@ class MemoryGuard:
         )
         if not w.gradient_checkpointing:
             knobs += ", or set optim.gradient_checkpointing=true"
+        if w.teacher_bytes:
+            knobs += f"; the teacher (algo.teacher) holds {w.teacher_bytes / GIB:.1f} GiB of it"
         if w.sandbox_bytes:
             knobs += (
                 f"; the code reward's sandboxes may hold {w.sandbox_bytes / GIB:.1f} GiB of it "

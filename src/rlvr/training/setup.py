@@ -57,6 +57,7 @@ from rlvr.training.settings import (
     eval_params,
     kl_controller,
 )
+from rlvr.training.teacher import Teacher
 
 
 @dataclass(frozen=True)
@@ -104,6 +105,7 @@ class Run:
     critic: Critic | None = None  # PPO's value model (algo.advantage=gae)
     kl_ctl: KLController | None = None  # the per-token reward's beta (algo.kl_in_reward)
     outer: OuterLoop | None = None  # reference resets, the reward model's refresh (outer.py)
+    teacher: Teacher | None = None  # on-policy distillation's (algo.teacher, teacher.py)
     pipeline: Pipeline = field(default_factory=lambda: Pipeline(0))  # batches produced ahead
     agents: AgentRunner | None = None  # env.agent's calls on the run's endpoint
 
@@ -219,6 +221,12 @@ def setup(
     engine = build_engine(cfg, model, tokenizer, site)
     agents = build_agents(cfg, engine, tokenizer, model, source, given.agent)
     scorer = Scorer.build(cfg, source.task, given.reward_functions, has_answer=source.has_answer)
+    algorithm = Algorithm.from_config(cfg)  # built once, passed to every stage
+    teacher = None
+    if algorithm.distills:  # refused (another tokenizer) before the run directory is written
+        m = cfg.model
+        teacher = Teacher.load(cfg.algo.teacher, tokenizer, student=m.name_or_path,
+                               dtype=m.dtype, device=device, coef=algorithm.distill_coef)  # fmt: skip
     if run_dir is None:  # everything built and checked: only now the run directory
         run_dir = _prepared(cfg, d, resume=False)
     run = Run(
@@ -236,12 +244,13 @@ def setup(
         optimizer=optimizer,
         scheduler=scheduler,
         backend=backend,
-        algorithm=Algorithm.from_config(cfg),  # built once, passed to every stage
+        algorithm=algorithm,
         collect_settings=CollectSettings.from_config(cfg),
         update_settings=UpdateSettings.from_config(cfg),
         critic_context=CriticContext.from_config(cfg, tokenizer.pad_token_id, device, d),
         pipeline=Pipeline(cfg.train.max_staleness, max_steps=cfg.train.max_steps),
         agents=agents,
+        teacher=teacher,
     )
     try:
         run.kl_ctl = kl_controller(cfg)

@@ -81,6 +81,9 @@ def consume(produced: Produced, run: Run) -> tuple[dict[str, float], list[dict]]
                 ref = batch_log_probs(reference, batch, u)
             batch = replace(batch, ref_log_probs=ref)
         batch, token_metrics, targets = _advantages(run, batch)
+        if run.teacher is not None:  # on-policy distillation: the teacher's share (every rank)
+            batch, distill_metrics = run.teacher.distill(batch, u, run.d)
+            token_metrics = {**token_metrics, **distill_metrics}
         t1 = time.perf_counter()
     metrics = {**produced.metrics, **token_metrics}
     metrics.update(run.engine.step_metrics())  # vLLM servers lost, if any
@@ -214,6 +217,7 @@ def _train(
         reference_copy,
         engine_bytes=run.engine.resident_bytes,  # vLLM on the CPU: it stays
         sandbox_bytes=run.scorer.sandbox_bytes(),
+        teacher_bytes=run.teacher.resident_bytes if run.teacher is not None else 0.0,
     )
     logger = (
         RunLogger(
