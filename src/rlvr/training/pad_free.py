@@ -165,21 +165,20 @@ def _segments(inner):
     """An attention-registry function running `inner` causally on each sample's slice of a
     one-row batch (the `cu_seq_lens_q` boundaries)."""
 
-    def attend(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kw):
+    def attend(module, query, key, value, attention_mask, **kw):
+        """The registry's call; `kw`: dropout, scaling and the model's keywords."""
         cu = kw.get("cu_seq_lens_q")
         if cu is None or query.shape[0] != 1 or attention_mask is not None:
             raise ValueError(
                 "rlvr_segments attention: expected one flat row with cu_seq_lens_q and no "
                 "attention mask (rlvr.training.pad_free.flat_token_log_probs)"
             )
-        rest = {k: v for k, v in kw.items() if k not in _BOUNDARY_KEYS and k != "position_ids"}
-        bounds = cu.tolist()
+        drop = (*_BOUNDARY_KEYS, "position_ids", "is_causal")
+        rest = {k: v for k, v in kw.items() if k not in drop}
         outs = []
-        for a, b in pairwise(bounds):
+        for a, b in pairwise(cu.tolist()):
             q, k, v = query[:, :, a:b], key[:, :, a:b], value[:, :, a:b]
-            out, _ = inner(
-                module, q, k, v, None, dropout=dropout, scaling=scaling, is_causal=True, **rest
-            )
+            out, _ = inner(module, q, k, v, None, is_causal=True, **rest)
             outs.append(out)
         return torch.cat(outs, 1), None
 
