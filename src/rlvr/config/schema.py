@@ -194,8 +194,8 @@ class OptimConfig:
     pad_free: a micro-batch's samples in one row, positions restarting at each and attention
         kept within each (flash_attention_2's variable-length path on GPUs, per-sample SDPA or
         the native kernel elsewhere): no padding computed (same values). Each sample forwards
-        its own prompt (share_prompt does not apply). Off by default: on the CPU it was slower
-        than padded token-budget micro-batches (docs/results/speed.md).
+        its own prompt (share_prompt does not apply). On the CPU within a few percent of padded
+        token-budget micro-batches (docs/results/speed.md); the GPU path is unverified.
     gradient_checkpointing: recompute each layer's activations in the backward instead of keeping
         them (less memory for long responses, about one more forward of time; same gradients).
     logits_chunk_tokens: tokens whose vocabulary-wide logits exist at once when scoring (the
