@@ -10,8 +10,13 @@
 #   hf, fast          the engine's rollouts; fast: its log-probs against the trainer's
 #   vllm              vLLM's log-probs against the trainer's (fp32, then bf16 autocast),
 #                     or "vllm: not installed"
-#   train-fp32/-bf16/-lora/-nccl2/-vllm   rlvr train for N DAPO steps (nccl2: 2 ranks, when
-#                     two GPUs exist); finite losses, held-out accuracy, tokens/s
+#   train-fp32/-bf16/-lora/-nccl2/-vllm/-pad_free   rlvr train for N DAPO steps (nccl2: 2
+#                     ranks, when two GPUs exist; pad_free: token-budget micro-batches without
+#                     padding); finite losses, held-out accuracy, tokens/s
+#   pad_free-flash_attention_2, pad_free-sdpa   micro-batches without padding against padded
+#                     ones in bf16 (flash-attention's variable-length path, or per-sample
+#                     SDPA): log-probs, finite gradients, time; flash: "not installed" without
+#                     the flash_attn package
 #   pytest            the GPU-aware tests of the engines
 # --cpu-dry-run runs the hf and fast engine checks on the CPU, small (--quick), through the
 # same Python entry (scripts/gpu_check.py), to check the script itself where there is no GPU.
@@ -112,9 +117,11 @@ if [ "$where" = "cpu-vllm" ]; then
 fi
 check vllm engine vllm --device cuda
 check vllm-bf16 engine vllm --device cuda --autocast bfloat16
-for kind in fp32 bf16 lora nccl2 vllm; do
+for kind in fp32 bf16 lora nccl2 vllm pad_free; do
   check "train-$kind" train "$kind" --device cuda --steps "$steps"
 done
+check pad_free-flash_attention_2 pad_free flash_attention_2 --device cuda
+check pad_free-sdpa pad_free sdpa --device cuda
 if "$py" -m pytest -q -p no:cacheprovider tests/test_rollout_vllm.py tests/test_rollout_fast.py \
     tests/test_rollout_streams.py > "$out/pytest.log" 2>&1; then
   echo "pytest: PASS $(tail -1 "$out/pytest.log")"

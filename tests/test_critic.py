@@ -157,6 +157,7 @@ def test_micro_batching_and_checkpointing_give_the_same_update(tiny_model_dir, t
     assert any(not torch.equal(v, start[k]) for k, v in _weights(base).items())  # it trained
     variants = {
         "micro_batch_sequences=1": {"optim": {"micro_batch_sequences": 1}},
+        "micro_batch_tokens=24": {"optim": {"micro_batch_tokens": 24}},
         "gradient_checkpointing": {"optim": {"gradient_checkpointing": True}},
     }
     for name, extra in variants.items():

@@ -159,6 +159,7 @@ def test_weights_off_the_cpu_are_not_guarded(tiny_model, monkeypatch):
         rollout=SimpleNamespace(prompts_per_step=2, group_size=4, max_new_tokens=8),
         optim=SimpleNamespace(
             micro_batch_sequences=4,
+            micro_batch_tokens=0,
             share_prompt=True,
             gradient_checkpointing=False,
             logits_chunk_tokens=0,

@@ -190,7 +190,17 @@ class OptimConfig:
     min_lr_rate: cosine_with_min_lr's floor, as a fraction of lr.
     max_grad_norm: gradient clipping by global norm (0 = off).
     micro_batch_sequences: sequences per forward/backward; gradients accumulate to the optimiser step.
+    micro_batch_tokens: when > 0, micro-batches by positions instead of sequences: samples of
+        similar length together, each micro-batch computing at most this many prompt and
+        response positions (padding included; a longer sample alone), so its memory is bounded
+        by max(this, the longest sample) and padding is small (same loss and gradient).
+        Replaces micro_batch_sequences (the policy's and the critic's forwards); 0 = off.
     share_prompt: forward each distinct prompt once per micro-batch and its G completions on its KV cache (same values).
+    pad_free: a micro-batch's samples in one row, positions restarting at each and attention
+        kept within each (flash_attention_2's variable-length path on GPUs, per-sample SDPA or
+        the native kernel elsewhere): no padding computed (same values). Each sample forwards
+        its own prompt (share_prompt does not apply). On the CPU within a few percent of padded
+        token-budget micro-batches (docs/results/speed.md); the GPU path is unverified.
     gradient_checkpointing: recompute each layer's activations in the backward instead of keeping
         them (less memory for long responses, about one more forward of time; same gradients).
     logits_chunk_tokens: tokens whose vocabulary-wide logits exist at once when scoring (the
@@ -211,7 +221,9 @@ class OptimConfig:
     min_lr_rate: float = 0.0
     max_grad_norm: float = 1.0
     micro_batch_sequences: int = 64
+    micro_batch_tokens: int = 0
     share_prompt: bool = True
+    pad_free: bool = False
     gradient_checkpointing: bool = False
     logits_chunk_tokens: int = 0
 

@@ -119,6 +119,7 @@ def validate(cfg: Config) -> None:
         o.micro_batch_sequences >= 1, "optim.micro_batch_sequences", ">= 1", o.micro_batch_sequences
     )
     check(o.logits_chunk_tokens >= 0, "optim.logits_chunk_tokens", ">= 0", o.logits_chunk_tokens)
+    check(o.micro_batch_tokens >= 0, "optim.micro_batch_tokens", ">= 0", o.micro_batch_tokens)
     check(t.max_steps >= 0, "train.max_steps", ">= 0", t.max_steps)
     check(t.eval_size >= 0, "train.eval_size", ">= 0", t.eval_size)
     check(t.eval_samples >= 1, "train.eval_samples", ">= 1", t.eval_samples)

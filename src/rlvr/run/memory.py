@@ -8,7 +8,8 @@ process can still get: its resident set now plus the system's MemAvailable
 
 The model (bytes; P parameters, P_t of them trained, L layers, width d, intermediate f,
 key/value width kv, vocabulary V, training tokens n per micro-batch, r of them response
-tokens, c tokens per scoring chunk):
+tokens, c tokens per scoring chunk; with `optim.micro_batch_tokens` set, n is that budget
+or the longest sample, prompt + rollout.max_new_tokens, whichever is larger, and r <= n):
 
     peak = RUNTIME + STATE * (4 P + 12 P_t + 4 P [reference copy])
          + ACTIVATION * 4 n L (10 d + 4 f + 3 kv)              no gradient checkpointing
@@ -114,6 +115,7 @@ class Work:
     reference_copy: bool = False
     engine_bytes: float = 0.0  # held by the rollout engine through the update
     logits_chunk: int = 0  # optim.logits_chunk_tokens (0: from the scoring's budget)
+    micro_tokens: int = 0  # optim.micro_batch_tokens (> 0: micro-batches by positions)
     sandbox_bytes: float = 0.0  # what the code reward's sandboxes may hold at once
     teacher_bytes: float = 0.0  # on-policy distillation's teacher's weights (algo.teacher)
 
@@ -121,14 +123,17 @@ class Work:
 def predict(shape: Shape, work: Work) -> dict[str, float]:
     """Peak bytes of one step, by part (see the module docstring), and their "total"."""
     s, w = shape, work
-    if w.groups_per_micro:
+    scored = w.micro_rows * w.response
+    if w.micro_tokens:  # a micro-batch computes at most the budget, or the longest sample alone
+        tokens = max(w.micro_tokens, w.prompt + w.response)
+        scored = min(tokens, w.rows * w.response)
+    elif w.groups_per_micro:
         tokens = w.groups_per_micro * w.prompt + w.micro_rows * w.response
     else:
         tokens = w.micro_rows * (w.prompt + w.response)
     layer = 10 * s.hidden + 4 * s.intermediate + 3 * s.kv
     kept = s.hidden * s.layers + GC_LAYERS * layer if w.gradient_checkpointing else layer * s.layers
     lora = LORA_ACTIVATION if 2 * s.trainable < s.params else 1.0
-    scored = w.micro_rows * w.response
     if chunk_tokens(scored, s.vocab, w.logits_chunk) >= scored:  # one piece
         logits = ACTIVATION * lora * 4 * tokens * 3 * s.vocab
     else:
@@ -200,6 +205,7 @@ class MemoryGuard:
             logits_chunk=o.logits_chunk_tokens,
             sandbox_bytes=sandbox_bytes,
             teacher_bytes=teacher_bytes,
+            micro_tokens=o.micro_batch_tokens,
         )
         on_cpu = all(p.device.type == "cpu" for p in model.parameters())
         return MemoryGuard(Shape.of(model) if on_cpu else None, work)
@@ -215,9 +221,14 @@ class MemoryGuard:
         if need <= have:
             return
         w = self.work
+        micro = (
+            f"optim.micro_batch_tokens ({w.micro_tokens})"
+            if w.micro_tokens
+            else f"optim.micro_batch_sequences ({w.micro_rows})"
+        )
         knobs = (
-            f"lower rollout.max_new_tokens ({w.response}), optim.micro_batch_sequences "
-            f"({w.micro_rows}) or rollout.prompts_per_step x group_size ({w.rows})"
+            f"lower rollout.max_new_tokens ({w.response}), {micro} "
+            f"or rollout.prompts_per_step x group_size ({w.rows})"
         )
         if not w.gradient_checkpointing:
             knobs += ", or set optim.gradient_checkpointing=true"

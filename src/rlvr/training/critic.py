@@ -27,6 +27,7 @@ from torch import nn
 from rlvr.algos import surprise_features, value_loss
 from rlvr.run.distributed import full_state, gathered, is_sharded
 from rlvr.training.batch import Batch, Sample, collate
+from rlvr.training.micro_batches import by_tokens
 from rlvr.training.settings import CriticContext
 
 
@@ -98,7 +99,13 @@ class Critic:
         }
 
 
-def _micro_batches(rows: list[int], samples: list[Sample], size: int) -> list[list[int]]:
+def _micro_batches(rows: list[int], samples: list[Sample], c: CriticContext) -> list[list[int]]:
+    """The critic's micro-batches of `rows` (padded, `collate`): by optim.micro_batch_tokens
+    when set (`rlvr.training.micro_batches.by_tokens`), else by micro_batch_sequences."""
+    if c.micro_batch_tokens > 0:
+        cut = by_tokens([samples[i] for i in rows], c.micro_batch_tokens)
+        return [[rows[k] for k in m] for m in cut]
+    size = c.micro_batch_sequences
     order = sorted(rows, key=lambda i: len(samples[i].prompt_ids) + len(samples[i].completion_ids))
     return [order[i : i + size] for i in range(0, len(order), size)]
 
@@ -141,9 +148,8 @@ def predict_values(
     """(N, width) V of every response token at rollout time (V_old), 0 past each length;
     `features`: (N, width, 2) from `critic_features` (critic.arch=surprise)."""
     out = torch.zeros(len(samples), width)
-    size = c.micro_batch_sequences
     with gathered(critic.model):  # FSDP2: whole weights, so ranks may run different counts
-        for rows in _micro_batches(list(range(len(samples))), samples, size):
+        for rows in _micro_batches(list(range(len(samples))), samples, c):
             f = None if features is None else features[rows]
             v = _forward(critic.model, [samples[i] for i in rows], c, f).float()
             for k, i in enumerate(rows):
@@ -190,7 +196,7 @@ def _update(critic, samples, num_groups, targets, c: CriticContext) -> dict[str,
         for lo in range(0, num_groups, per_mini):
             rows = [i for i, s in enumerate(samples) if lo <= s.group < lo + per_mini]
             (n_tok,) = d.sum([float(targets.mask[rows].sum())])
-            micros = _micro_batches(rows, samples, c.micro_batch_sequences) or [[]]
+            micros = _micro_batches(rows, samples, c) or [[]]
             if is_sharded(critic.model):  # every forward is a collective: equal counts
                 micros += [[]] * (int(d.max(len(micros))) - len(micros))
             for k, micro in enumerate(micros):

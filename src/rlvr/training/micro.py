@@ -26,6 +26,8 @@ from rlvr.training.batch import (
     to_width,
     token_log_probs,
 )
+from rlvr.training.micro_batches import micro_batches, positions
+from rlvr.training.pad_free import collate_flat, flat_token_log_probs
 from rlvr.training.settings import UpdateContext, UpdateSettings
 
 
@@ -72,13 +74,40 @@ def shares_prompt(settings: UpdateSettings, model) -> bool:
     return s.share_prompt and not s.gradient_checkpointing and not is_sharded(model)
 
 
+def layout(settings: UpdateSettings, model) -> str:
+    """How `model`'s micro-batches are laid out (`rlvr.training.micro_batches`): "pad_free"
+    (optim.pad_free), else "shared" where the prompt is shared (`shares_prompt`), else
+    "padded"."""
+    if settings.pad_free:
+        return "pad_free"
+    return "shared" if shares_prompt(settings, model) else "padded"
+
+
+_LAYOUTS = {
+    "padded": (collate, token_log_probs),
+    "shared": (collate_shared, shared_token_log_probs),
+    "pad_free": (collate_flat, flat_token_log_probs),
+}
+
+
+def cut(samples: list[Sample], settings: UpdateSettings, model) -> list[list[int]]:
+    """The micro-batches (row indices) of `samples` for `model`'s forwards: by tokens
+    (optim.micro_batch_tokens) or sequences, in its `layout`."""
+    s = settings
+    return micro_batches(samples, s.micro_batch_sequences, s.micro_batch_tokens, layout(s, model))
+
+
+def computed_positions(micro: list[Sample], settings: UpdateSettings, model) -> tuple[int, int]:
+    """(computed, real) positions of one micro-batch (`micro_batches.positions`)."""
+    return positions(micro, layout(settings, model))
+
+
 def micro_log_probs(model, micro: list[Sample], u: UpdateContext, with_entropy: bool = False):
     """The micro-batch collated, and its token log-probs under `model` (the training module,
-    the old policy or the reference; shared prompts or not)."""
+    the old policy or the reference) in its `layout`."""
     s = u.settings
-    share = shares_prompt(s, model)
-    mb = (collate_shared if share else collate)(micro, u.pad_id, u.device)
-    score = shared_token_log_probs if share else token_log_probs
+    collate_in, score = _LAYOUTS[layout(s, model)]
+    mb = collate_in(micro, u.pad_id, u.device)
     # The CPU backend's native passes (rlvr.cpu.fused), where its gate is on. Not under
     # gradient checkpointing: its recomputation runs in the backward, after this block, with
     # the modules' own forwards.

@@ -4,7 +4,7 @@ take these small frozen objects, never the whole `Config`.
     CollectSettings  what collection reads: group and batch sizes, the sampling, dynamic
                      sampling's budget, overlap, the logged samples
     UpdateSettings   what the update and its micro-batches read: mu, mini- and micro-batch
-                     sizes, prompt sharing, the forward's precision and logits chunking,
+                     sizes (sequences or tokens), prompt sharing, padding or none, the forward's precision and logits chunking,
                      overlong filtering, clipping, PPO's per-token reward settings
     CriticContext    PPO's critic update: its schedule and clip, the pad id, device and ranks
 
@@ -73,7 +73,9 @@ class UpdateSettings:
     mu: int  # algo.mu: passes over the batch
     mini_batches: int  # algo.mini_batches: optimiser steps per pass
     micro_batch_sequences: int  # optim.micro_batch_sequences: rows of one forward
+    micro_batch_tokens: int  # optim.micro_batch_tokens: positions of one forward (0: by rows)
     share_prompt: bool  # optim.share_prompt: a group's prompt forwarded once
+    pad_free: bool  # optim.pad_free: a micro-batch's samples in one row, nothing padded
     gradient_checkpointing: bool  # optim.gradient_checkpointing
     logits_chunk_tokens: int  # optim.logits_chunk_tokens: tokens whose logits exist at once
     temperature: float  # rollout.temperature: divides the logits before the log-softmax
@@ -93,7 +95,9 @@ class UpdateSettings:
             mu=a.mu,
             mini_batches=a.mini_batches,
             micro_batch_sequences=o.micro_batch_sequences,
+            micro_batch_tokens=o.micro_batch_tokens,
             share_prompt=o.share_prompt,
+            pad_free=o.pad_free,
             gradient_checkpointing=o.gradient_checkpointing,
             logits_chunk_tokens=o.logits_chunk_tokens,
             temperature=cfg.rollout.temperature,
@@ -117,6 +121,7 @@ class CriticContext:
     mu: int  # algo.mu: the policy's passes, the critic's too
     mini_batches: int  # algo.mini_batches
     micro_batch_sequences: int  # optim.micro_batch_sequences
+    micro_batch_tokens: int  # optim.micro_batch_tokens (0: by sequences)
     value_clip: float  # critic.value_clip: the clipped value loss's bound
     max_grad_norm: float  # critic.max_grad_norm (0: no clip)
     surprise: bool  # critic.arch=surprise: the readout of the reference's log-probs
@@ -131,6 +136,7 @@ class CriticContext:
             mu=cfg.algo.mu,
             mini_batches=cfg.algo.mini_batches,
             micro_batch_sequences=cfg.optim.micro_batch_sequences,
+            micro_batch_tokens=cfg.optim.micro_batch_tokens,
             value_clip=c.value_clip,
             max_grad_norm=c.max_grad_norm,
             surprise=c.arch == "surprise",

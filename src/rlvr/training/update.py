@@ -13,17 +13,18 @@ from rlvr.algos import rollout_correction as rc
 from rlvr.algos.advantages import reward_advantages
 from rlvr.algos.gae import GlobalSum
 from rlvr.config.algorithm import Algorithm
-from rlvr.rollout.base import dedupe
 from rlvr.run.distributed import Dist, is_sharded
 from rlvr.training.batch import Batch, Sample
 from rlvr.training.micro import (
     MicroResult,
     batch_stats,
+    computed_positions,
+    cut,
     loss_counts,
     micro_log_probs,
     micro_loss,
-    shares_prompt,
 )
+from rlvr.training.micro_batches import by_sequences
 from rlvr.training.settings import UpdateContext
 
 
@@ -67,30 +68,8 @@ def gdpo_metrics(batch: Batch, algorithm: Algorithm, group_size: int) -> dict[st
 
 
 def _micro_batches(samples: list[Sample], size: int, share_prompt: bool = False) -> list[list[int]]:
-    """Micro-batches (row indices) of at most `size` sequences. Sorted by total length so each
-    pads only to similar lengths; with `share_prompt`, the samples of one prompt stay together
-    (a prompt with more than `size` samples is split into chunks, each of which forwards it
-    once), and the chunks, sorted by their longest sequence, are packed in order."""
-    length = [len(s.completion_ids) for s in samples]
-    if not share_prompt:
-        order = sorted(range(len(samples)), key=lambda i: len(samples[i].prompt_ids) + length[i])
-        return [order[i : i + size] for i in range(0, len(order), size)]
-    prompts, index = dedupe([s.prompt_ids for s in samples])
-    by_prompt: list[list[int]] = [[] for _ in prompts]
-    for i, k in enumerate(index):
-        by_prompt[k].append(i)
-    chunks = []
-    for same in by_prompt:
-        same = sorted(same, key=lambda i: length[i])
-        chunks += [same[i : i + size] for i in range(0, len(same), size)]
-    chunks.sort(key=lambda c: len(samples[c[0]].prompt_ids) + length[c[-1]])
-    micros: list[list[int]] = []
-    for c in chunks:
-        if micros and len(micros[-1]) + len(c) <= size:
-            micros[-1] += c
-        else:
-            micros.append(list(c))
-    return micros
+    """Micro-batches of at most `size` sequences (`rlvr.training.micro_batches.by_sequences`)."""
+    return by_sequences(samples, size, share_prompt)
 
 
 @torch.no_grad()
@@ -98,8 +77,7 @@ def batch_log_probs(model, batch: Batch, u: UpdateContext) -> torch.Tensor:
     """(N, T) fp32 log-probs of every response token under `model`'s weights (the old policy
     or the reference), 0 past each response's length; T = `batch.width`."""
     out = torch.zeros(len(batch), batch.width)
-    share = shares_prompt(u.settings, model)
-    for rows in _micro_batches(batch.samples, u.settings.micro_batch_sequences, share):
+    for rows in cut(batch.samples, u.settings, model):
         mb, (lp, _) = micro_log_probs(model, [batch.samples[i] for i in rows], u)
         mask = mb.response_mask.bool()
         out[rows, : lp.shape[1]] = torch.where(mask, lp, 0.0).cpu()
@@ -181,6 +159,7 @@ class _Sums:
         entropy = total.pop("entropy", 0.0) / max(total.pop("entropy_tokens", 0.0), 1.0)
         diff_sum, diff_n = total.pop("logprob_diff", 0.0), total.pop("logprob_diff_tokens", 0.0)
         k3_sum = total.pop("mismatch_kl_k3", 0.0)
+        computed, real = total.pop("positions", 0.0), total.pop("real_positions", 0.0)
         correction = {k: total.pop(k) for k in list(total) if k.startswith("is/")}
         masked = {k: total.pop(k) for k in list(total) if k.startswith("opsm/")}
         counts = {"loss", "log_ratio_clamped", "num_tokens"}
@@ -205,6 +184,8 @@ class _Sums:
         out["optimizer_steps"] = self.steps - self.nonfinite
         out["nonfinite_updates"] = self.nonfinite
         out["lr"] = scheduler.get_last_lr()[0]
+        # padded positions over all positions the training forwards computed
+        out["train/padding_frac"] = 1.0 - real / computed if computed else 0.0
         return out
 
 
@@ -218,10 +199,11 @@ def _epoch(u: UpdateContext, batch: Batch, optim: tuple, sums: _Sums, first: boo
         mini = batch.rows(batch.in_groups(start, start + per_mini))
         num_tokens, num_sequences = d.sum(loss_counts(mini.samples, s.overlong_filter))
         step = replace(u, num_tokens=num_tokens, num_sequences=num_sequences)
-        share = shares_prompt(s, model)
-        micros = [
-            mini.rows(r) for r in _micro_batches(mini.samples, s.micro_batch_sequences, share)
-        ]
+        micros = [mini.rows(r) for r in cut(mini.samples, s, model)]
+        for micro in micros:
+            computed, real = computed_positions(micro.samples, s, model)
+            sums.add("positions", computed)
+            sums.add("real_positions", real)
         micros = micros or [_dummy(u.pad_id)]
         if is_sharded(model):  # FSDP2 communicates in every forward/backward: equal counts
             micros += [_dummy(u.pad_id)] * (int(d.max(len(micros))) - len(micros))
