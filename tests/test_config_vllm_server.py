@@ -83,11 +83,16 @@ def test_server_mode_without_vllm_installed_is_refused_by_name(monkeypatch):
         load_config(None, [*SERVER, "--rollout.vllm.launch=1"])
 
 
-def test_server_mode_under_torchrun_is_refused_by_name(vllm_here):
+def test_server_mode_runs_under_torchrun_and_staleness_in_one_process(vllm_here):
+    """N ranks share the servers (rank 0 pushes); a batch ahead is each rank's own, so
+    staleness stays one process's, in server mode as elsewhere."""
     from rlvr.config.placement import check_ranks
 
-    cfg = load_config(None, [*SERVER, "--rollout.vllm.launch=1"])
-    with pytest.raises(ConfigError, match=r"^rollout.vllm.mode: server runs with one trainer"):
+    check_ranks(load_config(None, [*SERVER, "--rollout.vllm.launch=1"]), 2)  # no error
+    stale = [*SERVER, "--rollout.vllm.launch=1", "--train.max_staleness=1",
+             "--algo.rollout_correction=token"]  # fmt: skip
+    cfg = load_config(None, stale)  # no error: one process
+    with pytest.raises(ConfigError, match=r"^train.max_staleness: got 1, expected 0 under torch"):
         check_ranks(cfg, 2)
 
 

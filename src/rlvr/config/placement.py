@@ -34,11 +34,6 @@ def check_ranks(cfg: Config, world_size: int) -> None:
             f"train.max_staleness: got {t.max_staleness}, expected 0 under torchrun "
             "(the batches produced ahead are each rank's own; a checkpoint holds rank 0's)"
         )
-    if r.engine == "vllm" and r.vllm.mode == "server":
-        raise ConfigError(
-            f"rollout.vllm.mode: server runs with one trainer process (got {world_size} ranks "
-            "under torchrun)"
-        )
     if r.server.enabled:
         raise ConfigError(
             f"rollout.server: one trainer process only (got {world_size} ranks under "
@@ -160,11 +155,6 @@ def validate_vllm_server(cfg: Config) -> None:
         raise ConfigError(
             "rollout.server.enabled: the rollout server runs an engine in a process of its own; "
             "rollout.vllm.mode=server generates on vLLM's servers already: enable one"
-        )
-    if cfg.train.max_staleness:
-        raise ConfigError(
-            f"train.max_staleness: got {cfg.train.max_staleness}, expected 0 with "
-            "rollout.vllm.mode=server"
         )
     if not vllm_installed():
         raise ConfigError(
