@@ -73,7 +73,9 @@ class HTTPTrainerInitInfo(TrainerInitInfo):
 
 
 def encode(tensor: torch.Tensor) -> str:
-    raw = tensor.detach().to("cpu").contiguous().view(torch.uint8).numpy().tobytes()
+    # a copy: numpy's view of a tensor's own storage makes it unresizable, and FSDP2 frees
+    # the gathered weights after the push by resizing their storage to 0
+    raw = tensor.detach().to("cpu", copy=True).contiguous().view(torch.uint8).numpy().tobytes()
     return base64.b64encode(raw).decode("ascii")
 
 
