@@ -215,40 +215,52 @@ def test_staleness_1_samples_beside_the_update_with_the_weights_before_it(server
             assert json.loads(r.read())["weight_version"] == str(len(trained))
 
 
-def test_two_ranks_on_two_launched_servers_train_what_one_process_on_one_server_does(
-    servers, tmp_path
-):
-    """`rlvr train --nproc 2` (gloo) with rank 0 launching two servers (one thread each) and
-    pushing to both, against one process on one of the module's servers: the same samples
-    and kept groups, the weights after each of 3 steps within same_run.WEIGHTS (1e-5 abs:
-    Adam steps from gradients summed over two ranks instead of one, which differ in their
-    last bits)."""
+def test_two_ranks_on_two_servers_train_what_one_process_on_one_server_does(servers, tmp_path):
+    """`rlvr train --nproc 2` (gloo), DDP with rank 0 launching two servers (one thread each)
+    and FSDP2 on the module's two servers, rank 0 pushing to both, against one process on one
+    of them: the same samples and kept groups, the weights after each of 3 steps within
+    same_run.WEIGHTS (1e-5 abs: Adam steps from gradients summed over two ranks instead of
+    one, which differ in their last bits); under FSDP2 all but a few elements (below)."""
     from safetensors.torch import load_file
 
     from rlvr.cli.main import main
     from rlvr.models import load_model
-    from same_run import assert_same_run, assert_same_weights
+    from same_run import WEIGHTS, assert_same_run, assert_same_weights
     from test_distributed import _run_group
 
     same = [*SMALL, "--max-steps", "3", "--train.save_every=1", "--train.keep_checkpoints=5",
             "--rollout.seed_per_prompt=true", "--optim.lr=1e-3"]  # fmt: skip
-    one, two = tmp_path / "one", tmp_path / "two"
+    one = tmp_path / "one"
     assert main(["train", "--output-dir", str(one), *same,
                  f"--rollout.vllm.urls={servers[0].url}"]) == 0  # fmt: skip
-    argv = [sys.executable, "-m", "rlvr", "train", "--output-dir", str(two), *same,
-            "--nproc", "2", "--rollout.vllm.launch=2"]  # fmt: skip
-    rc, err = _run_group(argv, timeout=600)
-    assert rc == 0, err[-3000:]
-    m1, m2 = _rows(one), _rows(two)
-    assert [r["step"] for r in m2] == [1, 2, 3]
-    assert_same_run(m1, m2, keys=("groups/kept", "reward/mean", "response/length_mean", "loss"))
-    for step in (1, 2, 3):
-        name = f"checkpoints/step-{step:06d}/model.safetensors"
-        w1, w2 = load_file(str(one / name)), load_file(str(two / name))
-        assert_same_weights(w1, w2, where=f"step {step}")  # same_run.WEIGHTS, above
-    assert json.loads((two / "summary.json").read_text())["world_size"] == 2
+    urls = ",".join(s.url for s in servers)
+    arms = {"ddp": ["--rollout.vllm.launch=2"],
+            "fsdp2": ["--train.parallel=fsdp2", f"--rollout.vllm.urls={urls}"]}  # fmt: skip
     start = load_model("rlvr-tiny").state_dict()
-    assert any(not torch.equal(start[k], w2[k]) for k in w2 if k in start), "no update happened"
+    m1 = _rows(one)
+    for arm, extra in arms.items():
+        two = tmp_path / arm
+        argv = [sys.executable, "-m", "rlvr", "train", "--output-dir", str(two), *same,
+                "--nproc", "2", *extra]  # fmt: skip
+        rc, err = _run_group(argv, timeout=600)
+        assert rc == 0, (arm, err[-3000:])
+        m2 = _rows(two)
+        assert [r["step"] for r in m2] == [1, 2, 3], arm
+        assert_same_run(m1, m2, keys=("groups/kept", "reward/mean", "response/length_mean", "loss"))
+        for step in (1, 2, 3):
+            name = f"checkpoints/step-{step:06d}/model.safetensors"
+            w1, w2 = load_file(str(one / name)), load_file(str(two / name))
+            if arm == "ddp":
+                assert_same_weights(w1, w2, where=f"{arm} step {step}")  # same_run.WEIGHTS
+                continue
+            # FSDP2 reduce-scatters the gradients in another order: an element whose gradient
+            # is rounding-sized may take Adam's first step (+-lr, sign(g)) the other way, so
+            # a few elements (2 of 801,408 measured) differ by up to 2 lr; the rest within 1e-5
+            diff = torch.cat([(w1[k] - w2[k]).abs().flatten() for k in w1])
+            assert int((diff > WEIGHTS.abs).sum()) <= 10, (arm, step)
+            assert float(diff.max()) <= 2 * 1e-3, (arm, step)  # 2 x --optim.lr
+        assert json.loads((two / "summary.json").read_text())["world_size"] == 2
+        assert any(not torch.equal(start[k], w2[k]) for k in w2 if k in start), "no update"
 
 
 def test_lora_run_samples_with_the_merged_policy(servers, tmp_path):
