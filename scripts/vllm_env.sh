@@ -3,7 +3,8 @@
 # then the tests marked `vllm` there (tests/test_vllm_engine.py, tests/test_vllm_train.py:
 # the engine against the trainer, a short `rlvr train --rollout.engine=vllm` resumed once,
 # `rlvr eval --rollout.engine=vllm`; tests/test_vllm_server.py: server mode on loopback vLLM
-# servers, their faults, a killed trainer); --slow adds the default run's learning tests.
+# servers, their faults, a killed trainer, staleness 1, LoRA, two gloo ranks against two
+# launched servers); --slow adds the learning tests (default, staleness 1, LoRA).
 #
 #   bash scripts/vllm_env.sh [--slow] [VENV]     (default VENV: .ci-venv-vllm)
 #

@@ -66,8 +66,6 @@ def test_urls_and_launch_load_from_the_command_line_and_a_file(vllm_here, tmp_pa
          "rollout.vllm.cpus: places launched servers, but rollout.vllm.launch is 0"),
         ([*SERVER, "--rollout.vllm.launch=1", "--rollout.vllm.timeout=0"],
          "rollout.vllm.timeout: got 0.0, expected > 0 seconds"),
-        ([*SERVER, "--rollout.vllm.launch=1", "--rollout.server.enabled=true"],
-         "rollout.server.enabled: the rollout server runs an engine in a process of its own"),
     ],
 )  # fmt: skip
 def test_each_mistake_is_one_error_naming_the_key(vllm_here, args, message):
@@ -77,17 +75,38 @@ def test_each_mistake_is_one_error_naming_the_key(vllm_here, args, message):
     assert "\n" not in str(e.value)
 
 
+@pytest.mark.parametrize("key", ["enabled=true", "cpus=0", "trainer_cpus=1", "device=cpu"])
+def test_the_removed_rollout_server_is_one_line_naming_server_mode(key):
+    """Any rollout.server setting but its old defaults (which old config.yaml files hold and
+    which load as before) names the replacement."""
+    with pytest.raises(ConfigError) as e:
+        load_config(None, [f"--rollout.server.{key}"])
+    assert str(e.value) == (
+        f"command line: rollout.server.{key.split('=')[0]}: the rollout server is removed: "
+        "generation beside training runs on vLLM servers, --rollout.engine=vllm "
+        "--rollout.vllm.mode=server --rollout.vllm.launch=1 --train.max_staleness=K "
+        "(docs/guides/vllm_server.md)"
+    )
+    old = {"rollout": {"server": {"enabled": False, "cpus": "", "trainer_cpus": "", "device": ""}}}
+    assert load_config(None, old) == load_config(None, [])
+
+
 def test_server_mode_without_vllm_installed_is_refused_by_name(monkeypatch):
     monkeypatch.setattr(rlvr.config.placement, "vllm_installed", lambda: False)
     with pytest.raises(ConfigError, match=r"^rollout.vllm.mode: server needs vLLM installed"):
         load_config(None, [*SERVER, "--rollout.vllm.launch=1"])
 
 
-def test_server_mode_under_torchrun_is_refused_by_name(vllm_here):
+def test_server_mode_runs_under_torchrun_and_staleness_in_one_process(vllm_here):
+    """N ranks share the servers (rank 0 pushes); a batch ahead is each rank's own, so
+    staleness stays one process's, in server mode as elsewhere."""
     from rlvr.config.placement import check_ranks
 
-    cfg = load_config(None, [*SERVER, "--rollout.vllm.launch=1"])
-    with pytest.raises(ConfigError, match=r"^rollout.vllm.mode: server runs with one trainer"):
+    check_ranks(load_config(None, [*SERVER, "--rollout.vllm.launch=1"]), 2)  # no error
+    stale = [*SERVER, "--rollout.vllm.launch=1", "--train.max_staleness=1",
+             "--algo.rollout_correction=token"]  # fmt: skip
+    cfg = load_config(None, stale)  # no error: one process
+    with pytest.raises(ConfigError, match=r"^train.max_staleness: got 1, expected 0 under torch"):
         check_ranks(cfg, 2)
 
 

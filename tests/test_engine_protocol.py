@@ -9,15 +9,15 @@ import typing
 import pytest
 
 from rlvr.rollout import ENGINES, FastEngine, HFEngine, RolloutEngine, SamplingParams
-from rlvr.rollout.server import ServerEngine
+from rlvr.rollout.vllm_server import VLLMServerEngine
 
-EVERY = {**ENGINES, "server": ServerEngine}
+EVERY = {**ENGINES, "vllm_server": VLLMServerEngine}
 # what each engine declares: (reports_log_probs, pins_weights)
 DECLARED = {
     "fast": (True, False),
     "hf": (False, False),
     "vllm": (True, False),
-    "server": (True, True),
+    "vllm_server": (True, True),
 }
 
 

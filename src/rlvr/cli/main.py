@@ -77,7 +77,7 @@ ERRORS = (
     # under reward.on_error=raise
     ("rlvr.rewards.combine", "RewardError", 1, " (reward.on_error=zero scores such samples 0)"),
     ("rlvr.run.health", "TrainingHealthError", 1, ""),
-    ("rlvr.rollout.server", "ServerError", 1, ""),
+    ("rlvr.rollout.vllm_fleet", "VLLMServerError", 1, ""),
 )
 
 

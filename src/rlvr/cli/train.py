@@ -66,7 +66,9 @@ def _check_engine(cfg, nproc: int) -> None:
 
     device = resolve_device(cfg.model.device)
     try:
-        check_environment(device, nproc)
+        # server mode: vLLM runs in its servers, none in the ranks
+        server = cfg.rollout.vllm.mode == "server"
+        check_environment(device, 1 if server else nproc)
         check_model(cfg.model.name_or_path, device)
     except VLLMEngineError as e:
         raise ConfigError(str(e)) from None

@@ -39,6 +39,7 @@ from rlvr.config.presets import (
 )
 from rlvr.config.safe_yaml import load_yaml, read_text, show
 from rlvr.config.schema import (
+    REMOVED,
     RENAMED,
     SECTIONS,
     Config,
@@ -177,6 +178,16 @@ def _renamed(section: str, key: str) -> str:
     return new
 
 
+def _removed(section: str, key: str, value: Any, source: str) -> None:
+    """A removed setting (`REMOVED`): its old defaults pass, anything else is refused."""
+    defaults, instead = REMOVED[(section, key)]
+    given = value if isinstance(value, dict) else {None: value}
+    for k, v in given.items():
+        if k not in defaults or str(v).lower() != str(defaults[k]).lower():
+            name = f"{section}.{key}" + (f".{k}" if k else "")
+            raise ConfigError(f"{source}: {name}: {instead}")
+
+
 def _apply(sub: Any, values: dict[str, Any], where: str, source: str) -> Any:
     """`sub` (a section, or an engine's section `where` names) with `values` applied."""
     hints = _resolved_types(type(sub))
@@ -185,6 +196,9 @@ def _apply(sub: Any, values: dict[str, Any], where: str, source: str) -> Any:
     for key, value in values.items():
         key = _renamed(where, key)
         head, dot, rest = key.partition(".")
+        if (where, head) in REMOVED:
+            _removed(where, head, {rest: value} if dot else value, source)
+            continue
         if where == "algo" and not dot and (head not in hints or head == OWN):
             own = updates.setdefault(OWN, dict(getattr(sub, OWN)))
             own[head] = _own_setting(head, value, hints, source)

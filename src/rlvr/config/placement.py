@@ -1,7 +1,6 @@
 """Where a run's processes go, checked before any starts: the data-parallel ranks a config
-allows (`check_ranks`), the rollout server's CPU lists and device (`validate_server`,
-`parse_cpus`, which the server also uses to pin itself), and the vLLM servers of server
-mode (`validate_vllm_server`)."""
+allows (`check_ranks`), CPU lists (`parse_cpus`) and the vLLM servers of server mode
+(`validate_vllm_server`)."""
 
 from __future__ import annotations
 
@@ -11,7 +10,7 @@ from urllib.parse import urlsplit
 
 from rlvr.config.schema import Config, ConfigError
 
-# The CPUs this process could run on before `pin_trainer` narrowed them: the server may use any.
+# The CPUs this process may run on.
 _AVAILABLE = frozenset(os.sched_getaffinity(0))
 # The machine's CPUs: launched vLLM servers may go where the trainer does not (a trainer pinned
 # to CPU 0 with `taskset` places its server on CPU 1).
@@ -34,20 +33,10 @@ def check_ranks(cfg: Config, world_size: int) -> None:
             f"train.max_staleness: got {t.max_staleness}, expected 0 under torchrun "
             "(the batches produced ahead are each rank's own; a checkpoint holds rank 0's)"
         )
-    if r.engine == "vllm" and r.vllm.mode == "server":
-        raise ConfigError(
-            f"rollout.vllm.mode: server runs with one trainer process (got {world_size} ranks "
-            "under torchrun)"
-        )
-    if r.server.enabled:
-        raise ConfigError(
-            f"rollout.server: one trainer process only (got {world_size} ranks under "
-            "torchrun); run without rollout.server.enabled"
-        )
 
 
 def parse_cpus(key: str, text: str, available: frozenset[int] = _AVAILABLE) -> set[int]:
-    """The CPUs of a list like "0", "0-3,8" (`rollout.server.cpus`); ConfigError naming `key`
+    """The CPUs of a list like "0", "0-3,8" (`rollout.vllm.cpus`); ConfigError naming `key`
     for anything else, or for a CPU not `available` (default: those this process may run on)."""
     cpus: set[int] = set()
     try:
@@ -62,40 +51,6 @@ def parse_cpus(key: str, text: str, available: frozenset[int] = _AVAILABLE) -> s
             f"{key}: got {text!r}, expected CPUs among those {whose} ({_cpu_text(available)})"
         )
     return cpus
-
-
-def validate_server(cfg: Config) -> None:
-    """`rollout.server.*` (docs/async.md): CPU lists that parse, none set while the server is
-    off (they would do nothing), a device this machine has."""
-    server = cfg.rollout.server
-    for key in ("cpus", "trainer_cpus", "device"):
-        text = getattr(server, key)
-        if text and not server.enabled:
-            raise ConfigError(
-                f"rollout.server.{key}: got {text!r}, but rollout.server.enabled is false "
-                "(it places the server's process): enable the server or leave it empty"
-            )
-    for key in ("cpus", "trainer_cpus"):
-        if getattr(server, key):
-            parse_cpus(f"rollout.server.{key}", getattr(server, key))
-    if server.device:
-        _check_device(server.device)
-
-
-def _check_device(name: str) -> None:
-    import torch  # here: only a config that names a device needs it
-
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise ConfigError(
-            f"rollout.server.device: got {name!r}, expected a torch device such as cpu or cuda:1"
-        ) from None
-    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if device.type == "cuda" and (device.index or 0) >= count:
-        raise ConfigError(
-            f"rollout.server.device: {name!r} asked for, but this machine has {count} CUDA devices"
-        )
 
 
 def _cpu_text(cpus: set[int]) -> str:
@@ -156,16 +111,6 @@ def validate_vllm_server(cfg: Config) -> None:
         except ValueError:
             raise ConfigError(f"rollout.vllm.gpus: got {v.gpus!r}, expected GPU indices like 1,2") from None  # fmt: skip
         _check_share("rollout.vllm.gpus", v.gpus, len(set(gpus)), v.launch)
-    if r.server.enabled:
-        raise ConfigError(
-            "rollout.server.enabled: the rollout server runs an engine in a process of its own; "
-            "rollout.vllm.mode=server generates on vLLM's servers already: enable one"
-        )
-    if cfg.train.max_staleness:
-        raise ConfigError(
-            f"train.max_staleness: got {cfg.train.max_staleness}, expected 0 with "
-            "rollout.vllm.mode=server"
-        )
     if not vllm_installed():
         raise ConfigError(
             "rollout.vllm.mode: server needs vLLM installed beside the trainer (its "

@@ -17,7 +17,7 @@ from typing import Any, Literal
 # from here like the rest
 from .schema_algo import AlgoConfig
 from .schema_env import EnvConfig, ReasoningGymSettings
-from .schema_rollout import RolloutConfig, ServerSettings, VLLMSettings  # noqa: F401
+from .schema_rollout import RolloutConfig, VLLMSettings  # noqa: F401
 
 
 class ConfigError(ValueError):
@@ -324,6 +324,18 @@ RENAMED = {
     ("rollout", "vllm_dtype"): "vllm.dtype",
     ("rollout", "vllm_memory"): "vllm.memory",
     ("data", "preset"): "format",
+}
+
+# Settings that are gone: (section, key) -> (its old defaults, what replaces it). A config
+# that sets one to anything else is refused with that one line; its old defaults (every
+# config.yaml written before it went holds them) change nothing and are passed over.
+REMOVED = {
+    ("rollout", "server"): (
+        {"enabled": False, "cpus": "", "trainer_cpus": "", "device": ""},
+        "the rollout server is removed: generation beside training runs on vLLM servers, "
+        "--rollout.engine=vllm --rollout.vllm.mode=server --rollout.vllm.launch=1 "
+        "--train.max_staleness=K (docs/guides/vllm_server.md)",
+    ),
 }
 
 

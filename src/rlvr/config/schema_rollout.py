@@ -1,5 +1,5 @@
 """The config schema's rollout section: `rollout.*` and its engines' own sections
-(`rollout.vllm.*`, `rollout.server.*`), documented as the rest of the schema is (rlvr.config.schema)."""
+(`rollout.vllm.*`), documented as the rest of the schema is (rlvr.config.schema)."""
 
 from __future__ import annotations
 
@@ -43,27 +43,6 @@ class VLLMSettings:
 
 
 @dataclass(frozen=True)
-class ServerSettings:
-    """The rollout server (`rollout.server.KEY`, docs/async.md): the engine in a process of
-    its own, fed the policy's weights after each update, so that under train.max_staleness = k
-    > 0 the next batch is generated while the trainer updates.
-
-    enabled: run `rollout.engine` (fast or vllm) in the server process.
-    cpus: the CPUs the server process is pinned to (process affinity), e.g. "0" or "0-3,8"; empty
-        = all this process may use.
-    trainer_cpus: the CPUs the trainer process is pinned to, its torch threads one per CPU;
-        empty = left as they are.
-    device: the server's device, e.g. "cuda:1" for generation on a GPU of its own; empty = the
-        trainer's.
-    """
-
-    enabled: bool = False
-    cpus: str = ""
-    trainer_cpus: str = ""
-    device: str = ""
-
-
-@dataclass(frozen=True)
 class RolloutConfig:
     """Sampling: how many responses, how long, at what temperature.
 
@@ -80,7 +59,6 @@ class RolloutConfig:
         (always on under torchrun: one process samples what N ranks do only with it on; off,
         one seed a generation batch, docs/guides/distributed.md).
     vllm: the vllm engine's settings, `rollout.vllm.KEY` (`VLLMSettings`).
-    server: the rollout server, `rollout.server.KEY` (`ServerSettings`).
     tools: tools the model may call inside a response (docs/tools.md): built-in names (calc,
         python), "module:function" or "path/file.py:function"; empty = the task's own tools.
     max_tool_calls: tool calls run per response; a call past it is left as plain text.
@@ -102,7 +80,6 @@ class RolloutConfig:
     min_new_tokens: int = 0
     seed_per_prompt: bool = False
     vllm: VLLMSettings = field(default_factory=VLLMSettings)
-    server: ServerSettings = field(default_factory=ServerSettings)
     tools: tuple[str, ...] = ()
     max_tool_calls: int = 4
     max_total_tokens: int | None = None

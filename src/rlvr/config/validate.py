@@ -10,32 +10,16 @@ import os
 import re
 from pathlib import Path
 
-from rlvr.config.placement import validate_server, validate_vllm_server
+from rlvr.config.placement import validate_vllm_server
 from rlvr.config.schema import Config, ConfigError, check
 
 MAX_LR = 1.0  # learning rates above this are refused
-
-
-def _validate_server_engine(cfg: Config) -> None:
-    """The rollout server's batch produced beside the update needs the engine's own
-    sampling log-probs (`RolloutEngine.reports_log_probs`)."""
-    from rlvr.rollout.registry import ENGINES, reporting_log_probs
-
-    engine = cfg.rollout.engine
-    if cfg.rollout.server.enabled and not ENGINES[engine].reports_log_probs:
-        raise ConfigError(
-            f"rollout.server: rollout.engine={engine} reports no sampling log-probs, which a "
-            f"batch produced beside the update needs; use rollout.engine="
-            f"{' or '.join(reporting_log_probs())}"
-        )
 
 
 def validate(cfg: Config) -> None:
     """Range checks that need no model or data (those are checked at load, also before work)."""
     r, a, o, t = cfg.rollout, cfg.algo, cfg.optim, cfg.train
     _validate_staleness(cfg)  # before the algorithm: its engine checks would name another key
-    validate_server(cfg)
-    _validate_server_engine(cfg)
     validate_vllm_server(cfg)
     # The algorithm's settings and what its estimator asks of the rollout, checked once there
     # (imported here: the objectives are torch code, and reading a config needs no torch).

@@ -150,7 +150,7 @@ class RolloutEngine(Protocol):
     reports_log_probs: `generate` fills `Rollout.sampling_log_probs`, the behaviour
     log-probs that rollout correction and bypass need (without them a forward computes
     them). pins_weights: `pinned()` holds the weights that sample fixed while the trainer
-    updates its own (the rollout server), so a batch is produced ahead beside an update;
+    updates its own (vLLM servers), so a batch is produced ahead beside an update;
     elsewhere `pinned()` is a context that pins nothing. close: stop what the engine started
     (a process, a server); idempotent, a no-op where it started nothing. step_metrics: the
     engine's own counters for a step's metrics (vLLM servers: failovers and retries); empty

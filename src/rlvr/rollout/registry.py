@@ -17,7 +17,6 @@ from rlvr.models import eos_ids
 from rlvr.rollout.base import EngineError, EngineSite, RolloutEngine
 from rlvr.rollout.fast import FastEngine
 from rlvr.rollout.hf import HFEngine
-from rlvr.rollout.server import ServerEngine
 from rlvr.rollout.vllm import VLLMEngine  # imports vllm only when constructed
 from rlvr.rollout.vllm_server import VLLMServerEngine  # imports vllm only when constructed
 
@@ -35,8 +34,7 @@ def reporting_log_probs() -> list[str]:
 def build_engine(cfg: Config, model, tokenizer, site: EngineSite | None = None) -> RolloutEngine:
     """The engine `cfg.rollout.engine` names, on `model`, for the caller's `site`. An engine
     that cannot run here (`EngineError`, its message naming the key) or fails to build is
-    a `ConfigError` naming rollout.engine. Under rollout.server.enabled the engine runs in the
-    rollout server's process (`rlvr.rollout.server`); under rollout.vllm.mode=server the
+    a `ConfigError` naming rollout.engine. Under rollout.vllm.mode=server the
     vllm engine generates on vLLM servers (`rlvr.rollout.vllm_server`)."""
     pad, eos = tokenizer.pad_token_id, eos_ids(tokenizer, model)
     return engine_from_ids(cfg, model, pad, eos, site or EngineSite())
@@ -45,9 +43,9 @@ def build_engine(cfg: Config, model, tokenizer, site: EngineSite | None = None) 
 def engine_from_ids(
     cfg: Config, model, pad_id: int, eos: list[int], site: EngineSite
 ) -> RolloutEngine:
-    """`build_engine` once the pad and EOS ids are known (the rollout server's process has
-    them from the trainer, not a tokenizer)."""
-    cls = ServerEngine if cfg.rollout.server.enabled else ENGINES[cfg.rollout.engine]
+    """`build_engine` once the pad and EOS ids are known (a caller with the ids and no
+    tokenizer)."""
+    cls = ENGINES[cfg.rollout.engine]
     if cls is VLLMEngine and cfg.rollout.vllm.mode == "server":
         cls = VLLMServerEngine  # vLLM's own servers (rollout.vllm.urls or launch)
     try:

@@ -28,18 +28,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rlvr.rollout.base import EngineError
-from rlvr.rollout.server import ServerError
 
 POLL_S = 2.0  # seconds between a server's heartbeats
 RETRY_S = 0.5  # seconds before a failed connection is tried again
 KEEPALIVE_S = 3.0  # seconds an idle connection is kept (vLLM's uvicorn closes them at 5)
 
 
-class VLLMServerError(ServerError, EngineError):
+class VLLMServerError(EngineError):
     """A vLLM server in `rollout.vllm.urls` (or launched) failed, stopped answering or
     answered what the run refuses; one line naming its URL and what it was doing. Raised
     while the engine is built, `build_engine` reports it as the config error it is (exit
-    2); during the run, it ends the run (exit 1, as the rollout server's errors)."""
+    2); during the run, it ends the run (exit 1, `rlvr.cli.main.ERRORS`)."""
 
 
 class ServerDown(VLLMServerError):

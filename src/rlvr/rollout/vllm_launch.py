@@ -37,9 +37,17 @@ import time
 import urllib.request
 from dataclasses import dataclass
 
-from rlvr.rollout.server import _LAUNCH_VARS
 from rlvr.rollout.vllm_fleet import VLLMServerError
 
+# torchrun's rendezvous variables: a server is not a rank of the trainer's group (its port is taken)
+_LAUNCH_VARS = (
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+)
 START_S = 900.0  # the longest a launched server may take to answer /health
 _PR_SET_PDEATHSIG = 1
 

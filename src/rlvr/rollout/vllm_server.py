@@ -18,6 +18,13 @@ trainer's forward of the same tokens: beyond `TOLERANCE` of the server's dtype t
 by name (a server started with another model, dtype or log-prob mode). The first push and
 check run at start, before any rollout.
 
+Staleness (`train.max_staleness = k`). The pipeline produces the batch of step t+k on a thread
+beside step t's update (`pins_weights`, `rlvr.training.pipeline.Beside`): while it is
+`pinned` the servers keep the weights of version t-1 that sample it, and the update's push
+waits until the batch is in. Each sample's behaviour log-prob is the server's
+(`sampling_log_probs`), its version the pipeline's, so `algo.rollout_correction` weighs a
+stale sample by the servers' own mu.
+
 Faults. Every wait is bounded by the servers' heartbeats (`vllm_fleet`): a server silent for
 `rollout.vllm.timeout` seconds ends the run with a `VLLMServerError` naming its URL and what
 it was doing, or, with others alive, has its groups sent to them (a warning, and
@@ -42,6 +49,9 @@ from rlvr.rollout.base import (
 from rlvr.rollout.vllm import sample_seeds, vllm_dtype
 from rlvr.rollout.vllm_fleet import Fleet, ServerDown, VLLMServerError, WeightClient
 from rlvr.rollout.vllm_host import kv_cache_bytes
+from rlvr.rollout.vllm_ranks import follow, on_main
+from rlvr.rollout.weight_sync import trainable_names
+from rlvr.run.distributed import Dist, gathered
 
 # The most |server - trainer| log-prob of the check's tokens, by the server's dtype: the max
 # in fp32 (rounding only), the mean in bf16/fp16 (single low-probability tokens move by more);
@@ -55,7 +65,7 @@ class VLLMServerEngine(EngineDefaults):
     caller's `EngineSite`; `temperature`: the run's, for the log-prob check."""
 
     reports_log_probs = True
-    pins_weights = False  # the servers sample with the weights of the last push
+    pins_weights = True  # a push waits while a batch ahead is sampled (`pinned`)
     resident_bytes = 0  # nothing of it lives in the trainer's memory
 
     def __init__(self, model, *, pad_id: int, eos_ids: list[int], settings, site, temperature):
@@ -69,11 +79,19 @@ class VLLMServerEngine(EngineDefaults):
         self.launched: list = []
         self.fleet: Fleet | None = None
         self.version = 0
+        self._pins = 0  # batches ahead being sampled: pushes wait (`pinned`)
+        self._stale = False  # an update happened while pinned: push when unpinned
+        # under torchrun rank 0 launches and pushes, every rank generates (`vllm_ranks`)
+        self.d = Dist(rank=site.rank, world_size=site.world_size)
+        self.changing = trainable_names(model)  # after the first push, only these are sent
         try:
-            urls = list(settings.urls) or self._launch(settings)
+            urls = list(settings.urls) or on_main(
+                self.d, lambda: self._launch(settings), "launching the vLLM servers"
+            )
             self.fleet = Fleet(urls, settings.timeout)
             self.served = self._served_model()
-            self.senders = {s.url: self._sender(s) for s in self.fleet.servers}
+            self.senders: dict = {}  # rank 0's, one per server
+            on_main(self.d, self._set_senders, "setting up the weight transfer")
             self._push()
         except BaseException:
             self.close()
@@ -93,11 +111,13 @@ class VLLMServerEngine(EngineDefaults):
         cfg = self.model.config
         length = self.site.max_model_len or getattr(cfg, "max_position_embeddings", 2048)
         gpus = sorted(int(g) for g in settings.gpus.split(",") if g.strip())
+        rows = self.site.max_rows * self.site.world_size
         plan = LaunchPlan(
             model=getattr(cfg, "_name_or_path", None) or self.model.name_or_path,
             dtype=self.dtype,
             max_model_len=length,
-            kv_bytes=0 if gpus else kv_cache_bytes(cfg, self.site.max_rows, length, self.dtype),
+            # a step's rows of every rank may reach one server
+            kv_bytes=0 if gpus else kv_cache_bytes(cfg, rows, length, self.dtype),
             memory=settings.memory,
             backend=self.backend,
         )
@@ -122,6 +142,9 @@ class VLLMServerEngine(EngineDefaults):
         if len(names) > 1:
             raise VLLMServerError(f"rollout.vllm.urls: the servers serve different models: {sorted(names)}")  # fmt: skip
         return names.pop()
+
+    def _set_senders(self) -> None:
+        self.senders = {s.url: self._sender(s) for s in self.fleet.servers}
 
     def _sender(self, server):
         """vLLM's trainer-side weight-transfer engine for one server."""
@@ -155,19 +178,53 @@ class VLLMServerEngine(EngineDefaults):
     # -- weights ----------------------------------------------------------------------
 
     def sync_weights(self) -> None:
-        """After an optimiser step: every live server gets the policy's weights."""
+        """After an optimiser step: every live server gets the policy's weights, at once or,
+        while a batch ahead is sampled (`pinned`), when it is in."""
         self.version += 1
-        self._push()
+        if self._pins:
+            self._stale = True
+        else:
+            self._push()
+
+    @contextlib.contextmanager
+    def pinned(self):
+        """The servers keep the weights they have while the caller's batch ahead is sampled
+        (on another thread, beside the trainer's update): the updates made meanwhile reach
+        them when the last pin ends."""
+        self._pins += 1
+        try:
+            yield
+        finally:
+            self._pins -= 1
+            if not self._pins and self._stale:
+                self._stale = False
+                self._push()
 
     def _push(self) -> None:
         """Every live server: the weights, the version read back, the log-prob check; a
-        server lost meanwhile is left out while others remain (`Fleet.lost`)."""
+        server lost meanwhile is left out while others remain (`Fleet.lost`). Under
+        torchrun every rank calls it and rank 0 pushes (`vllm_ranks`)."""
+        if not self.d.enabled:
+            self._send_all()
+            self.check_log_probs()
+            return
+        with gathered(self.model):  # FSDP2: whole tensors on every rank, before any send
+            live = on_main(self.d, self._send_and_check, f"pushing weight version {self.version}")
+        follow(self.fleet, live)
+
+    def _send_and_check(self) -> list[str]:
+        self._send_all()
+        self.check_log_probs()
+        return [s.url for s in self.fleet.live]
+
+    def _send_all(self) -> None:
         version = str(self.version)
         for server in list(self.fleet.live):
             try:
                 sender = self.senders[server.url]
                 sender.client.version = version
                 sender.send_weights()
+                sender.source.only = self.changing  # the rest stays as this push left it
                 doing = f"reporting its weight version after push {version}"
                 got = self.fleet.call(server, doing, "GET", "/weight_info")["weight_version"]
                 if got != version:
@@ -177,7 +234,6 @@ class VLLMServerEngine(EngineDefaults):
                     )
             except ServerDown as e:
                 self.fleet.lost(e)
-        self.check_log_probs()
 
     def check_log_probs(self) -> float:
         """The live servers' log-probs of the check's tokens against the trainer's forward:

@@ -61,7 +61,7 @@ class Toolbox:
         self._head_ids, self._tail_ids = self._encode(head), self._encode(tail)
 
     def __reduce__(self):
-        """Pickled as what builds it (the rollout server's process builds its own): the
+        """Pickled as what builds it (a process that gets one builds its own): the
         tools, the tokenizer and the limits; a tool's function pickles by reference."""
         args = (self.tools, self.tokenizer)
         limits = (self.max_calls, self.max_total_tokens, self.runner.timeout_s, self.fmt)

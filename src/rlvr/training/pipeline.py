@@ -25,10 +25,10 @@ log-probs (a few MB at most), not a model. The batches ahead are part of the tra
 trains on the very samples an uninterrupted one would. `produce` runs all its collectives
 (collect's gathers and sums) before `consume` starts any, on the one process group.
 
-With the rollout server (rollout.server.enabled, docs/async.md) the batch of step t+k is
-produced on a thread beside step t's update instead of before it: the server samples with the
-pinned weights of version t-1 while the trainer computes version t, and `settle`, after the
-update, waits for it. The schedule (which version samples which step) is the same, so the
+With an engine that samples apart from the trainer's weights (`pins_weights`: vLLM servers,
+rollout.vllm.mode=server) the batch of step t+k is produced on a thread beside step t's
+update instead of before it: the servers sample with the pinned weights of version t-1 while
+the trainer computes version t, and `settle`, after the update, waits for it. The schedule (which version samples which step) is the same, so the
 batches are too; only the wall clock differs. Each batch carries the wall-clock times its
 production started and ended (`time/gen_start`, `time/gen_end`), and `settle` reports the
 time the trainer waited for the batch (`time/gen_wait`) or the batch for the trainer
@@ -115,7 +115,7 @@ def produce(step: int, run: Run, version: int) -> Produced:
     model, precision = run.policy.model, run.update_settings.autocast
     t_start, started = time.perf_counter(), time.time()
     # FSDP2: whole weights for the rollout (else a no-op); bf16 sampling when asked; a helper
-    # process lost meanwhile (the rollout server, a reward's worker) is named with the step
+    # process lost meanwhile (a reward's worker) is named with the step
     with gathered(model), autocast(precision, run.device), during(f"step {step}'s batch"):
         got = collect(step, run)
         run.engine.release()  # vllm sleeps through the update
@@ -176,13 +176,13 @@ class Pipeline:
     def next(self, step: int, run: Run) -> Produced | None:
         """Step `step`'s batch (None when k = 0: the step produces its own), after producing
         the batches up to step + k (within train.max_steps) with the current weights,
-        version step - 1; with the rollout server, the last of them on a thread beside the
-        update (`settle` waits for it)."""
+        version step - 1; with an engine that pins weights, the last of them on a thread
+        beside the update (`settle` waits for it)."""
         if self.k == 0:
             return None
         last = self.queue[-1].step if self.queue else step - 1
         todo = list(range(last + 1, min(step + self.k, self.max_steps) + 1))
-        # an engine that pins weights (the rollout server): the last batch ahead is generated
+        # an engine that pins weights (vLLM servers): the last batch ahead is generated
         # beside this step's update
         beside = todo.pop() if todo and todo[-1] > step and run.engine.pins_weights else None
         for ahead in todo:
@@ -216,7 +216,7 @@ class Pipeline:
 
 
 class Beside:
-    """`produce(step, run, version)` on a thread, with the server's weights pinned to
+    """`produce(step, run, version)` on a thread, with the servers' weights pinned to
     `version` until it is joined (the trainer updates its own meanwhile)."""
 
     def __init__(self, step: int, run: Run, version: int):

@@ -24,7 +24,6 @@ from rlvr.models import autocast, check_vocabulary, load_tokenizer
 from rlvr.rewards.sandbox import SandboxUnavailable, resolve_isolation
 from rlvr.rewards.scoring import Scorer
 from rlvr.rollout import EngineSite, RolloutEngine, build_engine, longest_sequence
-from rlvr.rollout.server import pin_trainer
 from rlvr.run.checkpoint import (
     load_trainer_state,
     resume_checkpoint,
@@ -182,7 +181,6 @@ def setup(
     given = given or Given()
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
-    pin_trainer(cfg)  # rollout.server.trainer_cpus: the trainer's CPUs, one thread each
     d, device = init_distributed(resolve_device(cfg.model.device))
     check_ranks(cfg, d.world_size)  # `rlvr train --nproc N` checked these before launch
     checkpoint, run_dir = None, None

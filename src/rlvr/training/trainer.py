@@ -185,7 +185,7 @@ def train(
         if run is not None:
             if run.agents is not None:
                 run.agents.close()  # the endpoint's server and generation threads
-            run.engine.close()  # what the engine started (the rollout server) ends with the run
+            run.engine.close()  # what the engine started (vLLM servers) ends with the run
         locked = run.run_dir if run else cfg.train.output_dir or resume_dir
         if locked:
             unlock_run_dir(Path(locked))
@@ -287,8 +287,7 @@ def _train(
             "world_size": d.world_size,
             "parallel": cfg.train.parallel if d.enabled else "none",
             "engine": cfg.rollout.engine,
-            "rollout_server": cfg.rollout.server.enabled,
-            "trainer_cpus": sorted(os.sched_getaffinity(0)),  # rollout.server.trainer_cpus pins it
+            "trainer_cpus": sorted(os.sched_getaffinity(0)),  # where taskset or Slurm put it
             # the CPU backend (rlvr.cpu): whether its C kernels ran, or why not
             "native_kernels": run.backend.kernels(),
             "malloc_tuning": run.backend.tune_malloc(),

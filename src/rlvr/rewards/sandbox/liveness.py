@@ -4,7 +4,7 @@ Here, in the sandbox package, because that package imports only the standard lib
 as a copy of its directory (its zygote is one of the helpers); the rest of rlvr imports it from
 here.
 
-Every wait of the trainer on a helper process of its own (the rollout server, an isolated
+Every wait of the trainer on a helper process of its own (an isolated
 reward's worker, the sandbox's zygote, the math-verify worker while it starts) goes through
 `wait_until`, which looks at the helper every `POLL_S` while it waits and ends the wait with
 one line naming the helper (its role and pid), what happened to it and what it was doing when
@@ -77,7 +77,7 @@ def during(label: str) -> Iterator[None]:
 
 @dataclass(frozen=True)
 class Helper:
-    """A process waited on: its `role` in words ("the rollout server"), `pid`, its `proc` where
+    """A process waited on: its `role` in words ("the sandbox's zygote"), `pid`, its `proc` where
     it is our child (its exit status is then named), what the error adds as `advice`, and the
     `error` type the caller's callers expect."""
 
