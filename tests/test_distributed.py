@@ -64,6 +64,15 @@ def _train(model_dir, run, nproc, agg, parallel="ddp", steps=3, resume=False, ex
     return run
 
 
+_LAUNCHER = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+def _no_launcher(env) -> dict:
+    """The environment without torchrun's variables: a colocated vLLM engine earlier in this
+    pytest process sets them (rank 0 of 1), and a launch must not read them as its own."""
+    return {k: v for k, v in env.items() if k not in _LAUNCHER}
+
+
 def _run_group(args, timeout=300):
     """Run with output to a file (an orphaned rank holding a pipe would block reading it); on a
     timeout kill torchrun and every descendant: its ranks run in sessions of their own, so
@@ -74,7 +83,7 @@ def _run_group(args, timeout=300):
             stdout=subprocess.DEVNULL,
             stderr=err,
             text=True,
-            env={**os.environ, "OMP_NUM_THREADS": "1"},
+            env={**_no_launcher(os.environ), "OMP_NUM_THREADS": "1"},
         )
         try:
             proc.wait(timeout=timeout)

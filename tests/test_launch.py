@@ -62,6 +62,21 @@ def test_a_refused_config_under_nproc_is_one_line_and_no_rank(tmp_path):
     assert not run.exists()  # no rank started, nothing written
 
 
+def test_nproc_beside_another_world_size_in_the_environment_is_one_line(tmp_path):
+    """A WORLD_SIZE that is not this launch's (a colocated vLLM engine sets rank 0 of 1 in its
+    process) would make `--nproc 2` run as one process: refused instead, before any rank."""
+    run = tmp_path / "run"
+    args = [sys.executable, "-m", "rlvr", "train", "--nproc", "2", "--output-dir", str(run)]
+    env = {**os.environ, "WORLD_SIZE": "1"}
+    out = subprocess.run(args, capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 2
+    assert out.stderr.splitlines() == [
+        "error: --nproc 2: WORLD_SIZE=1 is set in this environment (a launcher's, or one left "
+        "by a library in this process): unset it to start 2 ranks"
+    ]
+    assert not run.exists()
+
+
 @pytest.mark.parametrize(
     ("changes", "n", "match"),
     [

@@ -18,7 +18,15 @@ SUMMARY = "train a policy with GRPO/DAPO (no arguments: the built-in offline dem
 
 def run(argv: list[str]) -> int:
     nproc = _nproc(argv)
-    if nproc > 1 and "WORLD_SIZE" not in os.environ:
+    world = os.environ.get("WORLD_SIZE")
+    if nproc > 1 and world not in (None, str(nproc)):  # not torchrun's ranks of this launch
+        from rlvr.config.schema import ConfigError
+
+        raise ConfigError(
+            f"--nproc {nproc}: WORLD_SIZE={world} is set in this environment (a launcher's, or "
+            f"one left by a library in this process): unset it to start {nproc} ranks"
+        )
+    if nproc > 1 and world is None:
         # every check here, in the launcher: a refused config is one line, no rank started
         cfg = train_request(argv).cfg
         check_ranks(cfg, nproc)
