@@ -73,17 +73,18 @@ def _no_launcher(env) -> dict:
     return {k: v for k, v in env.items() if k not in _LAUNCHER}
 
 
-def _run_group(args, timeout=300):
-    """Run with output to a file (an orphaned rank holding a pipe would block reading it); on a
-    timeout kill torchrun and every descendant: its ranks run in sessions of their own, so
-    killing torchrun's group alone would leave them, and a hung collective with them."""
+def _run_group(args, timeout=300, env=None):
+    """Run in `env` (else this process's environment), without torchrun's variables, with
+    output to a file (an orphaned rank holding a pipe would block reading it); on a timeout
+    kill torchrun and every descendant: its ranks run in sessions of their own, so killing
+    torchrun's group alone would leave them, and a hung collective with them."""
     with tempfile.TemporaryFile("w+") as err:
         proc = subprocess.Popen(
             args,
             stdout=subprocess.DEVNULL,
             stderr=err,
             text=True,
-            env={**_no_launcher(os.environ), "OMP_NUM_THREADS": "1"},
+            env={**_no_launcher(os.environ if env is None else env), "OMP_NUM_THREADS": "1"},
         )
         try:
             proc.wait(timeout=timeout)

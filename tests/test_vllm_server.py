@@ -37,6 +37,9 @@ pytestmark = [
 # fp32 server against the fp32 trainer: the max |log-prob difference| over the check's
 # tokens is rounding only (tests/test_vllm_engine.py's FP32_MAX; measured ~1e-5)
 FP32_MAX = 2e-3
+# The environment as collection found it, before a colocated vLLM engine in this pytest
+# process set its own variables (LD_PRELOAD, torchrun's names): the ranks a test launches get it.
+SESSION_ENV = dict(os.environ)
 TIMEOUT = 10  # rollout.vllm.timeout in these runs, seconds
 SMALL = ["--rollout.prompts_per_step=8", "--rollout.group_size=4", "--rollout.max_new_tokens=16",
          "--train.eval_size=0", "--no-progress", "--train.threads=1", "--rollout.engine=vllm",
@@ -242,7 +245,7 @@ def test_two_ranks_on_two_servers_train_what_one_process_on_one_server_does(serv
         two = tmp_path / arm
         argv = [sys.executable, "-m", "rlvr", "train", "--output-dir", str(two), *same,
                 "--nproc", "2", *extra]  # fmt: skip
-        rc, err = _run_group(argv, timeout=600)
+        rc, err = _run_group(argv, timeout=600, env=SESSION_ENV)
         assert rc == 0, (arm, err[-3000:])
         m2 = _rows(two)
         assert [r["step"] for r in m2] == [1, 2, 3], arm
