@@ -200,6 +200,8 @@ def _epoch(u: UpdateContext, batch: Batch, optim: tuple, sums: _Sums, first: boo
         num_tokens, num_sequences = d.sum(loss_counts(mini.samples, s.overlong_filter))
         step = replace(u, num_tokens=num_tokens, num_sequences=num_sequences)
         micros = [mini.rows(r) for r in cut(mini.samples, s, model)]
+        sums.add("positions", 0.0)  # every rank reduces the same keys, with samples or none
+        sums.add("real_positions", 0.0)
         for micro in micros:
             computed, real = computed_positions(micro.samples, s, model)
             sums.add("positions", computed)
