@@ -69,8 +69,12 @@ class ModelRewardScorer:
         """The held-out evaluation's verdict: the rule's."""
         return self.rule.accuracy(prompts, completions, rollout)
 
-    def __call__(self, prompts, completions, rollout, step: int | None = None) -> Scores:
-        s = self.rule(prompts, completions, rollout, step=step)
+    def __call__(
+        self, prompts, completions, rollout, step: int | None = None, given=None
+    ) -> Scores:
+        """The rule's scores (`given`: an agent's rewards as its accuracy, `Scorer`'s) with the
+        accuracy term replaced by the reward model's probability."""
+        s = self.rule(prompts, completions, rollout, step=step, given=given)
         logits = self.rm.score([p.text for p in prompts], completions)
         prob = torch.sigmoid(logits)
         w = self.rule.cfg.reward.accuracy_weight
