@@ -193,13 +193,7 @@ class AgentRunner:
         http = self.openai.DefaultHttpxClient()  # one connection pool for the batch's clients
 
         def call(i: int) -> None:
-            client = self.openai.OpenAI(
-                base_url=self.endpoint.base_url(rids[i]),
-                api_key="rlvr",
-                max_retries=0,
-                timeout=self.timeout,
-                http_client=http,
-            )
+            client = self._client(self.openai.OpenAI, rids[i], http)
             try:
                 results[i] = check_reward(self.fn(client, rows[i]))
             except AgentFault as fault:
@@ -224,15 +218,20 @@ class AgentRunner:
             http.close()
         return out
 
+    def _client(self, cls, rid: str, http):
+        """An `openai` client (`cls`: OpenAI or AsyncOpenAI) on rollout `rid`'s base URL: no
+        retries, the run's timeout (env.timeout), the batch's connection pool."""
+        return cls(
+            base_url=self.endpoint.base_url(rid),
+            api_key="rlvr",
+            max_retries=0,
+            timeout=self.timeout,
+            http_client=http,
+        )
+
     def _async_calls(self, rids: list[str], rows: list[dict]) -> list[float | AgentFault]:
         async def one(i: int, http) -> float | AgentFault:
-            client = self.openai.AsyncOpenAI(
-                base_url=self.endpoint.base_url(rids[i]),
-                api_key="rlvr",
-                max_retries=0,
-                timeout=self.timeout,
-                http_client=http,
-            )
+            client = self._client(self.openai.AsyncOpenAI, rids[i], http)
             try:
                 return check_reward(await asyncio.wait_for(self.fn(client, rows[i]), self.timeout))
             except AgentFault as fault:
