@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-import rlvr.config.load
+import rlvr.config.names
 from rlvr.api.inputs import overrides
 from rlvr.api.trl import trl_changes
 from rlvr.config.load import dump_yaml, flat_keys, help_text, load_config, to_dict
@@ -20,7 +20,7 @@ VLLM = {"engine": "vllm", "vllm": {"dtype": "bfloat16", "memory": 0.5}}
 @pytest.fixture()
 def fresh_notes(monkeypatch):
     """Each test sees the notes as a new process would (they print once a process)."""
-    monkeypatch.setattr(rlvr.config.load, "_noted", set())
+    monkeypatch.setattr(rlvr.config.names, "_noted", set())
 
 
 def test_the_section_nested_dotted_on_the_command_line_and_from_python(tmp_path):

@@ -12,8 +12,6 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
-import os
-import sys
 import types
 import typing
 from dataclasses import fields, is_dataclass, replace
@@ -23,7 +21,7 @@ from typing import Any, Literal, get_args, get_origin
 import yaml
 
 from rlvr.config.formats import resolve_code_format
-from rlvr.config.names import SAME, alias, did_you_mean, nest
+from rlvr.config.names import SAME, alias, did_you_mean, nest, refuse_removed, renamed
 from rlvr.config.objective import (
     OWN,
     declared,
@@ -162,42 +160,16 @@ def apply_changes(cfg: Config, changes: dict[str, Any], source: str) -> Config:
     return cfg
 
 
-_noted: set[tuple[str, str]] = set()
-
-
-def _renamed(section: str, key: str) -> str:
-    """The key's name now (`RENAMED`); an old name is noted once a process, on stderr (by
-    rank 0 alone under torchrun)."""
-    new = RENAMED.get((section, key))
-    if new is None:
-        return key
-    if (section, key) not in _noted:
-        _noted.add((section, key))
-        if os.environ.get("RANK", "0") == "0":
-            print(f"note: {section}.{key} is now {section}.{new}", file=sys.stderr)
-    return new
-
-
-def _removed(section: str, key: str, value: Any, source: str) -> None:
-    """A removed setting (`REMOVED`): its old defaults pass, anything else is refused."""
-    defaults, instead = REMOVED[(section, key)]
-    given = value if isinstance(value, dict) else {None: value}
-    for k, v in given.items():
-        if k not in defaults or str(v).lower() != str(defaults[k]).lower():
-            name = f"{section}.{key}" + (f".{k}" if k else "")
-            raise ConfigError(f"{source}: {name}: {instead}")
-
-
 def _apply(sub: Any, values: dict[str, Any], where: str, source: str) -> Any:
     """`sub` (a section, or an engine's section `where` names) with `values` applied."""
     hints = _resolved_types(type(sub))
     updates: dict[str, Any] = {}
     nested: dict[str, dict[str, Any]] = {}
     for key, value in values.items():
-        key = _renamed(where, key)
+        key = renamed(where, key)
         head, dot, rest = key.partition(".")
         if (where, head) in REMOVED:
-            _removed(where, head, {rest: value} if dot else value, source)
+            refuse_removed(where, head, {rest: value} if dot else value, source)
             continue
         if where == "algo" and not dot and (head not in hints or head == OWN):
             own = updates.setdefault(OWN, dict(getattr(sub, OWN)))

@@ -1,16 +1,19 @@
 """The names a config key may go by besides its own: TRL's `GRPOConfig` field names of the same
 meaning and units (`learning_rate` is `optim.lr`), which `config=`, YAML files and the command
-line take with a one-line note, and the "did you mean" hint of an unknown name. The rest of
-TRL's names (those that map with a conversion, or not at all) are `rlvr.api.trl`'s."""
+line take with a one-line note, the "did you mean" hint of an unknown name, and rlvr's own
+renamed keys (`RENAMED`, noted once) and removed ones (`REMOVED`, refused unless at their old
+default). The rest of TRL's names (those that map with a conversion, or not at all) are
+`rlvr.api.trl`'s."""
 
 from __future__ import annotations
 
 import difflib
+import os
 import sys
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from rlvr.config.schema import ConfigError
+from rlvr.config.schema import REMOVED, RENAMED, ConfigError
 
 # TRL field -> rlvr key, same meaning and units (also the aliases `config=` and the CLI take).
 SAME: dict[str, str] = {
@@ -81,3 +84,29 @@ def nest(pairs: Iterable[tuple[str, Any]], refuse: Callable[[str], str | None]) 
         else:
             raise ConfigError(message)
     return out
+
+
+_noted: set[tuple[str, str]] = set()
+
+
+def renamed(section: str, key: str) -> str:
+    """The key's name now (`RENAMED`); an old name is noted once a process, on stderr (by
+    rank 0 alone under torchrun)."""
+    new = RENAMED.get((section, key))
+    if new is None:
+        return key
+    if (section, key) not in _noted:
+        _noted.add((section, key))
+        if os.environ.get("RANK", "0") == "0":
+            print(f"note: {section}.{key} is now {section}.{new}", file=sys.stderr)
+    return new
+
+
+def refuse_removed(section: str, key: str, value: Any, source: str) -> None:
+    """A removed setting (`REMOVED`): its old defaults pass, anything else is refused."""
+    defaults, instead = REMOVED[(section, key)]
+    given = value if isinstance(value, dict) else {None: value}
+    for k, v in given.items():
+        if k not in defaults or str(v).lower() != str(defaults[k]).lower():
+            name = f"{section}.{key}" + (f".{k}" if k else "")
+            raise ConfigError(f"{source}: {name}: {instead}")
