@@ -225,7 +225,7 @@ def test_an_app_is_served_on_loopback_and_a_full_server_is_waited_for(tmp_path):
     assert accepts(app) and accepts(OpenEnv(app)) and not accepts("http://127.0.0.1:1")
     spec = OpenEnv(app, episodes=[{"seed": 11}, {"seed": 12}], max_turns=1)
     adapted = adapt(spec, _cfg())
-    url = spec.server
+    url = adapted.agent.server
     try:
         assert url.startswith("http://127.0.0.1:")
         assert [r["seed"] for r in adapted.train_rows] == [11, 12]
@@ -241,6 +241,18 @@ def test_an_app_is_served_on_loopback_and_a_full_server_is_waited_for(tmp_path):
         adapted.close()
     with pytest.raises(OSError):
         urllib.request.urlopen(url + "/health", timeout=2)
+
+
+def test_a_client_names_its_server(server):
+    from openenv.core import GenericEnvClient
+
+    client = GenericEnvClient(base_url=server.replace("http://", "ws://"))
+    for obj in (client, client.sync(), OpenEnv(client, episodes=3)):
+        assert accepts(obj)
+        adapted = adapt(obj, _cfg())
+        # episodes by default: the default run's 100 steps x 16 prompts (more than 1024)
+        episodes = 3 if isinstance(obj, OpenEnv) else 1600
+        assert adapted.agent.server == server and len(adapted.train_rows) == episodes
 
 
 def test_targets_that_are_not_servers_are_one_line_errors_naming_them():

@@ -31,7 +31,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -202,8 +202,7 @@ def resolve(target, cfg) -> tuple[OpenEnv, Callable[[], None]]:
             f"env.environment: openenv: got {type(server).__name__} {server!r:.80}, expected a "
             "server URL, an OpenEnv app (create_app), an OpenEnv client, or an OpenEnv(...)"
         )
-    spec.server = http_url(server)
-    return spec, close
+    return replace(spec, server=http_url(server)), close
 
 
 def text_field(schema: dict) -> str | None:
@@ -335,6 +334,7 @@ class Episodes:
         async def openenv_episode(client, row):
             return await self.run(client, row)
 
+        openenv_episode.server = self.url  # the server's URL, for the run's messages
         return openenv_episode
 
 
