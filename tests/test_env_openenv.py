@@ -284,3 +284,65 @@ def test_train_takes_the_environment_and_the_cli_its_url(server, tmp_path):
     argv = ["train", "--env", f"openenv:{server}", "--max-steps", "1", "--no-progress"]
     argv += [f"--{k}={v}" for k, v in SMALL.items()] + ["--rollout.max_new_tokens=16"]
     assert main([*argv, "--output-dir", str(tmp_path / "cli")]) == 0
+
+
+def test_text_becomes_the_action_and_observations_text():
+    from rlvr.environments.openenv_env import default_action, default_observation, http_url
+
+    one = {"properties": {"metadata": {"type": "object"}, "message": {"type": "string"}}}
+    assert default_action(one)("<answer>3</answer>", one) == {"message": "<answer>3</answer>"}
+    two = {"properties": {"tool_name": {"type": "string"}, "arguments": {"type": "object"}}}
+    act = default_action(two)
+    assert act('{"tool_name": "add", "arguments": {"a": 1}}', two) == {
+        "tool_name": "add",
+        "arguments": {"a": 1},
+    }
+    for text in ("add 1", "[1]"):
+        with pytest.raises(
+            ValueError, match=r"JSON object with the fields \['arguments', 'tool_name'\]"
+        ):
+            act(text, two)
+    assert default_observation({"prompt": "Compute 1+2.", "metadata": {"k": 1}}) == "Compute 1+2."
+    assert default_observation({"board": [1, 2], "turn": "x"}) == '{"board": [1, 2], "turn": "x"}'
+    assert http_url("ws://127.0.0.1:8001/") == "http://127.0.0.1:8001"
+    assert http_url("wss://a.hf.space") == "https://a.hf.space"
+
+
+def test_an_action_the_server_refuses_is_the_next_observation(server):
+    """A reply that is no valid action: the model reads the error, reward 0, the session
+    goes on (the server's VALIDATION_ERROR keeps it open)."""
+    import asyncio
+
+    from rlvr.environments.openenv_env import Episodes
+
+    spec = OpenEnv(server, action=lambda text, schema: {"answer": text})  # no such field
+    episodes = Episodes(spec, {}, timeout=30.0)
+
+    async def episode():
+        env, first = await episodes._reset({"seed": 5}, time.monotonic() + 30)
+        try:
+            refused = await episodes._step(env, "<answer>1</answer>")
+            (example,) = TASK.make_examples("train", 1, seed=5)
+            right = await env.step({"message": f"<answer>{example.answer}</answer>"})
+        finally:
+            await env.close()
+        return first, refused, right
+
+    first, refused, right = asyncio.run(episode())
+    assert first.observation["prompt"].startswith("Compute ") and not first.done
+    assert refused.observation["error"].startswith("invalid action: ") and refused.reward == 0
+    assert "VALIDATION_ERROR" in refused.observation["error"] and not refused.done
+    assert right.reward == 1.0 and right.done
+
+
+def test_episodes_are_dicts_of_reset_arguments():
+    from rlvr.environments.openenv_env import train_rows
+
+    cfg = _cfg()
+    rows = train_rows(OpenEnv("http://x", episodes=[{"seed": 4, "level": "easy"}]), cfg)
+    assert rows == [
+        {"seed": 4, "level": "easy", "prompt": 'OpenEnv episode {"seed": 4, "level": "easy"}'}
+    ]
+    for bad in (0, [{"prompt": "hi"}], ["seed"]):
+        with pytest.raises(ConfigError, match=r"env\.environment: openenv: episode"):
+            train_rows(OpenEnv("http://x", episodes=bad), cfg)
