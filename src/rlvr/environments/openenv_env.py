@@ -81,7 +81,7 @@ def _client_url(obj) -> str | None:
     """The base URL an OpenEnv client (async, or its .sync() wrapper) talks to."""
     client = getattr(obj, "_async", obj)
     if isinstance(client, EnvClient):
-        ws = getattr(client, "_ws_url", "")
+        ws = getattr(client, "_ws_url", None) or ""  # None once openenv 0.10's is closed
         return ws[: -len("/ws")] if ws.endswith("/ws") else ws or None
     return None
 
@@ -179,6 +179,9 @@ def resolve(target, cfg) -> tuple[OpenEnv, Callable[[], None]]:
     server is a URL, and the function that stops what was started for it."""
     spec = target
     if isinstance(target, str) and "://" not in target:
+        from rlvr.config.callables import extend_sys_path
+
+        extend_sys_path(cfg.reward.python_path)  # where user code is imported from
         spec = load(target)
         if callable(spec) and not accepts(spec):  # a function returning the environment
             try:
@@ -298,8 +301,8 @@ class Episodes:
         env, result = await self._reset(row, time.monotonic() + 0.9 * self.timeout)
         try:
             total = float(result.reward or 0.0)
-            system = [{"role": "system", "content": self.spec.system_prompt}]
-            messages = system if self.spec.system_prompt else []
+            system = self.spec.system_prompt
+            messages = [{"role": "system", "content": system}] if system else []
             for _ in range(self.spec.max_turns):
                 if result.done:
                     break
