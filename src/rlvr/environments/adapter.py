@@ -21,7 +21,7 @@ from rlvr.config.schema import ConfigError
 # KIND -> (adapter module, the distribution a user installs for it, the extra naming it)
 KINDS: dict[str, tuple[str, str, str]] = {
     "verifiers": ("rlvr.environments.verifiers_env", "verifiers", "verifiers"),
-    "openenv": ("rlvr.environments.openenv_env", "openenv-core", "openenv"),
+    "openenv": ("rlvr.environments.openenv_env", "openenv", "openenv"),
 }
 
 
