@@ -180,6 +180,13 @@ def _validate_staleness(cfg: Config) -> None:
         f"flight on vLLM servers; got rollout.engine={r.engine}, rollout.vllm.mode={r.vllm.mode})",
         True,
     )
+    check(
+        not cfg.train.inflight_updates or k >= 1,
+        "train.max_staleness",
+        ">= 1 with train.inflight_updates (the oldest token a trained sample may hold, in "
+        "policy versions: responses in flight span pushes)",
+        k,
+    )
     if k == 0:
         return
     check(

@@ -204,9 +204,9 @@ class Fleet:
             down: list[ServerDown] = []
             try:
                 results = self._wait({f: s for f, (_, s) in futures.items()}, doing, down=down)
-            finally:
-                for _, server in futures.values():
-                    server.rows = 0
+            finally:  # (rows sent without waiting, `vllm_inflight.submit`, stay counted)
+                for g, server in futures.values():
+                    server.rows -= len(groups[g])
             for f, answers in results.items():
                 out[futures[f][0]] = answers
             todo = [g for f, (g, _) in futures.items() if f not in results]

@@ -31,7 +31,10 @@ prefix that older weights encoded, and its log-prob is no single version's
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import contextlib
+import time
 
 GENERATE = "/inference/v1/generate"
 PAUSE = "/pause?mode=keep&clear_cache=true"  # the module doc: prefixes recomputed by new weights
@@ -86,3 +89,41 @@ def paused(fleet, doing: str):
         yield
     finally:
         fleet.each_live(f"resuming after {doing}", "POST", "/resume")
+
+
+def submit(fleet, bodies: list[dict]) -> tuple[concurrent.futures.Future, object]:
+    """One group's requests sent together to the live server with the fewest rows in
+    flight, without waiting: the future of their answers, and the server."""
+    if not fleet.live:
+        raise fleet._last_down
+    server = min(fleet.live, key=lambda s: s.rows)
+    server.rows += len(bodies)
+    future = asyncio.run_coroutine_threadsafe(fleet._group(server, bodies, GENERATE), fleet.loop)
+
+    n = len(bodies)
+
+    def done(_) -> None:
+        server.rows -= n
+
+    future.add_done_callback(done)
+    return future, server
+
+
+def first_done(fleet, flights: dict, doing: str) -> set:
+    """The futures of `flights` (future -> server) done, waiting until at least one is,
+    bounded by the servers' heartbeats: a server silent for `rollout.vllm.timeout` seconds
+    ends the run with `ServerDown` naming it (its groups are not sent elsewhere)."""
+    while True:
+        done, _ = concurrent.futures.wait(
+            flights, timeout=0.5, return_when=concurrent.futures.FIRST_COMPLETED
+        )
+        if done:
+            return done
+        now = time.monotonic()
+        for server in {s for s in flights.values() if now - s.last_seen > fleet.timeout}:
+            fleet._wait({f: s for f, s in flights.items() if s is server}, doing)
+
+
+def answers(fleet, future, server, doing: str) -> list[dict]:
+    """A done future's answers; a server's refusal or loss as the fleet names it."""
+    return fleet._wait({future: server}, doing)[future]

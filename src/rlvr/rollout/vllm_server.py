@@ -312,24 +312,17 @@ class VLLMServerEngine(EngineDefaults):
             body["top_k"] = top_k
         return body
 
+    def _bodies(self, prompt: list[int], seeds: list[int], params: SamplingParams) -> list[dict]:
+        """A prompt's group: one request body per seed."""
+        temperature = 0.0 if params.greedy else params.temperature
+        shared = {"max_tokens": params.max_new_tokens, "temperature": temperature,
+                  "top_p": params.top_p, "top_k": params.top_k,
+                  "min_tokens": params.min_new_tokens}  # fmt: skip
+        return [self._body(prompt, seed=seed, **shared) for seed in seeds]
+
     def generate(self, prompt_ids: list[list[int]], params: SamplingParams) -> Rollout:
         seeds = sample_seeds(params, len(prompt_ids))
-        temperature = 0.0 if params.greedy else params.temperature
-        groups = [
-            [
-                self._body(
-                    prompt,
-                    seed=seed,
-                    max_tokens=params.max_new_tokens,
-                    temperature=temperature,
-                    top_p=params.top_p,
-                    top_k=params.top_k,
-                    min_tokens=params.min_new_tokens,
-                )
-                for seed in prompt_seeds
-            ]
-            for prompt, prompt_seeds in zip(prompt_ids, seeds)
-        ]
+        groups = [self._bodies(p, s, params) for p, s in zip(prompt_ids, seeds)]
         doing = f"generating {len(prompt_ids) * params.n} rows"
         if not self.inflight:
             answers = self.fleet.generate(groups, doing)
@@ -341,6 +334,23 @@ class VLLMServerEngine(EngineDefaults):
         answers = self.fleet.generate(groups, doing, path=GENERATE)
         rows = [generated(a) for group in answers for a in group]
         return rollout_from_rows(prompt_ids, rows, params.n, self.pad_id, self.eos_ids)
+
+    def submit(self, prompt: list[int], params: SamplingParams):
+        """train.inflight_updates: one prompt's group sent without waiting; the future of its
+        answers and the server (`vllm_inflight.submit`), read with `group_rollout`."""
+        from rlvr.rollout.vllm_inflight import generate_body, submit
+
+        bodies = [
+            generate_body(b) for b in self._bodies(prompt, sample_seeds(params, 1)[0], params)
+        ]
+        return submit(self.fleet, bodies)
+
+    def group_rollout(self, prompt: list[int], answers: list[dict]) -> Rollout:
+        """The `Rollout` of one submitted group's answers, with each token's version."""
+        from rlvr.rollout.vllm_inflight import generated
+
+        rows = [generated(a) for a in answers]
+        return rollout_from_rows([prompt], rows, len(rows), self.pad_id, self.eos_ids)
 
     def release(self) -> None:
         """Nothing of the servers lives in the trainer's memory."""
