@@ -178,3 +178,44 @@ def test_inflight_generation_samples_what_the_completions_route_does(server):
         assert (got.token_versions[mask] == engine.version).all()
     finally:
         engine.close()
+
+
+def test_inflight_updates_needs_a_staleness_bound():
+    from rlvr.config.load import load_config
+    from rlvr.config.schema import ConfigError
+
+    with pytest.raises(
+        ConfigError, match=r"train\.max_staleness: got 0, expected >= 1 with train\.inflight"
+    ):
+        load_config(overrides=["--rollout.engine=vllm", "--rollout.vllm.mode=server",
+                               "--rollout.vllm.urls=http://127.0.0.1:9", "--train.inflight_updates=true"])  # fmt: skip
+
+
+def _rows(run) -> list[dict]:
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_a_run_in_flight_trains_no_token_older_than_the_bound(server, tmp_path):
+    """3 steps in flight at staleness 1: every step logged once, no trained sample's oldest
+    token more than 1 version behind, the server at the last pushed version."""
+    import urllib.request
+
+    from rlvr.cli.main import main
+
+    run = tmp_path / "inflight"
+    argv = ["train", "--output-dir", str(run), "--max-steps", "3", "--rollout.prompts_per_step=4",
+            "--rollout.group_size=4", "--rollout.max_new_tokens=24", "--train.eval_size=0",
+            "--no-progress", "--train.threads=1", "--rollout.engine=vllm",
+            "--rollout.vllm.mode=server", f"--rollout.vllm.urls={server.url}",
+            "--rollout.vllm.timeout=10", "--train.inflight_updates=true",
+            "--train.max_staleness=1", "--algo.rollout_correction=token",
+            "--algo.overlong_filter=false"]  # fmt: skip
+    assert main(argv) == 0
+    rows = _rows(run)
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    for r in rows:
+        assert r["staleness/max"] <= 1 and r.get("inflight/token_lag_max", 0) <= 1, r["step"]
+        assert r["inflight/in_flight"] >= 4  # the next step's groups already running
+    pushed = sum(1 for r in rows if not r.get("empty_batches"))
+    with urllib.request.urlopen(f"{server.url}/weight_info", timeout=10) as r:
+        assert json.loads(r.read())["weight_version"] == str(pushed)

@@ -100,6 +100,7 @@ class Inflight:
         batch = Batch.from_groups(kept)
         metrics = tally.metrics(run.d)
         metrics.update(_length_metrics(lengths, len(self.flights)))
+        metrics.update(version_metrics(batch.samples, step - 1))
         metrics.update({"groups/kept": len(kept), "groups/generated": seen,
                         "groups/incomplete": float(len(kept) < target)})  # fmt: skip
         seconds = time.perf_counter() - t_start
@@ -151,6 +152,23 @@ def _spread(scores, G: int, graded: bool) -> bool:
     if graded:
         return bool(keep_groups(scores.correct, G)[0])
     return bool(keep_groups_with_spread(scores.total, G)[0])
+
+
+def version_metrics(samples: list[Sample], version: int) -> dict[str, float]:
+    """The versions of the tokens trained on, against the trainer's `version`:
+    `inflight/token_lag_mean` and `_max` (version minus a token's), `inflight/version_spread`
+    (the mean over samples of its newest token's version minus its oldest's)."""
+    tv = [
+        s.token_versions for s in samples if s.token_versions is not None and len(s.token_versions)
+    ]
+    if not tv:
+        return {}
+    lags = [version - int(v) for t in tv for v in t.tolist()]
+    return {
+        "inflight/token_lag_mean": sum(lags) / len(lags),
+        "inflight/token_lag_max": float(max(lags)),
+        "inflight/version_spread": sum(int(t.max() - t.min()) for t in tv) / len(tv),
+    }
 
 
 def _length_metrics(lengths: dict[str, list[int]], in_flight: int) -> dict[str, float]:
