@@ -219,3 +219,35 @@ def test_a_run_in_flight_trains_no_token_older_than_the_bound(server, tmp_path):
     pushed = sum(1 for r in rows if not r.get("empty_batches"))
     with urllib.request.urlopen(f"{server.url}/weight_info", timeout=10) as r:
         assert json.loads(r.read())["weight_version"] == str(pushed)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPUs: trainer and server")
+def test_default_run_learns_in_flight_on_one_launched_server(tmp_path):
+    """The default run (tests/test_tasks_learn.py's steps) in flight at staleness 1 with one
+    launched server on CPU 1 and the trainer on CPU 0: held-out accuracy gains >= 0.40, and no
+    trained sample holds a token more than 1 version behind the trainer."""
+    import subprocess
+    import sys
+
+    from test_tasks_learn import STEPS
+
+    cpus = sorted(os.sched_getaffinity(0))
+    run = tmp_path / "learns"
+    argv = [sys.executable, "-m", "rlvr", "train", "--data.task=arithmetic", "--max-steps",
+            str(STEPS["arithmetic"]), "--output-dir", str(run), "--train.eval_size=128",
+            "--no-progress", "--train.threads=1", "--rollout.engine=vllm",
+            "--rollout.vllm.mode=server", "--rollout.vllm.launch=1",
+            f"--rollout.vllm.cpus={cpus[1]}", "--train.inflight_updates=true",
+            "--train.max_staleness=1", "--algo.rollout_correction=token"]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(argv, env=env, capture_output=True, text=True,
+                          preexec_fn=lambda: os.sched_setaffinity(0, {cpus[0]}))  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads((run / "summary.json").read_text())
+    before, after = summary["eval_before"]["accuracy"], summary["eval_after"]["accuracy"]
+    print(f"in flight: held-out {before:.3f} -> {after:.3f}; {summary['wall_time_s']:.0f} s")
+    assert after >= before + 0.40, (before, after)
+    rows = _rows(run)
+    assert max(r["staleness/max"] for r in rows if "staleness/max" in r) <= 1
+    assert max(r.get("inflight/token_lag_max", 0) for r in rows) <= 1

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import contextlib
 import socket
+import time
 from urllib.parse import urlsplit
 
 import torch
@@ -80,6 +81,7 @@ class VLLMServerEngine(EngineDefaults):
         self.model, self.pad_id, self.eos_ids = model, pad_id, list(eos_ids)
         self.site, self.temperature = site, temperature
         self.inflight = inflight  # pushes pause the servers in keep mode (`vllm_inflight`)
+        self.paused_s = 0.0  # seconds the servers spent paused for pushes, since the last step
         device = site.device or next(model.parameters()).device
         self.dtype = vllm_dtype(next(model.parameters()).dtype, site.autocast, settings.dtype)
         self.backend = "nccl" if torch.device(device).type == "cuda" else "rlvr_http"
@@ -234,8 +236,10 @@ class VLLMServerEngine(EngineDefaults):
             return
         from rlvr.rollout.vllm_inflight import paused
 
+        t0 = time.perf_counter()
         with paused(self.fleet, f"the push of weight version {self.version}"):
             self._send_each()
+        self.paused_s += time.perf_counter() - t0
 
     def _send_each(self) -> None:
         version = str(self.version)
@@ -357,12 +361,16 @@ class VLLMServerEngine(EngineDefaults):
 
     def step_metrics(self) -> dict[str, float]:
         """`rollout/vllm_failovers`: servers lost so far, their work sent to others;
-        `rollout/vllm_retries`: requests sent again after their connection failed."""
+        `rollout/vllm_retries`: requests sent again after their connection failed; in flight,
+        `time/push_paused`: the seconds the servers were paused for the last push."""
         fleet = self.fleet
-        return {
+        out = {
             "rollout/vllm_failovers": float(fleet.failovers if fleet else 0),
             "rollout/vllm_retries": float(fleet.retries if fleet else 0),
         }
+        if self.inflight:  # the servers' only idle time in flight: paused for the last push
+            out["time/push_paused"], self.paused_s = self.paused_s, 0.0
+        return out
 
     def close(self) -> None:
         """Stop the heartbeat and the servers rlvr launched (idempotent)."""

@@ -73,10 +73,13 @@ class Inflight:
         tally, examples = Tally(run.scorer.graded), []
         kept: list[list[Sample]] = []
         lengths = {"trained": [], "dropped": [], "carried": []}
-        seen = 0
+        seen, waited = 0, 0.0
         self._fill(step, run)
         while len(kept) < target and seen < c.max_gen_batches * target:
-            for flight in self._done(run):
+            t0 = time.perf_counter()
+            done = self._done(run)
+            waited += time.perf_counter() - t0  # the trainer idle, waiting for groups
+            for flight in done:
                 if len(kept) >= target:  # done beyond the step's need: the next step's
                     break
                 self.flights.remove(flight)
@@ -102,7 +105,8 @@ class Inflight:
         metrics.update(_length_metrics(lengths, len(self.flights)))
         metrics.update(version_metrics(batch.samples, step - 1))
         metrics.update({"groups/kept": len(kept), "groups/generated": seen,
-                        "groups/incomplete": float(len(kept) < target)})  # fmt: skip
+                        "groups/incomplete": float(len(kept) < target),
+                        "time/gen_wait": waited})  # fmt: skip
         seconds = time.perf_counter() - t_start
         return Produced(step, step - 1, batch, metrics, examples, seconds, started, time.time())
 
