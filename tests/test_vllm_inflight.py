@@ -251,3 +251,49 @@ def test_default_run_learns_in_flight_on_one_launched_server(tmp_path):
     rows = _rows(run)
     assert max(r["staleness/max"] for r in rows if "staleness/max" in r) <= 1
     assert max(r.get("inflight/token_lag_max", 0) for r in rows) <= 1
+
+
+def test_killed_in_flight_run_resumes_every_step_once_and_resends_its_flights(tmp_path):
+    """A trainer in flight SIGKILLed after its first checkpoint: the checkpoint names the
+    prompts whose groups were in flight, and `--resume` sends them again first and takes every
+    step once."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from rlvr.run.trainer_state import load_trainer_state
+    from rlvr.training.inflight import DEPTH
+
+    run = tmp_path / "killed"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    argv = [sys.executable, "-m", "rlvr", "train", "--output-dir", str(run), "--max-steps", "3",
+            "--train.save_every=1", "--rollout.prompts_per_step=4", "--rollout.group_size=4",
+            "--rollout.max_new_tokens=16", "--train.eval_size=0", "--no-progress",
+            "--train.threads=1", "--rollout.engine=vllm", "--rollout.vllm.mode=server",
+            "--rollout.vllm.launch=1", "--rollout.vllm.timeout=10",
+            "--train.inflight_updates=true", "--train.max_staleness=1",
+            "--algo.rollout_correction=token"]  # fmt: skip
+    trainer = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                               start_new_session=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 300
+        checkpoints = run / "checkpoints"
+        while trainer.poll() is None and time.monotonic() < deadline:
+            if checkpoints.exists() and any(checkpoints.glob("step-*/trainer_state.pt")):
+                break
+            time.sleep(0.2)
+        assert trainer.poll() is None, trainer.stderr.read().decode()[-2000:]
+        trainer.send_signal(signal.SIGKILL)
+        trainer.wait()
+    finally:
+        if trainer.poll() is None:
+            trainer.kill()
+    time.sleep(2)  # the launched server goes with its trainer (PR_SET_PDEATHSIG)
+    first = sorted(checkpoints.glob("step-*"))[0]
+    flights = load_trainer_state(first)["pipeline"]
+    assert len(flights) == DEPTH * 4 and all(isinstance(p, int) for p in flights)
+    resumed = subprocess.run([sys.executable, "-m", "rlvr", "train", "--resume", str(run),
+                              "--no-progress"], env=env, capture_output=True, text=True)  # fmt: skip
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert [r["step"] for r in _rows(run)] == [1, 2, 3]
