@@ -53,3 +53,24 @@ def test_inflight_updates_is_refused_by_name_outside_server_mode_and_without_a_b
         load_config(overrides=["--train.inflight_updates=true"])
     with pytest.raises(ConfigError, match=r"train\.inflight_updates: .*rollout.vllm.mode=colocate"):
         load_config(overrides=["--train.inflight_updates=true", "--rollout.engine=vllm"])
+
+
+def test_token_versions_from_the_servers_spans():
+    from rlvr.rollout.vllm_inflight import generate_body, generated, token_versions
+
+    spans = [{"version": "3", "start": 0, "end": 2}, {"version": "4", "start": 2, "end": 5}]
+    assert token_versions(spans, 5) == [3, 3, 4, 4, 4]
+    assert token_versions([], 0) == []
+    for bad, n in ((spans, 4), (spans[1:], 3), (None, 2)):  # not covering the tokens once
+        with pytest.raises(ValueError, match="weight-version spans"):
+            token_versions(bad, n, "http://127.0.0.1:9")
+    answer = {"choices": [{"token_ids": [7, 8], "weight_versions": spans[:1],
+                           "logprobs": {"content": [{"token_id": 7, "logprob": -0.25},
+                                                    {"token_id": 8, "logprob": -1.5}]}}]}  # fmt: skip
+    assert generated(answer) == ([7, 8], [-0.25, -1.5], [3, 3])
+    body = {"model": "m", "prompt": [1, 2], "max_tokens": 4, "temperature": 1.0, "top_p": 1.0,
+            "seed": 5, "logprobs": 0, "stop_token_ids": [0], "min_tokens": 0,
+            "skip_special_tokens": False}  # fmt: skip
+    got = generate_body(body)
+    assert got["token_ids"] == [1, 2] and got["sampling_params"]["seed"] == 5
+    assert "top_k" not in got["sampling_params"] and got["output_mode"] == "tokens"
