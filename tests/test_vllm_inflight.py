@@ -56,7 +56,8 @@ def _engine(url: str, model, tok):
     from rlvr.rollout import EngineSite, build_engine
 
     cfg = load_config(overrides=["--rollout.engine=vllm", "--rollout.vllm.mode=server",
-                                 f"--rollout.vllm.urls={url}", "--train.inflight_updates=true"])  # fmt: skip
+                                 f"--rollout.vllm.urls={url}", "--train.inflight_updates=true",
+                                 "--train.max_staleness=1", "--algo.rollout_correction=token"])  # fmt: skip
     return build_engine(cfg, model, tok, EngineSite(max_model_len=LENGTH, max_rows=8))
 
 
