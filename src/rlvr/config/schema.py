@@ -279,6 +279,10 @@ class TrainConfig:
     max_staleness: the policy versions a trained sample may lag behind (0 = on-policy); k > 0
         trains step t on the batch sampled k steps earlier (docs/algorithms.md#bounded-staleness)
         and needs algo.rollout_correction or algo.rollout_bypass.
+    inflight_updates: with rollout.engine=vllm and rollout.vllm.mode=server, after each optimiser
+        step the servers are paused in keep mode, get the new weights and resume: responses in
+        flight carry on with them, and every response token records the policy version that
+        computed it (docs/async.md#in-flight-updates).
     """
 
     max_steps: int = 100
@@ -298,6 +302,7 @@ class TrainConfig:
     max_bad_steps: int = 3
     entropy_floor: float = 0.01
     max_staleness: int = 0
+    inflight_updates: bool = False
 
 
 @dataclass(frozen=True)

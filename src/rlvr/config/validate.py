@@ -172,6 +172,21 @@ def _validate_staleness(cfg: Config) -> None:
     weights or bypass's ratio; never the ratio 1 of the live log-probs."""
     k, a = cfg.train.max_staleness, cfg.algo
     check(k >= 0, "train.max_staleness", ">= 0", k)
+    r = cfg.rollout
+    check(
+        not cfg.train.inflight_updates or (r.engine == "vllm" and r.vllm.mode == "server"),
+        "train.inflight_updates",
+        "false unless rollout.engine=vllm and rollout.vllm.mode=server (weights are updated in "
+        f"flight on vLLM servers; got rollout.engine={r.engine}, rollout.vllm.mode={r.vllm.mode})",
+        True,
+    )
+    check(
+        not cfg.train.inflight_updates or k >= 1,
+        "train.max_staleness",
+        ">= 1 with train.inflight_updates (the oldest token a trained sample may hold, in "
+        "policy versions: responses in flight span pushes)",
+        k,
+    )
     if k == 0:
         return
     check(

@@ -62,6 +62,8 @@ class Rollout:
     sampling_log_probs: (B, T) the engine's own log-probs of the sampled tokens, if it has them
         (diagnostics only: old log-probs always come from the trainer's forward,
         docs/algorithms.md#old-and-reference-log-probs).
+    token_versions: (B, T) long, each sampled token's policy version (the weights that computed
+        its logits), where the engine reports them (vLLM servers with train.inflight_updates).
 
     With tools (docs/tools.md) a response is the whole conversation after the prompt: the
     model's turns and the tool turns between them, in one row. `lengths` counts both, and
@@ -76,6 +78,7 @@ class Rollout:
     truncated: torch.Tensor
     group_size: int
     sampling_log_probs: torch.Tensor | None = None
+    token_versions: torch.Tensor | None = None
     tool_mask: torch.Tensor | None = None
     tool_calls: torch.Tensor | None = None
     tool_errors: torch.Tensor | None = None

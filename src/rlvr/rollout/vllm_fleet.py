@@ -183,8 +183,10 @@ class Fleet:
         results = self._wait(futures, doing)
         return [results[f] for f in futures]
 
-    def generate(self, groups: list[list[dict]], doing: str) -> list[list[dict]]:
-        """Each group's `/v1/completions` bodies answered, a group's on one server (module
+    def generate(
+        self, groups: list[list[dict]], doing: str, path: str = "/v1/completions"
+    ) -> list[list[dict]]:
+        """Each group's request bodies to `path` answered, a group's on one server (module
         doc); the answers in the groups' order."""
         out: list[list[dict] | None] = [None] * len(groups)
         todo = list(range(len(groups)))
@@ -195,14 +197,16 @@ class Fleet:
             for g in todo:
                 server = min(self.live, key=lambda s: s.rows)
                 server.rows += len(groups[g])
-                f = asyncio.run_coroutine_threadsafe(self._group(server, groups[g]), self.loop)
+                f = asyncio.run_coroutine_threadsafe(
+                    self._group(server, groups[g], path), self.loop
+                )
                 futures[f] = (g, server)
             down: list[ServerDown] = []
             try:
                 results = self._wait({f: s for f, (_, s) in futures.items()}, doing, down=down)
-            finally:
-                for _, server in futures.values():
-                    server.rows = 0
+            finally:  # (rows sent without waiting, `vllm_inflight.submit`, stay counted)
+                for g, server in futures.values():
+                    server.rows -= len(groups[g])
             for f, answers in results.items():
                 out[futures[f][0]] = answers
             todo = [g for f, (g, _) in futures.items() if f not in results]
@@ -220,12 +224,8 @@ class Fleet:
         print(f"warning: {error}; its work goes to the other servers ({len(self.live)} left)",
               file=sys.stderr)  # fmt: skip
 
-    async def _group(self, server: Server, bodies: list[dict]) -> list[dict]:
-        return list(
-            await asyncio.gather(
-                *(self._call(server, "POST", "/v1/completions", b) for b in bodies)
-            )
-        )
+    async def _group(self, server: Server, bodies: list[dict], path: str) -> list[dict]:
+        return list(await asyncio.gather(*(self._call(server, "POST", path, b) for b in bodies)))
 
     def close(self) -> None:
         """Stop the heartbeat, close the connections, end the loop thread (idempotent)."""

@@ -6,7 +6,9 @@ dev mode opens `/collective_rpc`, which calls worker methods, so a launched serv
 listens beyond loopback. Environment: `VLLM_SERVER_DEV_MODE=1` (the RL routes), none of
 torchrun's rendezvous variables. Flags: `--logprobs-mode processed_logprobs` (the sampled
 tokens' log-probs after temperature, as the trainer computes them), `--weight-transfer-config`
-naming the backend (`rlvr.rollout.vllm_weights`), and on the CPU `--enforce-eager
+naming the backend (`rlvr.rollout.vllm_weights`), `--enable-scale-out` (the token-in
+token-out `/inference/v1/generate`, whose answers carry each token's weight version: in-flight
+updates, `vllm_inflight`), and on the CPU `--enforce-eager
 --no-enable-chunked-prefill --kv-cache-memory-bytes N` (seeded requests break under chunked
 prefill on the 0.32 CPU runner; the cache sized from the run as the colocated engine's).
 Placement: the CPUs of `rollout.vllm.cpus`, split evenly in order among the servers (process
@@ -83,7 +85,7 @@ def command(plan: LaunchPlan, port: int, gpus: int) -> list[str]:
     argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", plan.model,
             "--host", "127.0.0.1", "--port", str(port), "--dtype", plan.dtype,
             "--max-model-len", str(plan.max_model_len), "--seed", "0",
-            "--logprobs-mode", "processed_logprobs",
+            "--logprobs-mode", "processed_logprobs", "--enable-scale-out",
             "--weight-transfer-config", json.dumps({"backend": plan.backend})]  # fmt: skip
     if gpus:
         return [*argv, "--gpu-memory-utilization", str(plan.memory),

@@ -25,6 +25,11 @@ waits until the batch is in. Each sample's behaviour log-prob is the server's
 (`sampling_log_probs`), its version the pipeline's, so `algo.rollout_correction` weighs a
 stale sample by the servers' own mu.
 
+In flight (`train.inflight_updates`, `vllm_inflight`). Each push pauses the servers in keep
+mode, sends the weights and resumes them, so a response may span several versions; requests
+go to `/inference/v1/generate`, whose answers give each token's weight version
+(`Rollout.token_versions`). Nothing is pinned: the push never waits for a batch.
+
 Faults. Every wait is bounded by the servers' heartbeats (`vllm_fleet`): a server silent for
 `rollout.vllm.timeout` seconds ends the run with a `VLLMServerError` naming its URL and what
 it was doing, or, with others alive, has its groups sent to them (a warning, and
@@ -35,6 +40,7 @@ from __future__ import annotations
 
 import contextlib
 import socket
+import time
 from urllib.parse import urlsplit
 
 import torch
@@ -68,11 +74,14 @@ class VLLMServerEngine(EngineDefaults):
     pins_weights = True  # a push waits while a batch ahead is sampled (`pinned`)
     resident_bytes = 0  # nothing of it lives in the trainer's memory
 
-    def __init__(self, model, *, pad_id: int, eos_ids: list[int], settings, site, temperature):
+    def __init__(self, model, *, pad_id: int, eos_ids: list[int], settings, site, temperature,
+                 inflight: bool = False):  # fmt: skip
         if site.tools is not None:
             raise EngineError("rollout.vllm.mode=server: tools are not supported in server mode")
         self.model, self.pad_id, self.eos_ids = model, pad_id, list(eos_ids)
         self.site, self.temperature = site, temperature
+        self.inflight = inflight  # pushes pause the servers in keep mode (`vllm_inflight`)
+        self.paused_s = 0.0  # seconds the servers spent paused for pushes, since the last step
         device = site.device or next(model.parameters()).device
         self.dtype = vllm_dtype(next(model.parameters()).dtype, site.autocast, settings.dtype)
         self.backend = "nccl" if torch.device(device).type == "cuda" else "rlvr_http"
@@ -100,7 +109,8 @@ class VLLMServerEngine(EngineDefaults):
     @classmethod
     def from_config(cls, model, *, pad_id: int, eos_ids: list[int], cfg, site):
         return cls(model, pad_id=pad_id, eos_ids=eos_ids, settings=cfg.rollout.vllm, site=site,
-                   temperature=cfg.rollout.temperature)  # fmt: skip
+                   temperature=cfg.rollout.temperature,
+                   inflight=cfg.train.inflight_updates)  # fmt: skip
 
     # -- start ------------------------------------------------------------------------
 
@@ -181,7 +191,7 @@ class VLLMServerEngine(EngineDefaults):
         """After an optimiser step: every live server gets the policy's weights, at once or,
         while a batch ahead is sampled (`pinned`), when it is in."""
         self.version += 1
-        if self._pins:
+        if self._pins and not self.inflight:
             self._stale = True
         else:
             self._push()
@@ -191,6 +201,9 @@ class VLLMServerEngine(EngineDefaults):
         """The servers keep the weights they have while the caller's batch ahead is sampled
         (on another thread, beside the trainer's update): the updates made meanwhile reach
         them when the last pin ends."""
+        if self.inflight:  # pushes go to the requests in flight
+            yield
+            return
         self._pins += 1
         try:
             yield
@@ -218,6 +231,17 @@ class VLLMServerEngine(EngineDefaults):
         return [s.url for s in self.fleet.live]
 
     def _send_all(self) -> None:
+        if not self.inflight:
+            self._send_each()
+            return
+        from rlvr.rollout.vllm_inflight import paused
+
+        t0 = time.perf_counter()
+        with paused(self.fleet, f"the push of weight version {self.version}"):
+            self._send_each()
+        self.paused_s += time.perf_counter() - t0
+
+    def _send_each(self) -> None:
         version = str(self.version)
         for server in list(self.fleet.live):
             try:
@@ -292,39 +316,61 @@ class VLLMServerEngine(EngineDefaults):
             body["top_k"] = top_k
         return body
 
+    def _bodies(self, prompt: list[int], seeds: list[int], params: SamplingParams) -> list[dict]:
+        """A prompt's group: one request body per seed."""
+        temperature = 0.0 if params.greedy else params.temperature
+        shared = {"max_tokens": params.max_new_tokens, "temperature": temperature,
+                  "top_p": params.top_p, "top_k": params.top_k,
+                  "min_tokens": params.min_new_tokens}  # fmt: skip
+        return [self._body(prompt, seed=seed, **shared) for seed in seeds]
+
     def generate(self, prompt_ids: list[list[int]], params: SamplingParams) -> Rollout:
         seeds = sample_seeds(params, len(prompt_ids))
-        temperature = 0.0 if params.greedy else params.temperature
-        groups = [
-            [
-                self._body(
-                    prompt,
-                    seed=seed,
-                    max_tokens=params.max_new_tokens,
-                    temperature=temperature,
-                    top_p=params.top_p,
-                    top_k=params.top_k,
-                    min_tokens=params.min_new_tokens,
-                )
-                for seed in prompt_seeds
-            ]
-            for prompt, prompt_seeds in zip(prompt_ids, seeds)
-        ]
-        answers = self.fleet.generate(groups, f"generating {len(prompt_ids) * params.n} rows")
-        rows = [_choice(a) for group in answers for a in group]
+        groups = [self._bodies(p, s, params) for p, s in zip(prompt_ids, seeds)]
+        doing = f"generating {len(prompt_ids) * params.n} rows"
+        if not self.inflight:
+            answers = self.fleet.generate(groups, doing)
+            rows = [_choice(a) for group in answers for a in group]
+            return rollout_from_rows(prompt_ids, rows, params.n, self.pad_id, self.eos_ids)
+        from rlvr.rollout.vllm_inflight import GENERATE, generate_body, generated
+
+        groups = [[generate_body(b) for b in group] for group in groups]
+        answers = self.fleet.generate(groups, doing, path=GENERATE)
+        rows = [generated(a) for group in answers for a in group]
         return rollout_from_rows(prompt_ids, rows, params.n, self.pad_id, self.eos_ids)
+
+    def submit(self, prompt: list[int], params: SamplingParams):
+        """train.inflight_updates: one prompt's group sent without waiting; the future of its
+        answers and the server (`vllm_inflight.submit`), read with `group_rollout`."""
+        from rlvr.rollout.vllm_inflight import generate_body, submit
+
+        bodies = [
+            generate_body(b) for b in self._bodies(prompt, sample_seeds(params, 1)[0], params)
+        ]
+        return submit(self.fleet, bodies)
+
+    def group_rollout(self, prompt: list[int], answers: list[dict]) -> Rollout:
+        """The `Rollout` of one submitted group's answers, with each token's version."""
+        from rlvr.rollout.vllm_inflight import generated
+
+        rows = [generated(a) for a in answers]
+        return rollout_from_rows([prompt], rows, len(rows), self.pad_id, self.eos_ids)
 
     def release(self) -> None:
         """Nothing of the servers lives in the trainer's memory."""
 
     def step_metrics(self) -> dict[str, float]:
         """`rollout/vllm_failovers`: servers lost so far, their work sent to others;
-        `rollout/vllm_retries`: requests sent again after their connection failed."""
+        `rollout/vllm_retries`: requests sent again after their connection failed; in flight,
+        `time/push_paused`: the seconds the servers were paused for the last push."""
         fleet = self.fleet
-        return {
+        out = {
             "rollout/vllm_failovers": float(fleet.failovers if fleet else 0),
             "rollout/vllm_retries": float(fleet.retries if fleet else 0),
         }
+        if self.inflight:  # the servers' only idle time in flight: paused for the last push
+            out["time/push_paused"], self.paused_s = self.paused_s, 0.0
+        return out
 
     def close(self) -> None:
         """Stop the heartbeat and the servers rlvr launched (idempotent)."""
@@ -350,15 +396,20 @@ def _choice(answer: dict) -> tuple[list[int], list[float]]:
 
 
 def rollout_from_rows(prompt_ids, rows, n: int, pad_id: int, eos_ids: list[int]) -> Rollout:
-    """A `Rollout` from (token ids, log-probs) per row, prompt-major."""
-    width = max((len(ids) for ids, _ in rows), default=0)
+    """A `Rollout` from (token ids, log-probs) or (token ids, log-probs, weight versions)
+    per row, prompt-major."""
+    width = max((len(row[0]) for row in rows), default=0)
     ids_t = torch.full((len(rows), width), pad_id, dtype=torch.long)
     lp = torch.zeros((len(rows), width))
-    for i, (ids, logprobs) in enumerate(rows):
+    versioned = bool(rows) and len(rows[0]) == 3
+    versions = torch.zeros((len(rows), width), dtype=torch.long) if versioned else None
+    for i, (ids, logprobs, *rest) in enumerate(rows):
         ids_t[i, : len(ids)] = torch.tensor(ids, dtype=torch.long)
         lp[i, : len(ids)] = torch.tensor(logprobs[: len(ids)])
+        if versions is not None:
+            versions[i, : len(ids)] = torch.tensor(rest[0], dtype=torch.long)
     lengths, truncated = lengths_from_eos(ids_t, eos_ids)
-    lengths = torch.minimum(lengths, torch.tensor([len(ids) for ids, _ in rows], dtype=torch.long))
+    lengths = torch.minimum(lengths, torch.tensor([len(row[0]) for row in rows], dtype=torch.long))
     return Rollout(
         prompt_ids=[p for p in prompt_ids for _ in range(n)],
         completion_ids=ids_t,
@@ -366,6 +417,7 @@ def rollout_from_rows(prompt_ids, rows, n: int, pad_id: int, eos_ids: list[int])
         truncated=truncated,
         group_size=n,
         sampling_log_probs=lp,
+        token_versions=versions,
     )
 
 

@@ -37,6 +37,15 @@ class Sample:
     tool_mask: torch.Tensor | None = None
     version: int = 0  # the policy version that sampled it: steps trained before its rollout
     reward_terms: dict[str, float] | None = None  # each reward term's score by name (GDPO)
+    # (length,) long: each token's policy version, the weights that computed its logits, where
+    # the engine reports them (train.inflight_updates); None: every token has `version`
+    token_versions: torch.Tensor | None = None
+
+    @property
+    def oldest(self) -> int:
+        """The policy version of its oldest token (`version` where tokens carry none)."""
+        tv = self.token_versions
+        return int(tv.min()) if tv is not None and tv.numel() else self.version
 
     def model_mask(self, width: int) -> torch.Tensor:
         """(width,) bool: the response's own tokens (EOS included), not tool tokens or padding."""
@@ -137,6 +146,14 @@ class Batch:
             if self.samples
             else (torch.zeros((0, width), dtype=torch.bool))
         )
+
+    def token_versions(self, width: int) -> torch.Tensor | None:
+        """(N, width) long: each token's policy version, 0 past each length; None unless every
+        sample has them."""
+        rows = [s.token_versions for s in self.samples]
+        if not rows or any(r is None for r in rows):
+            return None
+        return _pad_rows(rows, width).long()
 
     def sampling_log_probs(self, width: int) -> torch.Tensor | None:
         """(N, width) the engine's log-probs, 0 past each length; None where it has none."""

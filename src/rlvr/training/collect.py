@@ -230,6 +230,9 @@ def _groups(rows: list[Prompt], rollout: Rollout, scores: Scores, G: int) -> lis
                 sampling_log_probs=None
                 if engine_lp is None
                 else engine_lp[i, : rollout.lengths[i]],
+                token_versions=None
+                if rollout.token_versions is None
+                else rollout.token_versions[i, : rollout.lengths[i]],
                 tool_mask=None
                 if rollout.tool_mask is None
                 else rollout.tool_mask[i, : rollout.lengths[i]],

@@ -149,6 +149,7 @@ def micro_inputs(
     # (docs/algorithms.md), and the detached log-probs save a forward pass.
     old = to_width(micro.old_log_probs, T, device)
     behaviour = micro.sampling_log_probs(T)
+    versions = micro.token_versions(T)
     old = rc.bypass_old_log_probs(behaviour, mask, device) if algo.bypass else old
     old = old if old is not None else log_probs.detach()
     inputs = LossInputs(
@@ -159,6 +160,7 @@ def micro_inputs(
         # a dummy has no reference; with the KL in the reward (PPO) the loss has none
         ref_log_probs=to_width(micro.ref_log_probs, T, device),
         behaviour_log_probs=behaviour.to(device) if behaviour is not None else None,
+        behaviour_versions=versions.to(device) if versions is not None else None,
         entropy=entropy.detach(),
         num_tokens=u.num_tokens,
         num_sequences=u.num_sequences,

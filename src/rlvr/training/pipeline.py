@@ -33,6 +33,10 @@ batches are too; only the wall clock differs. Each batch carries the wall-clock 
 production started and ended (`time/gen_start`, `time/gen_end`), and `settle` reports the
 time the trainer waited for the batch (`time/gen_wait`) or the batch for the trainer
 (`time/train_wait`).
+
+Under `train.inflight_updates` the run's pipeline is `rlvr.training.inflight.Inflight` instead
+(same `next`, `settle`, `state`): generation never stops and a step takes the first groups to
+complete, each token with its own version.
 """
 
 from __future__ import annotations

@@ -246,7 +246,7 @@ def setup(
         collect_settings=CollectSettings.from_config(cfg),
         update_settings=UpdateSettings.from_config(cfg),
         critic_context=CriticContext.from_config(cfg, tokenizer.pad_token_id, device, d),
-        pipeline=Pipeline(cfg.train.max_staleness, max_steps=cfg.train.max_steps),
+        pipeline=_pipeline(cfg, None),
         agents=agents,
         teacher=teacher,
     )
@@ -352,9 +352,7 @@ def _resume(run: Run, checkpoint: Path, state: dict, console: Console) -> dict:
     load_optimizer_state(run.policy.model, run.optimizer, state["optimizer"])
     run.scheduler.load_state_dict(state["scheduler"])
     run.sampler.position = state["sampler_position"]
-    run.pipeline = Pipeline.from_state(
-        cfg.train.max_staleness, state.get("pipeline"), cfg.train.max_steps
-    )
+    run.pipeline = _pipeline(cfg, state.get("pipeline"))
     set_rng_state(state["rng"])
     if d.is_main:
         for name in ("metrics.jsonl", "samples.jsonl"):
@@ -376,3 +374,14 @@ def _cpu_backend(policy: Policy, cfg: Config) -> cpu.Backend:
 
 def _quiet(*_args) -> None:
     pass
+
+
+def _pipeline(cfg: Config, state: list | None):
+    """The batches produced ahead (train.max_staleness), or the groups in flight
+    (train.inflight_updates, `rlvr.training.inflight`), from a checkpoint's `state` if any."""
+    t = cfg.train
+    if t.inflight_updates:
+        from rlvr.training.inflight import Inflight
+
+        return Inflight(t.max_staleness, t.max_steps, resend=state)
+    return Pipeline.from_state(t.max_staleness, state, t.max_steps)
