@@ -50,9 +50,9 @@ from rlvr.rollout.base import (
     EngineError,
     Rollout,
     SamplingParams,
-    lengths_from_eos,
 )
 from rlvr.rollout.vllm import sample_seeds, vllm_dtype
+from rlvr.rollout.vllm_answers import choice, rollout_from_rows
 from rlvr.rollout.vllm_fleet import Fleet, ServerDown, VLLMServerError, WeightClient
 from rlvr.rollout.vllm_host import kv_cache_bytes
 from rlvr.rollout.vllm_ranks import follow, on_main
@@ -277,7 +277,7 @@ class VLLMServerEngine(EngineDefaults):
         body = self._body(prompt, seed=1234, max_tokens=CHECK_TOKENS, temperature=self.temperature)  # fmt: skip
         body["ignore_eos"] = True
         doing = f"checking its log-probs (weight version {self.version})"
-        ids, server_lp = _choice(self.fleet.call(server, doing, "POST", "/v1/completions", body))
+        ids, server_lp = choice(self.fleet.call(server, doing, "POST", "/v1/completions", body))
         diff = (self._trainer_log_probs(prompt, ids) - torch.tensor(server_lp)).abs()
         value = float(diff.max() if how == "max" else diff.mean())
         if not value <= limit:
@@ -330,7 +330,7 @@ class VLLMServerEngine(EngineDefaults):
         doing = f"generating {len(prompt_ids) * params.n} rows"
         if not self.inflight:
             answers = self.fleet.generate(groups, doing)
-            rows = [_choice(a) for group in answers for a in group]
+            rows = [choice(a) for group in answers for a in group]
             return rollout_from_rows(prompt_ids, rows, params.n, self.pad_id, self.eos_ids)
         from rlvr.rollout.vllm_inflight import GENERATE, generate_body, generated
 
@@ -385,40 +385,6 @@ class VLLMServerEngine(EngineDefaults):
     def __del__(self):
         with contextlib.suppress(Exception):
             self.close()
-
-
-def _choice(answer: dict) -> tuple[list[int], list[float]]:
-    """The sampled token ids and their log-probs of a one-choice completion."""
-    choice = answer["choices"][0]
-    ids = list(choice["token_ids"] or [])
-    logprobs = (choice.get("logprobs") or {}).get("token_logprobs") or [0.0] * len(ids)
-    return ids, [float(x) for x in logprobs]
-
-
-def rollout_from_rows(prompt_ids, rows, n: int, pad_id: int, eos_ids: list[int]) -> Rollout:
-    """A `Rollout` from (token ids, log-probs) or (token ids, log-probs, weight versions)
-    per row, prompt-major."""
-    width = max((len(row[0]) for row in rows), default=0)
-    ids_t = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    lp = torch.zeros((len(rows), width))
-    versioned = bool(rows) and len(rows[0]) == 3
-    versions = torch.zeros((len(rows), width), dtype=torch.long) if versioned else None
-    for i, (ids, logprobs, *rest) in enumerate(rows):
-        ids_t[i, : len(ids)] = torch.tensor(ids, dtype=torch.long)
-        lp[i, : len(ids)] = torch.tensor(logprobs[: len(ids)])
-        if versions is not None:
-            versions[i, : len(ids)] = torch.tensor(rest[0], dtype=torch.long)
-    lengths, truncated = lengths_from_eos(ids_t, eos_ids)
-    lengths = torch.minimum(lengths, torch.tensor([len(row[0]) for row in rows], dtype=torch.long))
-    return Rollout(
-        prompt_ids=[p for p in prompt_ids for _ in range(n)],
-        completion_ids=ids_t,
-        lengths=lengths,
-        truncated=truncated,
-        group_size=n,
-        sampling_log_probs=lp,
-        token_versions=versions,
-    )
 
 
 def local_address(url: str) -> str:
