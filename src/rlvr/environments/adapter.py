@@ -12,7 +12,8 @@ it is one of its own.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -69,3 +70,83 @@ def adapter_module(kind: str):
                 f'pip install "rlvr[{extra}]"'
             ) from None
         raise
+
+
+def _modules_present():
+    """(kind, module) of every kind whose adapter module and package import."""
+    for kind in KINDS:
+        try:
+            yield kind, adapter_module(kind)
+        except ConfigError:  # its package is not installed: not a kind of this object
+            continue
+        except ModuleNotFoundError as e:
+            if e.name != KINDS[kind][0]:
+                raise
+
+
+def adapt(cfg, environment: Any = None) -> Adapted | None:
+    """The run's environment: `environment` (an object, or a "KIND:TARGET" string) handed in
+    by the Python API, else env.environment; None when neither. A spec is adapted by its
+    kind's module; an object by the first kind whose `accepts` takes it."""
+    spec = environment if isinstance(environment, str) else None
+    if environment is None:
+        spec = cfg.env.environment
+        if spec is None:
+            return None
+    if spec is not None:
+        kind, target = split_spec(spec)
+        return _closed_once(adapter_module(kind).adapt(target, cfg))
+    for _kind, module in _modules_present():
+        if module.accepts(environment):
+            return _closed_once(module.adapt(environment, cfg))
+    raise ConfigError(
+        f"environment: expected a `verifiers.v1` Env, an OpenEnv environment or a "
+        f'"KIND:TARGET" string (KIND one of {sorted(KINDS)}), got {type(environment).__name__} '
+        f'(the package of its kind may be missing: pip install "rlvr[verifiers]" or '
+        f'"rlvr[openenv]")'
+    )
+
+
+def _closed_once(adapted: Adapted) -> Adapted:
+    """`adapted` whose close runs once however often it is called."""
+    close, done = adapted.close, threading.Event()
+
+    def once() -> None:
+        if not done.is_set():
+            done.set()
+            close()
+
+    adapted.close = once
+    return adapted
+
+
+def weighted_reward(value: Any, weights: dict[str, float] | None) -> tuple[float, dict[str, float]]:
+    """An agent's reward as (the reward trained on, its named terms): a number as it is (no
+    terms); under `weights`, a mapping of exactly the weighted terms, each a finite number,
+    summed with their weights. Anything else is an AgentFault naming the term."""
+    from rlvr.environments.recorder import AgentFault
+    from rlvr.environments.runner import check_reward
+
+    if weights is None:
+        return check_reward(value), {}
+    if not isinstance(value, Mapping):
+        raise AgentFault(
+            "non_numeric",
+            f"returned {type(value).__name__} {value!r:.80}, expected a mapping of the reward "
+            f"terms {sorted(weights)}",
+        )
+    missing = [k for k in weights if k not in value]
+    if missing:
+        raise AgentFault("missing_term", f"returned no value for the reward terms {missing}")
+    unknown = [k for k in value if k not in weights]
+    if unknown:
+        raise AgentFault(
+            "unknown_term", f"returned the reward terms {unknown}, not among {sorted(weights)}"
+        )
+    terms = {}
+    for name, v in value.items():
+        try:
+            terms[str(name)] = check_reward(v)
+        except AgentFault as fault:
+            raise AgentFault(fault.kind, f"term {name!r}: {fault}") from None
+    return sum(w * terms[k] for k, w in weights.items()), terms

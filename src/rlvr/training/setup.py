@@ -77,6 +77,7 @@ class Given:
     callback_args: object | None = None
     logging_steps: int = 1
     agent: Callable | None = None  # env.agent's function
+    environment: object | None = None  # env.environment's object or "KIND:TARGET"
 
 
 @dataclass
@@ -206,19 +207,40 @@ def setup(
     except ValueError as e:
         raise ConfigError(str(e)) from None
     backend = _cpu_backend(policy, cfg)
-    source = load_prompts(cfg, tokenizer, getattr(model.config, "max_position_embeddings", None))
+    adapted = adapt_environment(cfg, given)  # before the prompts: its rows are the prompts
+    try:
+        return _build(cfg, d, device, given, tokenizer, policy, backend, adapted, run_dir,
+                      checkpoint, state, resume_dir, console)  # fmt: skip
+    except BaseException:
+        if adapted is not None:  # closed once, by the agents when they hold it
+            adapted.close()
+        raise
+
+
+def _build(cfg, d, device, given, tokenizer, policy, backend, adapted, run_dir, checkpoint,
+           state, resume_dir, console):  # fmt: skip
+    """setup's rest, from the prompts on."""
+    model = policy.model
+    source = environment_prompts(cfg, tokenizer, model, adapted)
     if d.is_main and dropped_note(source):
         console.print(dropped_note(source))
     module = wrap(model, d, device, cfg.train.parallel)  # before the optimiser: FSDP2 shards
     optimizer, scheduler = _optimizer(cfg, model)
-    agent = given.agent is not None or cfg.env.agent is not None  # the agent runs the tools
+    # the agent runs the tools
+    agent = given.agent is not None or cfg.env.agent is not None or adapted is not None
     toolbox = None if agent else build_toolbox(cfg, source, tokenizer, given)
     site = replace(engine_site(cfg, model, device, d, backend, source), tools=toolbox)
     if agent:  # an agent's later turns hold its context: the engine takes the model's length
         site = replace(site, max_model_len=None)
     engine = build_engine(cfg, model, tokenizer, site)
-    agents = build_agents(cfg, engine, tokenizer, model, source, given.agent)
-    scorer = Scorer.build(cfg, source.task, given.reward_functions, has_answer=source.has_answer)
+    agents = build_agents(cfg, engine, tokenizer, model, source, given.agent, adapted)
+    scorer = Scorer.build(
+        cfg,
+        source.task,
+        given.reward_functions,
+        has_answer=source.has_answer,
+        scored_by_agents=adapted is not None,
+    )
     algorithm = Algorithm.from_config(cfg)  # built once, passed to every stage
     teacher = None
     if algorithm.distills:  # refused (another tokenizer) before the run directory is written
@@ -263,6 +285,49 @@ def setup(
         if resume_dir is None and d.is_main:
             discard_unstarted(run_dir)
         raise
+
+
+def adapt_environment(cfg: Config, given: Given):
+    """The run's environment (`rlvr.environments.adapter.Adapted`), None without one;
+    beside it, an agent or a dataset is refused by name."""
+    from rlvr.environments.adapter import adapt
+
+    if given.environment is None and cfg.env.environment is None:
+        return None
+    where = "environment" if given.environment is not None else "env.environment"
+    if given.agent is not None or cfg.env.agent is not None:
+        raise ConfigError(f"{where}: not with an agent (env.agent / agent=): the environment "
+                          "drives the rollouts; give one of the two")  # fmt: skip
+    if cfg.data.path is not None:
+        raise ConfigError(f"{where}: not with a dataset (data.path / train_dataset): the "
+                          "environment gives the prompts; give one of the two")  # fmt: skip
+    return adapt(cfg, given.environment)
+
+
+def environment_prompts(cfg: Config, tokenizer, model, adapted) -> PromptSource:
+    """The run's prompts: the environment's rows (loaded as a dataset file would be, from a
+    file of their own that is gone once read), else the config's data. Its held-out rows
+    are evaluated only where reward.accuracy names a reward that scores them (rlvr's own
+    rollouts evaluate; the environment scores training rollouts only)."""
+    import tempfile
+
+    from rlvr.api.inputs import rows_text
+
+    context = getattr(model.config, "max_position_embeddings", None)
+    if adapted is None:
+        return load_prompts(cfg, tokenizer, context)
+    evaluated = adapted.eval_rows and cfg.reward.accuracy not in ("task", "none")
+    with tempfile.TemporaryDirectory(prefix="rlvr-environment-") as tmp:
+        paths = {}
+        for stem, rows in (("train", adapted.train_rows), ("eval", adapted.eval_rows)):
+            if rows and (stem == "train" or evaluated):
+                paths[stem] = Path(tmp) / f"{stem}.jsonl"
+                paths[stem].write_text(rows_text(rows, f"{adapted.kind} {stem} rows"), "utf-8")
+        if "train" not in paths:
+            raise ConfigError(f"env.environment: the {adapted.kind} environment has no rows")
+        data = replace(cfg.data, path=str(paths["train"]), eval_path=paths.get("eval"))
+        source = load_prompts(replace(cfg, data=data), tokenizer, context)
+    return replace(source, name=f"{adapted.kind} environment")
 
 
 def _prepared(cfg: Config, d: Dist, resume: bool) -> Path:
