@@ -81,10 +81,15 @@ class ChatHarness(vf.Harness[ChatHarnessConfig]):
         messages = [{"role": "system", "content": system}] if system else []
         messages += [{"role": "user", "content": prompt}] if isinstance(prompt, str) else [
             m.model_dump(mode="json", exclude_none=True) for m in prompt or []]  # fmt: skip
-        async with openai.AsyncOpenAI(base_url=endpoint, api_key=secret, max_retries=0) as client:
+        # one timeout for every phase: a batch of 128 rollouts connecting at once on a busy
+        # 2-core host passed openai's 5 s connect timeout; the run's env.timeout bounds the call
+        client = openai.AsyncOpenAI(base_url=endpoint, api_key=secret, max_retries=0, timeout=300.0)
+        async with client:
             for turn in range(self.config.turns):
                 reply = await client.chat.completions.create(model=ctx.model, messages=messages)
-                messages.append({"role": "assistant", "content": reply.choices[0].message.content})
+                # the reply as returned (its reasoning_content too): verifiers then matches it
+                # to the sampled turn and the next prompt extends the sampled ids
+                messages.append(reply.choices[0].message.model_dump(exclude_none=True))
                 if turn + 1 < self.config.turns:
                     messages.append({"role": "user", "content": self.config.follow_up})
         return vf.ProgramResult(exit_code=0, stdout="", stderr="")

@@ -11,8 +11,9 @@ trains them (rlvr.environments.adapter).
 - The task's reward functions (`@vf.reward`, config-plugged `RewardFunctionConfig`s) and judges
   are the named reward terms, with their weights (`Adapted.reward_weights`); the trace's
   rewards (`trace.rewards`, scores before weighting) are what the agent returns.
-- One event loop of its own (a thread) holds the env's serving resources (`Env.serving()`:
-  shared tool servers, the interception server) for the whole run; `close` releases them.
+- One event loop (a thread, one for the process) holds the env's serving resources
+  (`Env.serving()`: shared tool servers, the interception server) for the whole run; `close`
+  releases them.
 """
 
 from __future__ import annotations
@@ -127,22 +128,30 @@ def _messages(data: vf.TaskData) -> list[dict[str, Any]]:
     return messages
 
 
+_LOOP: asyncio.AbstractEventLoop | None = None
+_LOOP_LOCK = threading.Lock()
+
+
+def _loop() -> asyncio.AbstractEventLoop:
+    """The process's one event loop for `verifiers` (a daemon thread): `renderers` and the
+    training client keep process-wide state (a renderer pool, asyncio locks) bound to the loop
+    that first used it, so a second run in the process must use the same loop."""
+    global _LOOP
+    with _LOOP_LOCK:
+        if _LOOP is None:
+            _LOOP = asyncio.new_event_loop()
+            threading.Thread(target=_LOOP.run_forever, name="rlvr-verifiers", daemon=True).start()
+        return _LOOP
+
+
 class _Serving:
-    """An event loop on a thread of its own inside `env.serving()`; `run` submits a
+    """`env.serving()` held on the process's verifiers loop for the run; `run` submits a
     coroutine to it from any thread and waits for it (the runner's agent threads)."""
 
     def __init__(self, env: vf.Env):
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(
-            target=self.loop.run_forever, name="rlvr-verifiers", daemon=True
-        )
-        self.thread.start()
+        self.loop = _loop()
         self.context = env.serving()
-        try:
-            self.run(self.context.__aenter__(), START_TIMEOUT_S)
-        except BaseException:
-            self._stop()
-            raise
+        self.run(self.context.__aenter__(), START_TIMEOUT_S)
 
     def run(self, coro, timeout: float):
         future = asyncio.run_coroutine_threadsafe(coro, self.loop)
@@ -153,11 +162,4 @@ class _Serving:
             raise TimeoutError(f"the verifiers episode passed {timeout:g}s") from None
 
     def close(self) -> None:
-        try:
-            self.run(self.context.__aexit__(None, None, None), START_TIMEOUT_S)
-        finally:
-            self._stop()
-
-    def _stop(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(30.0)
+        self.run(self.context.__aexit__(None, None, None), START_TIMEOUT_S)
