@@ -150,6 +150,17 @@ def test_cli_run_logs_each_named_term_and_resumes_only_when_named(tmp_path, caps
     assert [r["step"] for r in _metrics(run)] == [1, 2, 3]
 
 
+@pytest.mark.environments
+def test_the_python_api_takes_the_environment_object(tmp_path):
+    env = _example().load_environment()
+    config = {"rollout.prompts_per_step": 4, "rollout.group_size": 4, "train.max_steps": 1}
+    result = rlvr.train("rlvr-tiny", environment=env, config=config,
+                        output_dir=tmp_path / "run", show_progress=False)  # fmt: skip
+    (row,) = result.metrics
+    assert row["env/dropped"] == 0 and {"reward/correct", "reward/answer_tag"} <= set(row)
+    assert "environment: null" in (result.run_dir / "config.yaml").read_text()  # not a name
+
+
 def _runner_batch(turns: int, on_error: str = "raise"):
     """One generation batch of the example environment (3 prompts x 2 responses) through the
     agent runner on the built-in model; the verifiers episodes it ran, recorded."""
