@@ -8,7 +8,8 @@ framework is a dependency of rlvr (FastAPI and uvicorn come with vLLM only), and
 is one small JSON body answered after a generation, which a thread per connection serves.
 
 Each agent call has a base URL of its own, `http://127.0.0.1:PORT/rollouts/<id>/v1`, so any
-client that takes a base URL records into its rollout. Requests are generated in batches
+client that takes a base URL records into its rollout (or the shared `.../rollouts/model/v1`,
+the request's `model` being the rollout id). Requests are generated in batches
 (`rlvr.environments.batcher`) with the run's sampling (temperature, top-p, top-k: a request's
 own are ignored, the trained policy is the one that samples) and a completion budget of the
 request's `max_tokens` (or `max_completion_tokens`), at most `rollout.max_new_tokens`. A chat
@@ -38,6 +39,10 @@ ROUTE = re.compile(
     r"^/rollouts/([A-Za-z0-9_.-]+)/(?:v1/(chat/completions|completions|models)|inference/v1/(generate))$"
 )
 MAX_BODY = 16 << 20  # bytes of one request's JSON
+# `/rollouts/model/v1`: one base URL for every rollout, each request's `model` naming its
+# rollout id; for clients cached by base URL (verifiers keeps one client per distinct endpoint
+# config for as long as its server runs: a URL per rollout would hold one per rollout)
+BY_MODEL = "model"
 
 
 class _Server(ThreadingHTTPServer):
@@ -100,6 +105,10 @@ class Endpoint:
     def base_url(self, rid: str) -> str:
         return f"http://127.0.0.1:{self.port}/rollouts/{rid}/v1"
 
+    def shared_base_url(self) -> str:
+        """The base URL of every rollout, each request naming its rollout id as `model`."""
+        return self.base_url(BY_MODEL)
+
     def close(self) -> None:
         if self._closed:
             return
@@ -148,6 +157,8 @@ class Endpoint:
             raise BadRequest(HTTPStatus.BAD_REQUEST, f"the body is not JSON: {e}") from None
         if not isinstance(request, dict):
             raise BadRequest(HTTPStatus.BAD_REQUEST, "the body must be a JSON object")
+        if rid == BY_MODEL:  # the shared base URL: the request's model names the rollout
+            rid = str(request.get("model"))
         trace = self.recorder.trace(rid)
         if trace is None or trace.closed:
             raise BadRequest(

@@ -7,7 +7,9 @@ trains them (rlvr.environments.adapter).
   env's harness program talks to its interception server, which calls the model through the
   training client (`TrainClientConfig`): it renders the conversation to token ids with the
   `renderers` package and posts them to the run's endpoint at `inference/v1/generate` (vLLM's
-  token route), ids in and sampled ids out, so the trained ids are the sampled ids.
+  token route), ids in and sampled ids out, so the trained ids are the sampled ids. Every
+  rollout has the same client config (the endpoint's shared base URL, `model` naming the
+  rollout): `verifiers` keeps one client per distinct config while its server runs.
 - The task's reward functions (`@vf.reward`, config-plugged `RewardFunctionConfig`s) and judges
   are the named reward terms, with their weights (`Adapted.reward_weights`); the trace's
   rewards (`trace.rewards`, scores before weighting) are what the agent returns.
@@ -27,6 +29,7 @@ import verifiers.v1 as vf
 
 from rlvr.config.schema import ConfigError
 from rlvr.environments.adapter import Adapted
+from rlvr.environments.endpoint import BY_MODEL
 
 START_TIMEOUT_S = 300.0  # the env's serving resources (tool servers, interception) coming up
 API_KEY_VAR = "RLVR_ENDPOINT_KEY"  # unset: the client sends "EMPTY", which the endpoint takes
@@ -58,14 +61,18 @@ def adapt(target_or_obj: Any, cfg) -> Adapted:
     loop = _Serving(env)
     from rlvr.models import resolve_model_path
 
-    client = dict(api_key_var=API_KEY_VAR, renderer_model_name=resolve_model_path(cfg.model.name_or_path))  # fmt: skip
+    renderer_model = resolve_model_path(cfg.model.name_or_path)
     timeout = cfg.env.timeout
 
     def agent(client_of_rollout, row: dict) -> dict[str, float]:
-        ctx = vf.ModelContext(
-            model=cfg.model.name_or_path,
-            client=vf.TrainClientConfig(base_url=str(client_of_rollout.base_url), **client),
-        )
+        # one client config for every rollout (verifiers keeps a client per distinct config
+        # while its server runs): the endpoint's shared base URL, the rollout named as `model`
+        head, _, rest = str(client_of_rollout.base_url).rstrip("/").rpartition("/rollouts/")
+        rid = rest.split("/", 1)[0]
+        config = vf.TrainClientConfig(base_url=f"{head}/rollouts/{BY_MODEL}/v1",
+                                      api_key_var=API_KEY_VAR,
+                                      renderer_model_name=renderer_model)  # fmt: skip
+        ctx = vf.ModelContext(model=rid, client=config)
         episode = loop.run(env.run_episode(tasks[row["vf_task"]], ctx), timeout)
         return episode_rewards(episode)
 
