@@ -301,7 +301,16 @@ def adapt_environment(cfg: Config, given: Given):
     if cfg.data.path is not None:
         raise ConfigError(f"{where}: not with a dataset (data.path / train_dataset): the "
                           "environment gives the prompts; give one of the two")  # fmt: skip
-    return adapt(cfg, given.environment)
+    adapted = adapt(cfg, given.environment)
+    if adapted is not None:
+        from rlvr.config.algorithm import reward_terms
+
+        taken = sorted(set(adapted.reward_weights or ()) & {*reward_terms(cfg), "accuracy"})
+        if taken:
+            adapted.close()
+            raise ConfigError(f"{where}: its reward terms {taken} have the names of the "
+                              "run's own terms (reward/<name>); rename them")  # fmt: skip
+    return adapted
 
 
 def environment_prompts(cfg: Config, tokenizer, model, adapted) -> PromptSource:
