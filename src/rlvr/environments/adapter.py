@@ -150,3 +150,57 @@ def weighted_reward(value: Any, weights: dict[str, float] | None) -> tuple[float
         except AgentFault as fault:
             raise AgentFault(fault.kind, f"term {name!r}: {fault}") from None
     return sum(w * terms[k] for k, w in weights.items()), terms
+
+
+def run_environment(cfg, environment: Any = None, agent: Callable | None = None):
+    """The run's `Adapted` environment (`environment` from the Python API, else
+    env.environment), None without one; beside it an agent, a dataset or a reward term named
+    as one of the run's own is refused by name before anything starts."""
+    from rlvr.config.algorithm import reward_terms
+
+    if environment is None and cfg.env.environment is None:
+        return None
+    where = "environment" if environment is not None else "env.environment"
+    if agent is not None or cfg.env.agent is not None:
+        raise ConfigError(f"{where}: not with an agent (env.agent / agent=): the environment "
+                          "drives the rollouts; give one of the two")  # fmt: skip
+    if cfg.data.path is not None:
+        raise ConfigError(f"{where}: not with a dataset (data.path / train_dataset): the "
+                          "environment gives the prompts; give one of the two")  # fmt: skip
+    adapted = adapt(cfg, environment)
+    taken = sorted(set(adapted.reward_weights or ()) & {*reward_terms(cfg), "accuracy"})
+    if taken:
+        adapted.close()
+        raise ConfigError(f"{where}: its reward terms {taken} have the names of the run's "
+                          "own terms (reward/<name>); rename them")  # fmt: skip
+    return adapted
+
+
+def environment_prompts(cfg, tokenizer, model, adapted: Adapted | None):
+    """The run's prompts: the environment's rows (loaded as a dataset file would be, from a
+    file of their own that is gone once read), else the config's data. Its held-out rows are
+    evaluated (by rlvr's own rollouts) only where reward.accuracy names a reward that scores
+    them: the environment scores training rollouts only."""
+    import dataclasses
+    import tempfile
+    from pathlib import Path
+
+    from rlvr.api.inputs import rows_text
+    from rlvr.data.prompts import load_prompts
+
+    context = getattr(model.config, "max_position_embeddings", None)
+    if adapted is None:
+        return load_prompts(cfg, tokenizer, context)
+    evaluated = adapted.eval_rows and cfg.reward.accuracy not in ("task", "none")
+    with tempfile.TemporaryDirectory(prefix="rlvr-environment-") as tmp:
+        paths = {}
+        for stem, rows in (("train", adapted.train_rows), ("eval", adapted.eval_rows)):
+            if rows and (stem == "train" or evaluated):
+                paths[stem] = str(Path(tmp) / f"{stem}.jsonl")
+                text = rows_text(rows, f"{adapted.kind} {stem} rows")
+                Path(paths[stem]).write_text(text, encoding="utf-8")
+        if "train" not in paths:
+            raise ConfigError(f"env.environment: the {adapted.kind} environment has no rows")
+        data = dataclasses.replace(cfg.data, path=paths["train"], eval_path=paths.get("eval"))
+        source = load_prompts(dataclasses.replace(cfg, data=data), tokenizer, context)
+    return dataclasses.replace(source, name=f"{adapted.kind} environment")

@@ -18,7 +18,8 @@ from rlvr.config.algorithm import Algorithm
 from rlvr.config.load import to_dict
 from rlvr.config.placement import check_ranks
 from rlvr.config.schema import Config, ConfigError
-from rlvr.data.prompts import PromptSource, dropped_note, load_prompts
+from rlvr.data.prompts import PromptSource, dropped_note
+from rlvr.environments.adapter import environment_prompts, run_environment
 from rlvr.environments.runner import AgentRunner, build_agents
 from rlvr.models import autocast, check_vocabulary, load_tokenizer
 from rlvr.rewards.sandbox import SandboxUnavailable, resolve_isolation
@@ -207,7 +208,8 @@ def setup(
     except ValueError as e:
         raise ConfigError(str(e)) from None
     backend = _cpu_backend(policy, cfg)
-    adapted = adapt_environment(cfg, given)  # before the prompts: its rows are the prompts
+    # before the prompts: its rows are the prompts
+    adapted = run_environment(cfg, given.environment, given.agent)
     try:
         return _build(cfg, d, device, given, tokenizer, policy, backend, adapted, run_dir,
                       checkpoint, state, resume_dir, console)  # fmt: skip
@@ -285,58 +287,6 @@ def _build(cfg, d, device, given, tokenizer, policy, backend, adapted, run_dir, 
         if resume_dir is None and d.is_main:
             discard_unstarted(run_dir)
         raise
-
-
-def adapt_environment(cfg: Config, given: Given):
-    """The run's environment (`rlvr.environments.adapter.Adapted`), None without one;
-    beside it, an agent or a dataset is refused by name."""
-    from rlvr.environments.adapter import adapt
-
-    if given.environment is None and cfg.env.environment is None:
-        return None
-    where = "environment" if given.environment is not None else "env.environment"
-    if given.agent is not None or cfg.env.agent is not None:
-        raise ConfigError(f"{where}: not with an agent (env.agent / agent=): the environment "
-                          "drives the rollouts; give one of the two")  # fmt: skip
-    if cfg.data.path is not None:
-        raise ConfigError(f"{where}: not with a dataset (data.path / train_dataset): the "
-                          "environment gives the prompts; give one of the two")  # fmt: skip
-    adapted = adapt(cfg, given.environment)
-    if adapted is not None:
-        from rlvr.config.algorithm import reward_terms
-
-        taken = sorted(set(adapted.reward_weights or ()) & {*reward_terms(cfg), "accuracy"})
-        if taken:
-            adapted.close()
-            raise ConfigError(f"{where}: its reward terms {taken} have the names of the "
-                              "run's own terms (reward/<name>); rename them")  # fmt: skip
-    return adapted
-
-
-def environment_prompts(cfg: Config, tokenizer, model, adapted) -> PromptSource:
-    """The run's prompts: the environment's rows (loaded as a dataset file would be, from a
-    file of their own that is gone once read), else the config's data. Its held-out rows
-    are evaluated only where reward.accuracy names a reward that scores them (rlvr's own
-    rollouts evaluate; the environment scores training rollouts only)."""
-    import tempfile
-
-    from rlvr.api.inputs import rows_text
-
-    context = getattr(model.config, "max_position_embeddings", None)
-    if adapted is None:
-        return load_prompts(cfg, tokenizer, context)
-    evaluated = adapted.eval_rows and cfg.reward.accuracy not in ("task", "none")
-    with tempfile.TemporaryDirectory(prefix="rlvr-environment-") as tmp:
-        paths = {}
-        for stem, rows in (("train", adapted.train_rows), ("eval", adapted.eval_rows)):
-            if rows and (stem == "train" or evaluated):
-                paths[stem] = Path(tmp) / f"{stem}.jsonl"
-                paths[stem].write_text(rows_text(rows, f"{adapted.kind} {stem} rows"), "utf-8")
-        if "train" not in paths:
-            raise ConfigError(f"env.environment: the {adapted.kind} environment has no rows")
-        data = replace(cfg.data, path=str(paths["train"]), eval_path=paths.get("eval"))
-        source = load_prompts(replace(cfg, data=data), tokenizer, context)
-    return replace(source, name=f"{adapted.kind} environment")
 
 
 def _prepared(cfg: Config, d: Dist, resume: bool) -> Path:
