@@ -92,6 +92,7 @@ class Trainer:
         peft_config: Any = None,
         tools: Sequence[str | Callable] = (),
         agent: str | Callable | None = None,
+        environment: Any = None,
         show_progress: bool = True,
     ):
         if (
@@ -106,7 +107,7 @@ class Trainer:
         )
         self.args, self.peft_config = args, peft_config
         self.tools = list(tools or ())
-        self.agent = agent
+        self.agent, self.environment = agent, environment
         self.reward_funcs, self.reward_weights = reward_funcs, reward_weights
         self.train_dataset, self.eval_dataset = train_dataset, eval_dataset
         self.preset, self.config_arg = preset, config
@@ -176,11 +177,27 @@ class Trainer:
             name = self.agent if isinstance(self.agent, str) else importable(self.agent)
             if name is not None:  # a function of a script's __main__ runs unrecorded
                 changes.setdefault("env", {})["agent"] = name
+        self._environment_changes(changes)
         agents = [self.agent_function] if self.agent_function is not None else []
         roots = python_path([*self.functions.values(), *self.tool_functions.values(), *agents])
         if roots and "python_path" not in changes.get("reward", {}):
             changes.setdefault("reward", {})["python_path"] = roots
         return changes
+
+    def _environment_changes(self, changes: dict) -> None:
+        """`environment`: a "KIND:TARGET" string is env.environment (recorded in config.yaml);
+        an object is handed to the run as it is. Refused beside an agent or a dataset."""
+        env = self.environment
+        if env is None:
+            return
+        for name, value in (("agent", self.agent), ("train_dataset", self.train_dataset)):
+            if value is not None:
+                raise ConfigError(
+                    f"environment: not with {name}= (the environment gives the prompts and "
+                    "drives the rollouts); give one of the two"
+                )
+        if isinstance(env, str):
+            changes.setdefault("env", {})["environment"] = env
 
     def _build(self, resume: Path | None) -> Config:
         from rlvr.run.rundir import check_run_dir, draft_run_dir, new_default_run_dir
@@ -289,6 +306,7 @@ class Trainer:
             reward_functions=self.functions,
             tools=self.tool_functions,
             agent=self.agent_function,
+            environment=None if isinstance(self.environment, str) else self.environment,
             callbacks=self.callbacks,
             callback_args=None if isinstance(self.args, Mapping) else self.args,
             logging_steps=self.trl.logging_steps if self.trl is not None else 1,
@@ -328,6 +346,7 @@ def train(
     peft_config: Any = None,
     tools: Sequence[str | Callable] = (),
     agent: str | Callable | None = None,
+    environment: Any = None,
     resume_from_checkpoint: bool | str | Path | None = None,
     show_progress: bool = True,
 ) -> TrainResult:
@@ -359,6 +378,11 @@ def train(
         "module:function") that makes each rollout through `client`, an OpenAI client
         pointed at the run's own endpoint; training uses the token ids sampled for its
         requests (docs/environments.md). None: the config's env.agent (rlvr's own rollouts).
+    environment: an environment of another framework (a `verifiers.v1` Env, an OpenEnv
+        environment, or a "KIND:TARGET" string as env.environment takes it) that gives the
+        prompts, drives the rollouts through the run's endpoint and scores them, its named
+        reward terms logged as reward/<name> (docs/environments.md). Not with `agent` or
+        `train_dataset`. None: the config's env.environment.
     args: TRL's training arguments: a mapping of `GRPOConfig` field names (only those given
         are applied, on top of the preset and `config`) or a `trl.GRPOConfig` (every field,
         TRL's defaults included); rlvr.api.trl and docs/from_trl.md give the mapping.
@@ -383,6 +407,7 @@ def train(
         peft_config=peft_config,
         tools=tools,
         agent=agent,
+        environment=environment,
         show_progress=show_progress,
     )
     return trainer.train(resume_from_checkpoint=resume_from_checkpoint)

@@ -48,6 +48,12 @@ def train_parser(prog: str = "rlvr train", shown: Config | None = None) -> argpa
         help="fn(client, row) -> reward makes each rollout through the run's OpenAI-compatible "
         "endpoint (env.agent; docs/environments.md)",
     )
+    p.add_argument(
+        "--env",
+        metavar="KIND:TARGET",
+        help="an environment of another framework gives the prompts, rollouts and rewards, "
+        "e.g. verifiers:my_env:load_environment (env.environment; docs/environments.md)",
+    )
     p.add_argument("--save-every", type=int, help="checkpoint interval in steps (train.save_every)")
     p.add_argument(
         "--resume", metavar="RUN_DIR", help="continue a run from its newest good checkpoint"
@@ -107,6 +113,8 @@ def train_request(argv: list[str], prog: str = "rlvr train", check: bool = True)
             overrides.setdefault("train", {})[key] = value
     if args.agent is not None:
         overrides.setdefault("env", {})["agent"] = args.agent
+    if args.env is not None:
+        overrides.setdefault("env", {})["environment"] = args.env
     if not args.resume:
         # local paths made absolute: config.yaml then resumes from any working directory
         cfg = resolve_paths(load_config(args.config, overrides, preset=args.preset, check=check))

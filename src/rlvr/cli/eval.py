@@ -89,7 +89,8 @@ def _config(args, overrides: dict, run_dir: Path | None, model: str) -> Config:
     if args.task:
         changes.setdefault("data", {}).update(task=args.task, path=None, eval_path=None)
     changes.setdefault("model", {})["name_or_path"] = model
-    changes.setdefault("env", {})["agent"] = None  # evaluation samples with rlvr's own rollouts
+    # evaluation samples with rlvr's own rollouts: neither agent nor environment is imported
+    changes.setdefault("env", {}).update(agent=None, environment=None)
     train = changes.setdefault("train", {})
     train.update(eval_size=args.num_prompts, eval_samples=args.k, output_dir=None)
     rollout = changes.setdefault("rollout", {})

@@ -41,10 +41,16 @@ class EnvConfig:
         endpoint sampled (none = rlvr's own rollouts).
     timeout: seconds one agent call may take, from its start to its reward.
     on_error: an agent call that raises, passes env.timeout, returns a non-finite or
-        non-numeric reward, or makes no completion: "raise" ends the run naming it, "drop"
-        leaves its group out of the step and counts it (env/dropped).
+        non-numeric reward (or misses a named reward term), or makes no completion: "raise"
+        ends the run naming it, "drop" leaves its group out of the step and counts it
+        (env/dropped).
+    environment: "KIND:TARGET", an environment of another framework that gives the run its
+        prompts, its rollouts and its rewards (docs/environments.md): KIND verifiers (TARGET
+        "module:function" or "file.py:function" returning a `verifiers.v1` Env) or openenv;
+        none = the run's own data and env.agent.
     """
 
     agent: str | None = None
     timeout: float = 120.0
     on_error: Literal["raise", "drop"] = "raise"
+    environment: str | None = None

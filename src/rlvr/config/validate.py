@@ -285,6 +285,14 @@ def _validate_env(cfg: Config) -> None:
         "'module:function' or 'path/to/file.py:function'",
         e.agent,
     )
+    if e.environment is not None:
+        from rlvr.environments.adapter import split_spec
+
+        split_spec(e.environment)  # KIND:TARGET, KIND a known one
+        check(e.agent is None, "env.agent", "none beside env.environment (the environment "
+              "drives the rollouts)", e.agent)  # fmt: skip
+        check(cfg.data.path is None, "data.path", "none beside env.environment (the "
+              "environment gives the prompts)", cfg.data.path)  # fmt: skip
 
 
 def _validate_tools(cfg: Config) -> None:

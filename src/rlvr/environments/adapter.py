@@ -12,7 +12,8 @@ it is one of its own.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -69,3 +70,137 @@ def adapter_module(kind: str):
                 f'pip install "rlvr[{extra}]"'
             ) from None
         raise
+
+
+def _modules_present():
+    """(kind, module) of every kind whose adapter module and package import."""
+    for kind in KINDS:
+        try:
+            yield kind, adapter_module(kind)
+        except ConfigError:  # its package is not installed: not a kind of this object
+            continue
+        except ModuleNotFoundError as e:
+            if e.name != KINDS[kind][0]:
+                raise
+
+
+def adapt(cfg, environment: Any = None) -> Adapted | None:
+    """The run's environment: `environment` (an object, or a "KIND:TARGET" string) handed in
+    by the Python API, else env.environment; None when neither. A spec is adapted by its
+    kind's module; an object by the first kind whose `accepts` takes it."""
+    spec = environment if isinstance(environment, str) else None
+    if environment is None:
+        spec = cfg.env.environment
+        if spec is None:
+            return None
+    if spec is not None:
+        kind, target = split_spec(spec)
+        return _closed_once(adapter_module(kind).adapt(target, cfg))
+    for _kind, module in _modules_present():
+        if module.accepts(environment):
+            return _closed_once(module.adapt(environment, cfg))
+    raise ConfigError(
+        f"environment: expected a `verifiers.v1` Env, an OpenEnv environment or a "
+        f'"KIND:TARGET" string (KIND one of {sorted(KINDS)}), got {type(environment).__name__} '
+        f'(the package of its kind may be missing: pip install "rlvr[verifiers]" or '
+        f'"rlvr[openenv]")'
+    )
+
+
+def _closed_once(adapted: Adapted) -> Adapted:
+    """`adapted` whose close runs once however often it is called."""
+    close, done = adapted.close, threading.Event()
+
+    def once() -> None:
+        if not done.is_set():
+            done.set()
+            close()
+
+    adapted.close = once
+    return adapted
+
+
+def weighted_reward(value: Any, weights: dict[str, float] | None) -> tuple[float, dict[str, float]]:
+    """An agent's reward as (the reward trained on, its named terms): a number as it is (no
+    terms); under `weights`, a mapping of exactly the weighted terms, each a finite number,
+    summed with their weights. Anything else is an AgentFault naming the term."""
+    from rlvr.environments.recorder import AgentFault
+    from rlvr.environments.runner import check_reward
+
+    if weights is None:
+        return check_reward(value), {}
+    if not isinstance(value, Mapping):
+        raise AgentFault(
+            "non_numeric",
+            f"returned {type(value).__name__} {value!r:.80}, expected a mapping of the reward "
+            f"terms {sorted(weights)}",
+        )
+    missing = [k for k in weights if k not in value]
+    if missing:
+        raise AgentFault("missing_term", f"returned no value for the reward terms {missing}")
+    unknown = [k for k in value if k not in weights]
+    if unknown:
+        raise AgentFault(
+            "unknown_term", f"returned the reward terms {unknown}, not among {sorted(weights)}"
+        )
+    terms = {}
+    for name, v in value.items():
+        try:
+            terms[str(name)] = check_reward(v)
+        except AgentFault as fault:
+            raise AgentFault(fault.kind, f"term {name!r}: {fault}") from None
+    return sum(w * terms[k] for k, w in weights.items()), terms
+
+
+def run_environment(cfg, environment: Any = None, agent: Callable | None = None):
+    """The run's `Adapted` environment (`environment` from the Python API, else
+    env.environment), None without one; beside it an agent, a dataset or a reward term named
+    as one of the run's own is refused by name before anything starts."""
+    from rlvr.config.algorithm import reward_terms
+
+    if environment is None and cfg.env.environment is None:
+        return None
+    where = "environment" if environment is not None else "env.environment"
+    if agent is not None or cfg.env.agent is not None:
+        raise ConfigError(f"{where}: not with an agent (env.agent / agent=): the environment "
+                          "drives the rollouts; give one of the two")  # fmt: skip
+    if cfg.data.path is not None:
+        raise ConfigError(f"{where}: not with a dataset (data.path / train_dataset): the "
+                          "environment gives the prompts; give one of the two")  # fmt: skip
+    adapted = adapt(cfg, environment)
+    taken = sorted(set(adapted.reward_weights or ()) & {*reward_terms(cfg), "accuracy"})
+    if taken:
+        adapted.close()
+        raise ConfigError(f"{where}: its reward terms {taken} have the names of the run's "
+                          "own terms (reward/<name>); rename them")  # fmt: skip
+    return adapted
+
+
+def environment_prompts(cfg, tokenizer, model, adapted: Adapted | None):
+    """The run's prompts: the environment's rows (loaded as a dataset file would be, from a
+    file of their own that is gone once read), else the config's data. Its held-out rows are
+    evaluated (by rlvr's own rollouts) only where reward.accuracy names a reward that scores
+    them: the environment scores training rollouts only."""
+    import dataclasses
+    import tempfile
+    from pathlib import Path
+
+    from rlvr.api.inputs import rows_text
+    from rlvr.data.prompts import load_prompts
+
+    context = getattr(model.config, "max_position_embeddings", None)
+    if adapted is None:
+        return load_prompts(cfg, tokenizer, context)
+    evaluated = adapted.eval_rows and cfg.reward.accuracy not in ("task", "none")
+    with tempfile.TemporaryDirectory(prefix="rlvr-environment-") as tmp:
+        paths = {}
+        for stem, rows in (("train", adapted.train_rows), ("eval", adapted.eval_rows)):
+            if rows and (stem == "train" or evaluated):
+                paths[stem] = str(Path(tmp) / f"{stem}.jsonl")
+                text = rows_text(rows, f"{adapted.kind} {stem} rows")
+                Path(paths[stem]).write_text(text, encoding="utf-8")
+        if "train" not in paths:
+            raise ConfigError(f"env.environment: the {adapted.kind} environment has no rows")
+        data = dataclasses.replace(cfg.data, path=paths["train"], eval_path=paths.get("eval"))
+        source = load_prompts(dataclasses.replace(cfg, data=data), tokenizer, context)
+    return dataclasses.replace(source, name=f"{adapted.kind} environment")

@@ -8,14 +8,17 @@ framework is a dependency of rlvr (FastAPI and uvicorn come with vLLM only), and
 is one small JSON body answered after a generation, which a thread per connection serves.
 
 Each agent call has a base URL of its own, `http://127.0.0.1:PORT/rollouts/<id>/v1`, so any
-client that takes a base URL records into its rollout. Requests are generated in batches
+client that takes a base URL records into its rollout (or the shared `.../rollouts/model/v1`,
+the request's `model` being the rollout id). Requests are generated in batches
 (`rlvr.environments.batcher`) with the run's sampling (temperature, top-p, top-k: a request's
 own are ignored, the trained policy is the one that samples) and a completion budget of the
 request's `max_tokens` (or `max_completion_tokens`), at most `rollout.max_new_tokens`. A chat
 request is rendered with the tokenizer's chat template (with its `tools`, if it has them) and
 spliced onto the rollout's earlier sampled ids (`Recorder.prompt_ids`); a completions request
 takes a prompt string or token ids. The response carries the sampled ids as `token_ids` and the
-prompt's as `prompt_token_ids` (vLLM's names) beside the text.
+prompt's as `prompt_token_ids` (vLLM's names) beside the text. `<base>/../inference/v1/generate`
+is vLLM's token route (ids in, ids and log-probs out), the one `verifiers`' training client
+calls after rendering the prompt itself with the `renderers` package.
 """
 
 from __future__ import annotations
@@ -32,8 +35,14 @@ from rlvr.environments.batcher import Batcher
 from rlvr.environments.recorder import AgentFault, Recorder, Turn
 from rlvr.rollout import derive_seed
 
-ROUTE = re.compile(r"^/rollouts/([A-Za-z0-9_.-]+)/v1/(chat/completions|completions|models)$")
+ROUTE = re.compile(
+    r"^/rollouts/([A-Za-z0-9_.-]+)/(?:v1/(chat/completions|completions|models)|inference/v1/(generate))$"
+)
 MAX_BODY = 16 << 20  # bytes of one request's JSON
+# `/rollouts/model/v1`: one base URL for every rollout, each request's `model` naming its
+# rollout id; for clients cached by base URL (verifiers keeps one client per distinct endpoint
+# config for as long as its server runs: a URL per rollout would hold one per rollout)
+BY_MODEL = "model"
 
 
 class _Server(ThreadingHTTPServer):
@@ -96,6 +105,10 @@ class Endpoint:
     def base_url(self, rid: str) -> str:
         return f"http://127.0.0.1:{self.port}/rollouts/{rid}/v1"
 
+    def shared_base_url(self) -> str:
+        """The base URL of every rollout, each request naming its rollout id as `model`."""
+        return self.base_url(BY_MODEL)
+
     def close(self) -> None:
         if self._closed:
             return
@@ -130,12 +143,12 @@ class Endpoint:
             raise BadRequest(
                 HTTPStatus.NOT_FOUND, f"no route {path}: use the base URL the agent was given"
             )
-        rid, kind = m.groups()
+        rid, kind = m.group(1), m.group(2) or m.group(3)
         if kind == "models":
-            return {
-                "object": "list",
-                "data": [{"id": self.model_name, "object": "model", "owned_by": "rlvr"}],
-            }
+            card = {"id": self.model_name, "object": "model", "owned_by": "rlvr"}
+            if self.context is not None:  # vLLM's field: a renderer's pre-flight reads it
+                card["max_model_len"] = self.context
+            return {"object": "list", "data": [card]}
         if body is None or isinstance(body, BadRequest):
             raise body or BadRequest(HTTPStatus.BAD_REQUEST, "POST a JSON body")
         try:
@@ -144,6 +157,8 @@ class Endpoint:
             raise BadRequest(HTTPStatus.BAD_REQUEST, f"the body is not JSON: {e}") from None
         if not isinstance(request, dict):
             raise BadRequest(HTTPStatus.BAD_REQUEST, "the body must be a JSON object")
+        if rid == BY_MODEL:  # the shared base URL: the request's model names the rollout
+            rid = str(request.get("model"))
         trace = self.recorder.trace(rid)
         if trace is None or trace.closed:
             raise BadRequest(
@@ -157,6 +172,8 @@ class Endpoint:
             raise BadRequest(HTTPStatus.BAD_REQUEST, str(fault)) from None
 
     def _complete(self, rid: str, trace, kind: str, request: dict) -> dict[str, Any]:
+        if kind == "generate":
+            request = self._generate_request(request)
         if request.get("n", 1) != 1:
             raise BadRequest(
                 HTTPStatus.BAD_REQUEST, "n: one completion a request (call again for more)"
@@ -194,9 +211,30 @@ class Endpoint:
             raise BadRequest(HTTPStatus.GONE, f"rollout {rid} is over")
         return self._reply(kind, turn)
 
+    def _generate_request(self, request: dict) -> dict:
+        """vLLM's `/inference/v1/generate` body (`token_ids`, `sampling_params`) as the
+        completions request it is: prompt ids in, sampled ids out. Its `stop_token_ids` must be
+        the run's EOS ids (where the engine stops); sampling is the run's, as everywhere."""
+        sp = request.get("sampling_params") or {}
+        if not isinstance(sp, dict):
+            raise BadRequest(HTTPStatus.BAD_REQUEST, "sampling_params: expected an object")
+        stops = set(sp.get("stop_token_ids") or ())
+        if not stops <= set(self.recorder.eos_ids):
+            raise BadRequest(
+                HTTPStatus.BAD_REQUEST,
+                f"sampling_params.stop_token_ids: {sorted(stops)}, expected among the run's "
+                f"EOS ids {sorted(self.recorder.eos_ids)} (where its engine stops)",
+            )
+        out = {"prompt": request.get("token_ids"), "n": sp.get("n", 1), "stop": sp.get("stop")}
+        if "max_tokens" in sp:
+            out["max_tokens"] = sp["max_tokens"]
+        if not isinstance(out["prompt"], list) or not out["prompt"]:
+            raise BadRequest(HTTPStatus.BAD_REQUEST, "token_ids: expected a list of token ids")
+        return out
+
     def _prompt(self, kind: str, request: dict) -> tuple[str | None, list[int] | None]:
         tokenizer = self.recorder.tokenizer
-        if kind == "completions":
+        if kind in ("completions", "generate"):
             prompt = request.get("prompt")
             if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
                 prompt = prompt[0]
@@ -230,6 +268,8 @@ class Endpoint:
 
     def _reply(self, kind: str, turn: Turn) -> dict[str, Any]:
         finish = "length" if turn.truncated else "stop"
+        if kind == "generate":
+            return _generate_reply(turn, finish)
         usage = {
             "prompt_tokens": len(turn.prompt_ids),
             "completion_tokens": len(turn.completion_ids),
@@ -252,6 +292,31 @@ class Endpoint:
             return {**head, "object": "text_completion", "choices": [{**choice, "text": turn.text}]}
         message = {"role": "assistant", "content": turn.text}
         return {**head, "object": "chat.completion", "choices": [{**choice, "message": message}]}
+
+
+def _generate_reply(turn: Turn, finish: str) -> dict[str, Any]:
+    """vLLM's `/inference/v1/generate` answer: the sampled ids (EOS included where it ended
+    the turn, as vLLM returns it) with their sampling log-probs, by token id."""
+    lps = turn.log_probs
+    if lps is None:
+        raise BadRequest(
+            HTTPStatus.NOT_IMPLEMENTED,
+            "inference/v1/generate: the run's engine returns no sampling log-probs",
+        )
+    content = [
+        {"token": f"token_id:{t}", "logprob": float(lp)} for t, lp in zip(turn.completion_ids, lps)
+    ]
+    choice = {"index": 0, "token_ids": turn.completion_ids, "finish_reason": finish,
+              "logprobs": {"content": content}}  # fmt: skip
+    return {
+        "request_id": f"rlvr-{time.time_ns()}",
+        "prompt_token_ids": turn.prompt_ids,
+        "choices": [choice],
+        "usage": {
+            "prompt_tokens": len(turn.prompt_ids),
+            "completion_tokens": len(turn.completion_ids),
+        },
+    }
 
 
 def _plain(message) -> dict[str, Any]:

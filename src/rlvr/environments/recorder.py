@@ -23,7 +23,7 @@ from rlvr.rollout import Rollout
 class AgentFault(RuntimeError):
     """A rollout cannot be trained on: `kind` is one of raised, timeout, non_numeric,
     non_finite, no_completion, drift, context (a prompt that leaves no room in the model's
-    context)."""
+    context), missing_term / unknown_term (named reward terms other than the environment's)."""
 
     def __init__(self, kind: str, message: str):
         super().__init__(message)

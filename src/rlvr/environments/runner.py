@@ -24,18 +24,20 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from rlvr.config.schema import ConfigError
 from rlvr.data.prompts import Prompt
+from rlvr.environments.adapter import weighted_reward
 from rlvr.environments.batcher import Batcher
 from rlvr.environments.endpoint import Endpoint
 from rlvr.environments.recorder import AgentFault, Recorder, rollout_of, trajectory
 from rlvr.rollout import Rollout, RolloutEngine, SamplingParams, derive_seed
 
+Reward = tuple[float, dict[str, float]]  # the reward trained on, its named terms
 LOOP_GRACE_S = 5.0  # past env.timeout, what the event loop of async agents has to wind down
 
 
@@ -46,12 +48,14 @@ class AgentError(RuntimeError):
 @dataclass(frozen=True)
 class AgentBatch:
     """A generation batch's rollouts: `rewards` (B,) the agents' (0 where dropped),
-    `dropped` (B,) bool, and counts for the step's metrics."""
+    `dropped` (B,) bool, counts for the step's metrics, and `terms`: each named reward term's
+    (B,) values (0 where dropped) when the environment names them (`Adapted.reward_weights`)."""
 
     rollout: Rollout
     rewards: torch.Tensor
     dropped: torch.Tensor
     sums: dict[str, float]
+    terms: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
 def _openai():
@@ -105,11 +109,15 @@ class AgentRunner:
 
     def __init__(self, fn: Callable, engine: RolloutEngine, tokenizer, **kw):
         """`kw`: params (the run's SamplingParams), eos_ids, max_tokens, context, timeout,
-        on_error, task, system_prompt, template, name (the endpoint's model name)."""
+        on_error, task, system_prompt, template, name (the endpoint's model name),
+        reward_weights (named reward terms' weights: the agent returns a mapping), on_close
+        (called once the endpoint is closed: the environment's own close)."""
         self.fn, self.tokenizer = fn, tokenizer
         self.is_async = inspect.iscoroutinefunction(fn)
         self.openai = _openai()
         self.timeout, self.on_error = kw["timeout"], kw["on_error"]
+        self.reward_weights = kw.get("reward_weights")
+        self.on_close = kw.get("on_close") or (lambda: None)
         self.task, self.system_prompt, self.template = (
             kw["task"],
             kw["system_prompt"],
@@ -126,7 +134,11 @@ class AgentRunner:
         )
 
     def close(self) -> None:
-        self.endpoint.close()
+        """The endpoint, then what the environment started (`on_close`)."""
+        try:
+            self.endpoint.close()
+        finally:
+            self.on_close()
 
     def run(self, prompts: list[Prompt], params: SamplingParams, step: int) -> AgentBatch:
         """`params.n` agent calls per prompt, all at once; rows in the engine's order."""
@@ -150,6 +162,7 @@ class AgentRunner:
             raise RuntimeError(f"the run's endpoint failed: {failure}") from failure
         sums: Counter[str] = Counter({"env/dropped": 0.0})
         trajectories, rewards, dropped = [], [], []
+        terms: dict[str, list[float]] = {k: [] for k in self.reward_weights or {}}
         traces = [self.recorder.close(rid) for rid in rids]  # later requests are refused
         for i, (trace, result) in enumerate(zip(traces, results)):
             # the endpoint's record first: the agent's error is often its consequence
@@ -167,10 +180,15 @@ class AgentRunner:
                 trajectories.append(None)
                 rewards.append(0.0)
                 dropped.append(True)
+                for values in terms.values():
+                    values.append(0.0)
                 continue
             trajectories.append(trajectory(trace.turns))
-            rewards.append(float(result))
+            reward, named = result
+            rewards.append(reward)
             dropped.append(False)
+            for name, values in terms.items():
+                values.append(named[name])
             sums["env/turns"] += len(trace.turns)
         sums["env/rollouts"] += len(rows)
         sums["env/seconds"] += time.perf_counter() - t0
@@ -182,20 +200,21 @@ class AgentRunner:
             torch.tensor(rewards, dtype=torch.float32),
             torch.tensor(dropped, dtype=torch.bool),
             dict(sums),
+            {k: torch.tensor(v, dtype=torch.float32) for k, v in terms.items()},
         )
 
-    def _calls(self, rids: list[str], prompts: list[Prompt]) -> list[float | AgentFault]:
+    def _calls(self, rids: list[str], prompts: list[Prompt]) -> list[Reward | AgentFault]:
         rows = [agent_row(p, self.task, self.system_prompt, self.template) for p in prompts]
         if self.is_async:
             return self._async_calls(rids, rows)
-        results: list[float | AgentFault | None] = [None] * len(rows)
+        results: list[Reward | AgentFault | None] = [None] * len(rows)
 
         http = self.openai.DefaultHttpxClient()  # one connection pool for the batch's clients
 
         def call(i: int) -> None:
             client = self._client(self.openai.OpenAI, rids[i], http)
             try:
-                results[i] = check_reward(self.fn(client, rows[i]))
+                results[i] = weighted_reward(self.fn(client, rows[i]), self.reward_weights)
             except AgentFault as fault:
                 results[i] = fault
             except Exception as e:
@@ -229,11 +248,12 @@ class AgentRunner:
             http_client=http,
         )
 
-    def _async_calls(self, rids: list[str], rows: list[dict]) -> list[float | AgentFault]:
-        async def one(i: int, http) -> float | AgentFault:
+    def _async_calls(self, rids: list[str], rows: list[dict]) -> list[Reward | AgentFault]:
+        async def one(i: int, http) -> Reward | AgentFault:
             client = self._client(self.openai.AsyncOpenAI, rids[i], http)
             try:
-                return check_reward(await asyncio.wait_for(self.fn(client, rows[i]), self.timeout))
+                value = await asyncio.wait_for(self.fn(client, rows[i]), self.timeout)
+                return weighted_reward(value, self.reward_weights)
             except AgentFault as fault:
                 return fault
             except asyncio.TimeoutError:
@@ -243,7 +263,7 @@ class AgentRunner:
             finally:
                 self.batcher.finished_one()
 
-        results: list[float | AgentFault | None] = [None] * len(rows)
+        results: list[Reward | AgentFault | None] = [None] * len(rows)
 
         async def every() -> None:
             async with self.openai.DefaultAsyncHttpxClient() as http:
@@ -264,12 +284,17 @@ class AgentRunner:
         return [late if r is None else r for r in results]
 
 
-def build_agents(cfg, engine: RolloutEngine, tokenizer, model, source, fn: Callable | None):
-    """The run's `AgentRunner` for `fn` (handed in by the Python API) or `env.agent`
-    ("module:function"), None when neither; its endpoint starts now."""
+def build_agents(
+    cfg, engine: RolloutEngine, tokenizer, model, source, fn: Callable | None, adapted=None
+):
+    """The run's `AgentRunner` for `fn` (handed in by the Python API), `env.agent`
+    ("module:function") or the agent of an environment (`adapted`, rlvr.environments.adapter),
+    None when none; its endpoint starts now."""
     from rlvr.config.callables import extend_sys_path, load_callable
     from rlvr.training.settings import CollectSettings
 
+    if adapted is not None:
+        fn = adapted.agent
     if fn is None and cfg.env.agent is None:
         return None
     if cfg.rollout.tools:
@@ -299,4 +324,6 @@ def build_agents(cfg, engine: RolloutEngine, tokenizer, model, source, fn: Calla
         system_prompt=cfg.data.system_prompt,
         template=cfg.data.prompt_template,
         name=cfg.model.name_or_path,
+        reward_weights=adapted.reward_weights if adapted is not None else None,
+        on_close=adapted.close if adapted is not None else None,
     )

@@ -106,15 +106,18 @@ class Scorer:
         functions: Mapping[str, Callable] | None = None,
         *,
         has_answer: bool = True,
+        scored_by_agents: bool = False,
     ) -> Scorer:
         """`functions` maps names used in `cfg.reward` to callables handed in by the Python
         API (they take precedence over the registry's names). `has_answer=False` (a
-        prompt-only dataset) refuses, by name, a reward that needs the reference answer."""
+        prompt-only dataset) refuses, by name, a reward that needs the reference answer.
+        `scored_by_agents`: an environment's agents give the accuracy scores (`given`), so
+        reward.accuracy "task" needs no built-in task."""
         from rlvr.config.callables import extend_sys_path
 
         r, functions = cfg.reward, dict(functions or {})
         extend_sys_path(r.python_path)
-        if r.accuracy == "task" and task is None:
+        if r.accuracy == "task" and task is None and not scored_by_agents:
             raise ConfigError(
                 "reward.accuracy: 'task' needs a built-in task (data.path is set); "
                 "name a reward such as 'math' instead"
@@ -259,15 +262,19 @@ class Scorer:
         rollout: Rollout,
         step: int | None = None,
         given: torch.Tensor | None = None,
+        given_terms: Mapping[str, torch.Tensor] | None = None,
     ) -> Scores:
         """`given`: (B,) accuracy scores from elsewhere (an agent's rewards, env.agent), in
-        place of the accuracy reward; correct where above reward.correct_threshold."""
+        place of the accuracy reward; correct where above reward.correct_threshold.
+        `given_terms`: the named terms `given` is the weighted sum of (an environment's), each
+        (B,), kept as terms of their own (logged as reward/<name>, read by GDPO)."""
         r, a = self.cfg.reward, self.cfg.algo
         if step is not None:
             self.state.global_step = step
         kwargs = self.reward_kwargs(prompts, completions, rollout)
         if given is not None:
             res, terms, total = None, {"accuracy": given}, r.accuracy_weight * given
+            terms.update(given_terms or {})
             correct = given > r.correct_threshold
         elif self.graded:
             accuracy, correct, res = self._accuracy(prompts, completions, rollout, kwargs)

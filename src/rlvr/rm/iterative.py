@@ -70,11 +70,13 @@ class ModelRewardScorer:
         return self.rule.accuracy(prompts, completions, rollout)
 
     def __call__(
-        self, prompts, completions, rollout, step: int | None = None, given=None
+        self, prompts, completions, rollout, step: int | None = None, given=None, given_terms=None
     ) -> Scores:
         """The rule's scores (`given`: an agent's rewards as its accuracy, `Scorer`'s) with the
         accuracy term replaced by the reward model's probability."""
-        s = self.rule(prompts, completions, rollout, step=step, given=given)
+        s = self.rule(
+            prompts, completions, rollout, step=step, given=given, given_terms=given_terms
+        )
         logits = self.rm.score([p.text for p in prompts], completions)
         prob = torch.sigmoid(logits)
         w = self.rule.cfg.reward.accuracy_weight

@@ -63,8 +63,18 @@ def resolve_paths(cfg: Config) -> Config:
             r, accuracy=accuracy, extra=extra, params=params, model=local(r.model)
         ),
         train=dataclasses.replace(t, output_dir=output),
-        env=dataclasses.replace(cfg.env, agent=cfg.env.agent and absolute_spec(cfg.env.agent)),
+        env=dataclasses.replace(
+            cfg.env,
+            agent=cfg.env.agent and absolute_spec(cfg.env.agent),
+            environment=cfg.env.environment and _absolute_environment(cfg.env.environment),
+        ),
     )
+
+
+def _absolute_environment(spec: str) -> str:
+    """env.environment "KIND:TARGET" with a file TARGET's path made absolute."""
+    kind, sep, target = spec.partition(":")
+    return f"{kind}{sep}{absolute_spec(target)}" if sep else spec
 
 
 def stored_config(run_dir: Path) -> Config:
@@ -165,6 +175,7 @@ CODE_KEYS = (
     ("rollout", "tools"),
     ("algo", "loss"),
     ("env", "agent"),
+    ("env", "environment"),
 )
 
 
@@ -173,7 +184,7 @@ def run_code(cfg: Config) -> list[str]:
     (built-in reward, tool and objective names hold none)."""
     r = cfg.reward
     specs = [r.accuracy, *(e.rsplit("=", 1)[0] for e in r.extra), *cfg.rollout.tools]
-    specs += [cfg.algo.loss, cfg.env.agent or ""]
+    specs += [cfg.algo.loss, cfg.env.agent or "", cfg.env.environment or ""]
     return list(dict.fromkeys(s for s in specs if ":" in s))
 
 
@@ -223,9 +234,7 @@ def check_run_code(cfg: Config, given: dict, trust: bool, where: str) -> str | N
         raise ConfigError(
             f"{where}: its config.yaml names code to import: {', '.join(unnamed)}; a run "
             "directory's code runs only when you name it again (--reward.extra=..., "
-            "--reward.accuracy=..., --rollout.tools=..., --algo.loss=..., --agent ... as the run was "
-            "started) or "
-            "pass "
-            "--trust-run-code"
+            "--reward.accuracy=..., --rollout.tools=..., --algo.loss=..., --agent ..., --env ... "
+            "as the run was started) or pass --trust-run-code"
         )
     return f"{where}: importing {', '.join(code)} (named on the command line)"

@@ -111,11 +111,11 @@ def generate_and_score(
     caller_state = _thread_state()
 
     def score(
-        rows: list[Prompt], scored: list[str], rollout: Rollout, given
+        rows: list[Prompt], scored: list[str], rollout: Rollout, given, terms
     ) -> tuple[Scores, float]:
         t0 = time.perf_counter()
         with caller_state():
-            scores = scorer(rows, scored, rollout, step=step, given=given)
+            scores = scorer(rows, scored, rollout, step=step, given=given, given_terms=terms)
         return scores, time.perf_counter() - t0
 
     pool = ThreadPoolExecutor(1, thread_name_prefix="rlvr-scoring") if len(bounds) > 1 else None
@@ -123,15 +123,16 @@ def generate_and_score(
     with pool or contextlib.nullcontext():
         for lo, hi in bounds:
             t0 = time.perf_counter()
-            given = dropped = None  # the agents' rewards and dropped rollouts
+            given = dropped = terms = None  # the agents' rewards, their terms, dropped rollouts
             env: dict[str, float] = {}
             if gen.agents is not None:
                 batch = gen.agents.run(prompts[lo:hi], params_for(lo, hi), step)
-                rollout, given, dropped, env = (
+                rollout, given, dropped, env, terms = (
                     batch.rollout,
                     batch.rewards,
                     batch.dropped,
                     batch.sums,
+                    batch.terms,
                 )
             else:
                 rollout = engine.generate([p.ids for p in prompts[lo:hi]], params_for(lo, hi))
@@ -139,7 +140,7 @@ def generate_and_score(
             rows = [p for p in prompts[lo:hi] for _ in range(rollout.group_size)]
             completions = decode_completions(tokenizer, rollout)  # logged, tool turns included
             scored = decode_completions(tokenizer, rollout, model_only=True)  # the model's text
-            args = (rows, scored, rollout, given)
+            args = (rows, scored, rollout, given, terms)
             job = pool.submit(score, *args) if pool else score(*args)
             pending.append((Part(rows, rollout, completions, None, dropped, env), job))  # type: ignore[arg-type]
         out = []

@@ -18,7 +18,8 @@ from rlvr.config.algorithm import Algorithm
 from rlvr.config.load import to_dict
 from rlvr.config.placement import check_ranks
 from rlvr.config.schema import Config, ConfigError
-from rlvr.data.prompts import PromptSource, dropped_note, load_prompts
+from rlvr.data.prompts import PromptSource, dropped_note
+from rlvr.environments.adapter import environment_prompts, run_environment
 from rlvr.environments.runner import AgentRunner, build_agents
 from rlvr.models import autocast, check_vocabulary, load_tokenizer
 from rlvr.rewards.sandbox import SandboxUnavailable, resolve_isolation
@@ -77,6 +78,7 @@ class Given:
     callback_args: object | None = None
     logging_steps: int = 1
     agent: Callable | None = None  # env.agent's function
+    environment: object | None = None  # env.environment's object or "KIND:TARGET"
 
 
 @dataclass
@@ -206,19 +208,41 @@ def setup(
     except ValueError as e:
         raise ConfigError(str(e)) from None
     backend = _cpu_backend(policy, cfg)
-    source = load_prompts(cfg, tokenizer, getattr(model.config, "max_position_embeddings", None))
+    # before the prompts: its rows are the prompts
+    adapted = run_environment(cfg, given.environment, given.agent)
+    try:
+        return _build(cfg, d, device, given, tokenizer, policy, backend, adapted, run_dir,
+                      checkpoint, state, resume_dir, console)  # fmt: skip
+    except BaseException:
+        if adapted is not None:  # closed once, by the agents when they hold it
+            adapted.close()
+        raise
+
+
+def _build(cfg, d, device, given, tokenizer, policy, backend, adapted, run_dir, checkpoint,
+           state, resume_dir, console):  # fmt: skip
+    """setup's rest, from the prompts on."""
+    model = policy.model
+    source = environment_prompts(cfg, tokenizer, model, adapted)
     if d.is_main and dropped_note(source):
         console.print(dropped_note(source))
     module = wrap(model, d, device, cfg.train.parallel)  # before the optimiser: FSDP2 shards
     optimizer, scheduler = _optimizer(cfg, model)
-    agent = given.agent is not None or cfg.env.agent is not None  # the agent runs the tools
+    # the agent runs the tools
+    agent = given.agent is not None or cfg.env.agent is not None or adapted is not None
     toolbox = None if agent else build_toolbox(cfg, source, tokenizer, given)
     site = replace(engine_site(cfg, model, device, d, backend, source), tools=toolbox)
     if agent:  # an agent's later turns hold its context: the engine takes the model's length
         site = replace(site, max_model_len=None)
     engine = build_engine(cfg, model, tokenizer, site)
-    agents = build_agents(cfg, engine, tokenizer, model, source, given.agent)
-    scorer = Scorer.build(cfg, source.task, given.reward_functions, has_answer=source.has_answer)
+    agents = build_agents(cfg, engine, tokenizer, model, source, given.agent, adapted)
+    scorer = Scorer.build(
+        cfg,
+        source.task,
+        given.reward_functions,
+        has_answer=source.has_answer,
+        scored_by_agents=adapted is not None,
+    )
     algorithm = Algorithm.from_config(cfg)  # built once, passed to every stage
     teacher = None
     if algorithm.distills:  # refused (another tokenizer) before the run directory is written

@@ -141,6 +141,9 @@ def no_eval_reason(cfg: Config) -> str:
     """Why a run has no held-out prompts: no eval set given, or train.eval_size=0."""
     if cfg.train.eval_size == 0:
         return "train.eval_size=0"
+    if cfg.env.environment is not None:
+        return ("the environment scores training rollouts only; its held-out rows are "
+                "evaluated when reward.accuracy names a reward")  # fmt: skip
     if cfg.data.path and not cfg.data.eval_path:
         return "no eval set: data.eval_path (the API's eval_dataset) is not set"
     return "the eval set holds no prompts"
