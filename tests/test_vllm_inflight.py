@@ -192,6 +192,30 @@ def test_inflight_updates_needs_a_staleness_bound():
                                "--rollout.vllm.urls=http://127.0.0.1:9", "--train.inflight_updates=true"])  # fmt: skip
 
 
+def test_inflight_updates_is_refused_beside_an_agent_or_an_environment():
+    from rlvr.config.load import load_config
+    from rlvr.config.schema import ConfigError
+
+    server = ["--train.inflight_updates=true", "--rollout.engine=vllm", "--train.max_staleness=1",
+              "--rollout.vllm.mode=server", "--rollout.vllm.urls=http://127.0.0.1:9",
+              "--algo.rollout_correction=token"]  # fmt: skip
+    for beside in ("--env.agent=agent_funcs:calc_two_turns", "--env.environment=verifiers:m:f"):
+        with pytest.raises(ConfigError, match=r"train\.inflight_updates: .*beside env\.agent"):
+            load_config(overrides=[*server, beside])
+
+
+def test_inflight_updates_is_refused_beside_an_agent_of_the_python_api(tmp_path):
+    import rlvr
+    from rlvr.config.schema import ConfigError
+
+    config = {"rollout.engine": "vllm", "rollout.vllm.mode": "server", "train.max_staleness": 1,
+              "rollout.vllm.urls": ["http://127.0.0.1:9"], "train.inflight_updates": True,
+              "algo.rollout_correction": "token"}  # fmt: skip
+    with pytest.raises(ConfigError, match=r"train\.inflight_updates: .*beside an agent"):
+        rlvr.train(config=config, agent=lambda client, row: 1.0, output_dir=tmp_path / "run",
+                   show_progress=False)  # fmt: skip
+
+
 def _rows(run) -> list[dict]:
     return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
 

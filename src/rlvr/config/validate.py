@@ -285,6 +285,13 @@ def _validate_env(cfg: Config) -> None:
         "'module:function' or 'path/to/file.py:function'",
         e.agent,
     )
+    check(
+        not cfg.train.inflight_updates or (e.agent is None and e.environment is None),
+        "train.inflight_updates",
+        "false beside env.agent or env.environment (their rollouts go through the run's "
+        "endpoint, one request at a time; in flight, rlvr's own rollouts only)",
+        True,
+    )
     if e.environment is not None:
         from rlvr.environments.adapter import split_spec
 

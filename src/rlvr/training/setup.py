@@ -47,7 +47,7 @@ from rlvr.training.critic import Critic
 from rlvr.training.evaluation import evaluate
 from rlvr.training.lr_schedule import lr_scheduler
 from rlvr.training.outer import OuterLoop, build_outer
-from rlvr.training.pipeline import Pipeline
+from rlvr.training.pipeline import Pipeline, pipeline_of
 from rlvr.training.policy import Policy, build_critic, load_policy
 from rlvr.training.settings import (
     CollectSettings,
@@ -208,6 +208,9 @@ def setup(
     except ValueError as e:
         raise ConfigError(str(e)) from None
     backend = _cpu_backend(policy, cfg)
+    if cfg.train.inflight_updates and (given.agent or given.environment) is not None:
+        raise ConfigError("train.inflight_updates: expected false beside an agent or an "
+                          "environment (in flight, rlvr's own rollouts only)")  # fmt: skip
     # before the prompts: its rows are the prompts
     adapted = run_environment(cfg, given.environment, given.agent)
     try:
@@ -270,7 +273,7 @@ def _build(cfg, d, device, given, tokenizer, policy, backend, adapted, run_dir, 
         collect_settings=CollectSettings.from_config(cfg),
         update_settings=UpdateSettings.from_config(cfg),
         critic_context=CriticContext.from_config(cfg, tokenizer.pad_token_id, device, d),
-        pipeline=_pipeline(cfg, None),
+        pipeline=pipeline_of(cfg.train, None),
         agents=agents,
         teacher=teacher,
     )
@@ -376,7 +379,7 @@ def _resume(run: Run, checkpoint: Path, state: dict, console: Console) -> dict:
     load_optimizer_state(run.policy.model, run.optimizer, state["optimizer"])
     run.scheduler.load_state_dict(state["scheduler"])
     run.sampler.position = state["sampler_position"]
-    run.pipeline = _pipeline(cfg, state.get("pipeline"))
+    run.pipeline = pipeline_of(cfg.train, state.get("pipeline"))
     set_rng_state(state["rng"])
     if d.is_main:
         for name in ("metrics.jsonl", "samples.jsonl"):
@@ -398,14 +401,3 @@ def _cpu_backend(policy: Policy, cfg: Config) -> cpu.Backend:
 
 def _quiet(*_args) -> None:
     pass
-
-
-def _pipeline(cfg: Config, state: list | None):
-    """The batches produced ahead (train.max_staleness), or the groups in flight
-    (train.inflight_updates, `rlvr.training.inflight`), from a checkpoint's `state` if any."""
-    t = cfg.train
-    if t.inflight_updates:
-        from rlvr.training.inflight import Inflight
-
-        return Inflight(t.max_staleness, t.max_steps, resend=state)
-    return Pipeline.from_state(t.max_staleness, state, t.max_steps)
