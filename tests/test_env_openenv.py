@@ -259,7 +259,7 @@ def test_targets_that_are_not_servers_are_one_line_errors_naming_them():
     port = _free_port()  # nothing listens there
     with pytest.raises(ConfigError, match=rf"OpenEnv server http://127.0.0.1:{port}: GET /health"):
         adapt(f"http://127.0.0.1:{port}", _cfg("--env.timeout=1"))
-    with pytest.raises(ConfigError, match="cannot import 'no_such_env_module'"):
+    with pytest.raises(ConfigError, match="cannot import module 'no_such_env_module'"):
         adapt("no_such_env_module:app", _cfg())
     with pytest.raises(ConfigError, match="expected a server URL"):
         adapt(f"{EXAMPLE}:TRIES", _cfg())

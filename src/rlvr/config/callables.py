@@ -20,6 +20,16 @@ def extend_sys_path(paths) -> None:
 def load_callable(spec: str, kind: str):
     """The callable "module:function" or "path/to/file.py:function" names; `kind` (what it
     is for, e.g. "user reward", "algo.loss") starts every error's message."""
+    fn = load_object(spec, kind)
+    if not callable(fn):
+        attr = spec.rpartition(":")[2]
+        raise ValueError(f"{kind} {spec!r}: {attr!r} is a {type(fn).__name__}, not callable")
+    return fn
+
+
+def load_object(spec: str, kind: str):
+    """The object "module:name" or "path/to/file.py:name" names, callable or not (an app, an
+    environment); ValueError starting with `kind` when it cannot be had."""
     if not isinstance(spec, str) or ":" not in spec:
         raise ValueError(
             f"{kind} {spec!r}: expected 'module:function' or 'path/to/file.py:function'"
@@ -55,6 +65,4 @@ def load_callable(spec: str, kind: str):
     if fn is None:
         public = sorted(k for k, v in vars(module).items() if callable(v) and not k.startswith("_"))
         raise ValueError(f"{kind} {spec!r}: {target!r} has no {attr!r}; callables: {public}")
-    if not callable(fn):
-        raise ValueError(f"{kind} {spec!r}: {attr!r} is a {type(fn).__name__}, not callable")
     return fn

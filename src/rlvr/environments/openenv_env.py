@@ -20,19 +20,14 @@ and the steps returned (None counts 0).
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import importlib
-import importlib.util
 import json
 import socket
-import sys
 import threading
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any
 
 from openenv.core import EnvClient, GenericEnvClient
@@ -146,32 +141,12 @@ def _get_json(url: str, path: str, deadline_s: float) -> dict:
 
 def load(target: str):
     """The object "module:attr" or "path/to/file.py:attr" names, callable or not."""
-    module, _, attr = target.rpartition(":")
-    if not module or not attr:
-        raise ConfigError(
-            f"env.environment: openenv {target!r}: expected a server URL, 'module:attr' or "
-            "'path/to/file.py:attr'"
-        )
+    from rlvr.config.callables import load_object
+
     try:
-        if module.endswith(".py") or "/" in module:
-            path = Path(module).expanduser().resolve()
-            name = f"rlvr_openenv_{path.stem}_{hashlib.sha1(str(path).encode()).hexdigest()[:12]}"
-            holder = sys.modules.get(name)
-            if holder is None:
-                found = importlib.util.spec_from_file_location(name, path)
-                holder = importlib.util.module_from_spec(found)
-                found.loader.exec_module(holder)
-                sys.modules[name] = holder
-        else:
-            holder = importlib.import_module(module)
-    except Exception as e:
-        raise ConfigError(
-            f"env.environment: openenv {target!r}: cannot import {module!r}: "
-            f"{type(e).__name__}: {e}"
-        ) from None
-    if not hasattr(holder, attr):
-        raise ConfigError(f"env.environment: openenv {target!r}: {module!r} has no {attr!r}")
-    return getattr(holder, attr)
+        return load_object(target, "env.environment: openenv")
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
 
 
 def resolve(target, cfg) -> tuple[OpenEnv, Callable[[], None]]:
