@@ -17,8 +17,8 @@ import pytest
 import rlvr
 from rlvr.cli.main import main
 from rlvr.config.schema import ConfigError
-from rlvr.environments.adapter import weighted_reward
 from rlvr.environments.recorder import AgentFault
+from rlvr.environments.runner import weighted_reward
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "verifiers_arithmetic.py"

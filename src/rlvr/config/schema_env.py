@@ -8,6 +8,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+# KIND -> (adapter module, the distribution a user installs for it, the extra naming it)
+KINDS: dict[str, tuple[str, str, str]] = {
+    "verifiers": ("rlvr.environments.verifiers_env", "verifiers", "verifiers"),
+    "openenv": ("rlvr.environments.openenv_env", "openenv", "openenv"),
+}
+
 
 @dataclass(frozen=True)
 class ReasoningGymSettings:

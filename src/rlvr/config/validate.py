@@ -12,6 +12,7 @@ from pathlib import Path
 
 from rlvr.config.placement import validate_vllm_server
 from rlvr.config.schema import Config, ConfigError, check
+from rlvr.config.schema_env import KINDS
 
 MAX_LR = 1.0  # learning rates above this are refused
 
@@ -293,8 +294,6 @@ def _validate_env(cfg: Config) -> None:
         True,
     )
     if e.environment is not None:
-        from rlvr.environments.adapter import split_spec
-
         split_spec(e.environment)  # KIND:TARGET, KIND a known one
         check(e.agent is None, "env.agent", "none beside env.environment (the environment "
               "drives the rollouts)", e.agent)  # fmt: skip
@@ -359,3 +358,14 @@ def _check_machine(cfg: Config) -> None:
                 f"model.device: got {device!r}, expected auto, cpu, cuda, cuda:N "
                 "(or another torch device such as mps, xpu)"
             ) from None
+
+
+def split_spec(spec: str) -> tuple[str, str]:
+    """ "KIND:TARGET" -> (KIND, TARGET), or a ConfigError naming what was expected."""
+    kind, sep, target = spec.partition(":")
+    if not sep or kind not in KINDS or not target:
+        raise ConfigError(
+            f"env.environment: got {spec!r}, expected KIND:TARGET with KIND one of "
+            f"{sorted(KINDS)} (e.g. verifiers:my_env:load_environment)"
+        )
+    return kind, target

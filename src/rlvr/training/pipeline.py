@@ -248,13 +248,3 @@ class Beside:
         if "error" in self._box:
             raise self._box["error"]
         return self._box["got"], self._box["done"] - called
-
-
-def pipeline_of(train, state: list | None):
-    """The batches produced ahead (`train.max_staleness`), or the groups in flight
-    (`train.inflight_updates`, `rlvr.training.inflight`), from a checkpoint's `state` if any."""
-    if train.inflight_updates:
-        from rlvr.training.inflight import Inflight
-
-        return Inflight(train.max_staleness, train.max_steps, resend=state)
-    return Pipeline.from_state(train.max_staleness, state, train.max_steps)

@@ -19,7 +19,7 @@ from rlvr.config.load import to_dict
 from rlvr.config.placement import check_ranks
 from rlvr.config.schema import Config, ConfigError
 from rlvr.data.prompts import PromptSource, dropped_note
-from rlvr.environments.adapter import environment_prompts, run_environment
+from rlvr.environments.adapter import closed_on_error, environment_prompts, run_environment
 from rlvr.environments.runner import AgentRunner, build_agents
 from rlvr.models import autocast, check_vocabulary, load_tokenizer
 from rlvr.rewards.sandbox import SandboxUnavailable, resolve_isolation
@@ -45,9 +45,10 @@ from rlvr.tools import Toolbox, ToolFormat, make_python_tool
 from rlvr.training.collect import PromptSampler
 from rlvr.training.critic import Critic
 from rlvr.training.evaluation import evaluate
+from rlvr.training.inflight import pipeline_of
 from rlvr.training.lr_schedule import lr_scheduler
 from rlvr.training.outer import OuterLoop, build_outer
-from rlvr.training.pipeline import Pipeline, pipeline_of
+from rlvr.training.pipeline import Pipeline
 from rlvr.training.policy import Policy, build_critic, load_policy
 from rlvr.training.settings import (
     CollectSettings,
@@ -208,23 +209,20 @@ def setup(
     except ValueError as e:
         raise ConfigError(str(e)) from None
     backend = _cpu_backend(policy, cfg)
-    if cfg.train.inflight_updates and (given.agent or given.environment) is not None:
-        raise ConfigError("train.inflight_updates: expected false beside an agent or an "
-                          "environment (in flight, rlvr's own rollouts only)")  # fmt: skip
     # before the prompts: its rows are the prompts
     adapted = run_environment(cfg, given.environment, given.agent)
-    try:
-        return _build(cfg, d, device, given, tokenizer, policy, backend, adapted, run_dir,
-                      checkpoint, state, resume_dir, console)  # fmt: skip
-    except BaseException:
-        if adapted is not None:  # closed once, by the agents when they hold it
-            adapted.close()
-        raise
+    with closed_on_error(adapted):
+        return _build(cfg, given, (d, device), (tokenizer, policy, backend, adapted),
+                      (run_dir, checkpoint, state, resume_dir), console)  # fmt: skip
 
 
-def _build(cfg, d, device, given, tokenizer, policy, backend, adapted, run_dir, checkpoint,
-           state, resume_dir, console):  # fmt: skip
-    """setup's rest, from the prompts on."""
+def _build(cfg, given, placed, parts, resumed, console):
+    """setup's rest, from the prompts on: `placed` is the ranks and the device, `parts` the
+    tokenizer, the policy, the CPU backend and the environment built so far, `resumed` the run
+    directory, checkpoint, trainer state and resume directory."""
+    d, device = placed
+    tokenizer, policy, backend, adapted = parts
+    run_dir, checkpoint, state, resume_dir = resumed
     model = policy.model
     source = environment_prompts(cfg, tokenizer, model, adapted)
     if d.is_main and dropped_note(source):
