@@ -217,7 +217,10 @@ def env_metrics(total: dict[str, float]) -> dict[str, float]:
 
 
 def _groups(rows: list[Prompt], rollout: Rollout, scores: Scores, G: int) -> list[list[Sample]]:
-    engine_lp = rollout.sampling_log_probs
+    def cut(per_token: torch.Tensor | None, i: int) -> torch.Tensor | None:
+        """Row i's values over its response's tokens (None where the rollout has none)."""
+        return None if per_token is None else per_token[i, : rollout.lengths[i]]
+
     return [
         [
             Sample(
@@ -227,15 +230,9 @@ def _groups(rows: list[Prompt], rollout: Rollout, scores: Scores, G: int) -> lis
                 reward=float(scores.total[i]),
                 correct=bool(scores.correct[i]),
                 group=g,
-                sampling_log_probs=None
-                if engine_lp is None
-                else engine_lp[i, : rollout.lengths[i]],
-                token_versions=None
-                if rollout.token_versions is None
-                else rollout.token_versions[i, : rollout.lengths[i]],
-                tool_mask=None
-                if rollout.tool_mask is None
-                else rollout.tool_mask[i, : rollout.lengths[i]],
+                sampling_log_probs=cut(rollout.sampling_log_probs, i),
+                token_versions=cut(rollout.token_versions, i),
+                tool_mask=cut(rollout.tool_mask, i),
                 reward_terms={k: float(v[i]) for k, v in scores.terms.items()},
             )
             for i in range(g * G, (g + 1) * G)
