@@ -54,7 +54,6 @@ class Flight:
     future: Any  # its answers (`VLLMServerEngine.submit`)
     server: Any
     step: int  # the step that sent it
-    seed: int
 
 
 class Inflight:
@@ -132,7 +131,7 @@ class Inflight:
             seed = derive_seed(c.seed, "inflight", step, len(self.flights), run.sampler.position)
             params = replace(c.params, seed=seed, row_seeds=None)
             future, server = run.engine.submit(run.source.train[prompt].ids, params)
-            self.flights.append(Flight(prompt, future, server, step, seed))
+            self.flights.append(Flight(prompt, future, server, step))
 
     def _done(self, run) -> list[Flight]:
         """The flights complete now, waiting for at least one; in the order they were sent
