@@ -45,10 +45,10 @@ files=(
 for cap in "${caps[@]}"; do
   for native in 1 0; do
     echo "== ATEN_CPU_CAPABILITY=$cap RLVR_NATIVE=$native"
-    ATEN_CPU_CAPABILITY="$cap" RLVR_NATIVE="$native" pytest -m "not slow" -q \
+    ATEN_CPU_CAPABILITY="$cap" RLVR_NATIVE="$native" pytest -m "not slow" -q --durations=15 \
       "${files[@]}"
   done
 done
 
 echo "== arithmetic guard: ATEN_CPU_CAPABILITY=avx2 OMP_NUM_THREADS=1 RLVR_NATIVE=0"
-ATEN_CPU_CAPABILITY=avx2 OMP_NUM_THREADS=1 RLVR_NATIVE=0 pytest -q -m "compares_runs and not slow"
+ATEN_CPU_CAPABILITY=avx2 OMP_NUM_THREADS=1 RLVR_NATIVE=0 pytest -q --durations=15 -m "compares_runs and not slow"

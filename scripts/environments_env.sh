@@ -22,7 +22,7 @@ if [ "${1:-}" = "--slow" ]; then marks="environments"; shift; fi
 prefix=${1:-.ci-venv}
 
 run_in_venv() {  # extra, test file
-  local venv="$prefix-$1"
+  local venv="$prefix-$1" start=$SECONDS
   python3 -m venv "$venv"
   (
     . "$venv/bin/activate"
@@ -30,7 +30,10 @@ run_in_venv() {  # extra, test file
     pip install -q torch==2.13.0
     pip install -q -e ".[dev,$1]"
     python -c "import importlib.metadata as m; print('$1', m.version('$1'))"
-    pytest -q -p no:cacheprovider -m "$marks" "$2"
+    echo "ci-step: $1 install $((SECONDS - start)) s"
+    start=$SECONDS
+    trap 'echo "ci-step: $1 tests $((SECONDS - start)) s"' EXIT
+    pytest -q -p no:cacheprovider --durations=15 -m "$marks" "$2"
   )
 }
 

