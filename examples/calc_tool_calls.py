@@ -3,6 +3,7 @@
     python examples/calc_tool_calls.py          # the calc task's 150 steps
     python examples/calc_tool_calls.py 2        # a smoke run of 2 steps
     rlvr train --data.task=calc --agent examples/calc_tool_calls.py:calc_agent
+    rlvr eval --model runs/<run> --task calc --k 1   # held-out accuracy, the tool in the loop
 
 The agent sends the calc tool's schema as `tools`, reads the model's calls from
 `message.tool_calls`, runs them and sends each result back as a `tool` message, until the model
@@ -23,6 +24,7 @@ from rlvr.tools import calc
 CALC = get_json_schema(calc)  # {"type": "function", "function": {"name": "calc", ...}}
 MAX_TURNS = 4  # model turns: up to three calls, then the answer
 MAX_TOKENS = 64  # a turn's budget: a call takes 57-61 tokens, an answer 8-10
+BUDGET = 224  # no call after the conversation passes this many tokens (the task's row budget)
 
 
 def run_call(call) -> str:
@@ -36,14 +38,15 @@ def run_call(call) -> str:
 
 
 def calc_agent(client, row):
-    messages = list(row["messages"])
+    messages, start = list(row["messages"]), None
     for _ in range(MAX_TURNS):
         reply = client.chat.completions.create(
             model="policy", messages=messages, tools=[CALC], max_tokens=MAX_TOKENS
         )
+        start = start or reply.usage.prompt_tokens
         message = reply.choices[0].message
         messages.append(message)
-        if not message.tool_calls:
+        if not message.tool_calls or reply.usage.total_tokens - start >= BUDGET:
             break
         for call in message.tool_calls:
             messages.append({"role": "tool", "tool_call_id": call.id, "content": run_call(call)})
@@ -52,11 +55,11 @@ def calc_agent(client, row):
 
 
 if __name__ == "__main__":
-    config = {"data.task": "calc"}
+    # train.eval_size=0: under an agent the run's engine runs no tools, so its own held-out
+    # evaluation of calc would sample without the tool; `rlvr eval` runs the task's tool
+    config = {"data.task": "calc", "train.eval_size": 0}
     if len(sys.argv) > 1:
         config["train.max_steps"] = int(sys.argv[1])
     result = rlvr.train("rlvr-tiny", agent=calc_agent, config=config)
-    before = result.summary["eval_before"]["accuracy"]
-    after = result.summary["eval_after"]["accuracy"]
-    print(f"run directory: {result.run_dir}")
-    print(f"held-out accuracy: {before:.3f} -> {after:.3f} in {len(result.metrics)} steps")
+    print(f"run directory: {result.run_dir} ({len(result.metrics)} steps)")
+    print(f"held-out accuracy: rlvr eval --model {result.run_dir} --task calc --k 1")

@@ -65,14 +65,18 @@ def _literals(field: dict, key: str) -> list[str]:
 
 
 def call_end(tokenizer, template: dict, ids: list[int]) -> int | None:
-    """The length of `ids` up to the close of their first tool call, None when no call
-    closes in them (or the template's close is a pattern, not a literal: the turn then ends
-    where the model ends it)."""
+    """The length of `ids` up to the close of their first tool call (after its open, where
+    the open is a literal), None when no call closes in them (or the template's close is a
+    pattern, not a literal: the turn then ends where the model ends it)."""
     field = template.get("fields", {}).get("tool_calls") or {}
     opens = [tokenizer.encode(t, add_special_tokens=False) for t in _literals(field, "open")]
     closes = [tokenizer.encode(t, add_special_tokens=False) for t in _literals(field, "close")]
-    start = min((i for tag in opens if (i := _find(ids, tag, 0)) is not None), default=0)
-    ends = [i + len(tag) for tag in closes if tag and (i := _find(ids, tag, start)) is not None]
+    start = min((i for tag in opens if tag and (i := _find(ids, tag, 0)) is not None), default=None)
+    if start is None and opens:  # no call opened: a close tag alone ends nothing
+        return None
+    ends = [
+        i + len(tag) for tag in closes if tag and (i := _find(ids, tag, start or 0)) is not None
+    ]
     return min(ends, default=None)
 
 
