@@ -13,17 +13,15 @@ and trains on exactly the ids it sampled (docs/environments.md, "Tool calls").
 """
 
 import json
-import sys
 
 from transformers.utils import get_json_schema
 
-import rlvr
 from rlvr.tasks import TASKS
 from rlvr.tools import calc
 
 CALC = get_json_schema(calc)  # {"type": "function", "function": {"name": "calc", ...}}
 MAX_TURNS = 4  # model turns: up to three calls, then the answer
-MAX_TOKENS = 64  # a turn's budget: a call takes 57-61 tokens, an answer 8-10
+MAX_TOKENS = 64  # a turn's budget: a call takes 57-60 tokens, an answer and its EOS 7-8
 BUDGET = 224  # no call after the conversation passes this many tokens (the task's row budget)
 
 
@@ -55,6 +53,10 @@ def calc_agent(client, row):
 
 
 if __name__ == "__main__":
+    import sys
+
+    import rlvr
+
     # train.eval_size=0: under an agent the run's engine runs no tools, so its own held-out
     # evaluation of calc would sample without the tool; `rlvr eval` runs the task's tool
     config = {"data.task": "calc", "train.eval_size": 0}

