@@ -27,6 +27,8 @@ import secrets
 from dataclasses import dataclass
 from typing import Any
 
+from rlvr.models import RESPONSE_TEMPLATE
+
 HERMES_OPEN = "<tool_call>"
 
 
@@ -53,8 +55,6 @@ def template_for(tokenizer) -> dict | None:
     chat = getattr(tokenizer, "chat_template", None)
     texts = chat.values() if isinstance(chat, dict) else [chat or ""]
     if any(HERMES_OPEN in text for text in texts):
-        from rlvr.models import RESPONSE_TEMPLATE
-
         return RESPONSE_TEMPLATE
     return None
 
