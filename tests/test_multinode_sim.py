@@ -121,7 +121,7 @@ def test_a_name_taken_is_refused_and_left_alone():
 @as_root
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="needs vllm: scripts/vllm_env.sh")  # fmt: skip
 def test_the_guides_commands_run_across_namespaces():
-    """The whole simulation in this venv (sys.prefix); measured in the module doc of the script."""
+    """The whole simulation in this venv (sys.prefix): about 5 minutes on the 2-core machine."""
     done = subprocess.run(["bash", str(SCRIPT), sys.prefix], capture_output=True, text=True,
                           timeout=3000)  # fmt: skip
     assert done.returncode == 0, (done.stdout[-3000:], done.stderr[-5000:])
