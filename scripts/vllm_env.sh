@@ -5,7 +5,9 @@
 # `rlvr eval --rollout.engine=vllm`; tests/test_vllm_server.py: server mode on loopback vLLM
 # servers, their faults, a killed trainer, staleness 1, LoRA, two gloo ranks against two
 # launched servers); tests/test_vllm_inflight.py: weights updated in flight, each token's
-# version and log-prob; --slow adds the learning tests (default, staleness 1, LoRA, in flight).
+# version and log-prob; --slow adds the learning tests (default, staleness 1, LoRA, in flight)
+# and, as root, tests/test_multinode_sim.py's run of scripts/multinode_sim.sh in this venv (the
+# scale-out guide's commands across network namespaces, about 5 minutes).
 #
 #   bash scripts/vllm_env.sh [--slow] [--install-only | --tests-only] [VENV]
 #                                        (default VENV: .ci-venv-vllm)
@@ -47,4 +49,4 @@ fi
 start=$SECONDS
 trap 'echo "ci-step: vllm tests $((SECONDS - start)) s"' EXIT
 pytest -q -p no:cacheprovider --durations=15 -m "$marks" tests/test_vllm_engine.py tests/test_vllm_train.py \
-  tests/test_vllm_server.py tests/test_vllm_inflight.py
+  tests/test_vllm_server.py tests/test_vllm_inflight.py tests/test_multinode_sim.py
