@@ -11,6 +11,8 @@ cousin of PPO's clip:
 
 aggregated by `algo.agg` with the step's global counts, so micro-batching and ranks leave the
 loss as one batch's. Masked positions may hold anything: they are replaced before arithmetic.
+It reads the public `LossInputs` fields alone: rollout correction's weights and the off-policy
+mask reach it folded into `inputs.advantages` (then (B, T)), which scales its policy term.
 """
 
 import torch

@@ -14,6 +14,10 @@ lambda, the negative ones kept, inside PPO's clipped surrogate:
 positive_weight = 1 is the clip objective, 0 trains on the negative samples alone (the paper's
 NSR); the paper takes 0.1. The setting is declared with its default and range next to the
 function, so `algo.positive_weight` is a config key with them, refused under any other loss.
+
+Rollout correction's weights and the off-policy mask act once: the update folds them into
+the advantages before the call (the registration's default, `rollout_weights="framework"`) and
+hands `clip` none to apply again.
 """
 
 from dataclasses import dataclass, replace
@@ -38,5 +42,5 @@ class WeightedSettings(LossSettings):
 def weighted_reinforce(inputs: LossInputs, settings: WeightedSettings) -> LossOutput:
     adv = inputs.advantages
     weighted = torch.where(adv > 0, settings.positive_weight * adv, adv)
-    out = OBJECTIVES["clip"].fn(replace(inputs, advantages=weighted), settings)
+    out = OBJECTIVES["clip"](replace(inputs, advantages=weighted), settings)
     return LossOutput(out.loss, {**out.metrics, "positive_weight": settings.positive_weight})

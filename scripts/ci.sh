@@ -12,10 +12,14 @@
 #   lint-docs         ruff, the formatter's check, the documentation site (mkdocs --strict)
 #   fast              `pytest`: the fast suite
 #   slow              `pytest -m slow`: the learning tests, examples and 2-process tests
-#   native-off        the engines, the update and the CPU gate again with the C kernels off
-#   cpu-capabilities  the numerically sensitive files under other CPUs' kernels
-#   vllm              a venv with vLLM's CPU build and the tests marked `vllm` in it
-#   environments      a venv for each of the verifiers and OpenEnv extras and their tests
+#   cpu-capabilities  the numerically sensitive files under other CPUs' kernels, the engines
+#                     and the update with the C kernels off, the arithmetic guard
+#   venvs             waits for the vLLM and environment venvs, which build in the background
+#                     from the start of lint-docs (their downloads and unpacking wait on the
+#                     network and the disk; built one after the other they took 6-7 minutes
+#                     of the run's wall time)
+#   vllm              the tests marked `vllm` in the vLLM venv (vLLM's CPU build)
+#   environments      the tests marked `environments` in the verifiers and OpenEnv venvs
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -31,21 +35,33 @@ part() {  # NAME COMMAND...: run COMMAND, print and keep its wall time
   echo "${lines[-1]}"
   return "$rc"
 }
+venvs_pid=""
+venvs_log=$(mktemp)
 summary() {
+  [ -z "$venvs_pid" ] || kill -- -"$venvs_pid" 2>/dev/null || true
   echo "== ci parts (wall time)"
   printf '%s\n' "${lines[@]}"
+  rm -f "$venvs_log"
 }
 trap summary EXIT
+wait_for_venvs() {  # the background build's exit status, its log shown either way
+  local rc=0
+  wait "$venvs_pid" || rc=$?
+  venvs_pid=""
+  cat "$venvs_log"
+  return "$rc"
+}
 
 durations=--durations=15
 part install bash -c 'pip install torch==2.13.0 && pip install -e ".[dev]"'
+# a session of its own, so that a failed part stops the build with everything it started
+setsid bash -c 'bash scripts/vllm_env.sh --install-only && bash scripts/environments_env.sh --install-only' \
+  >"$venvs_log" 2>&1 &
+venvs_pid=$!
 part lint-docs bash -c 'ruff check . && ruff format --check . && mkdocs build --strict'
 part fast pytest "$durations"
 part slow pytest -m slow "$durations"
-part native-off env RLVR_NATIVE=0 pytest -m "not slow" -q "$durations" \
-  tests/test_rollout_fast.py tests/test_rollout_vllm.py tests/test_lean.py \
-  tests/test_prefix_attention.py tests/test_native.py tests/test_update.py \
-  tests/test_share_prompt.py tests/test_train_e2e.py tests/test_cpu_gate.py
 part cpu-capabilities bash scripts/cpu_capabilities.sh
-part vllm bash scripts/vllm_env.sh
-part environments bash scripts/environments_env.sh
+part venvs wait_for_venvs
+part vllm bash scripts/vllm_env.sh --tests-only
+part environments bash scripts/environments_env.sh --tests-only

@@ -34,3 +34,6 @@ def centred_pg(inputs: LossInputs, settings: LossSettings) -> LossOutput:
 
 
 centred_pg.stats = centred_stats
+# Its policy term -(A - mean A) log pi is not proportional to A: the update could not apply
+# rollout weights through the advantages, and it does not apply them itself.
+centred_pg.rollout_weights = "refused"

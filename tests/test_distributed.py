@@ -248,3 +248,47 @@ def test_fsdp2_checkpoint_resumes_on_one_process(tiny_model_dir, tmp_path):
     w1 = load_file(str(one / "checkpoints" / "step-000003" / "model.safetensors"))
     w2 = load_file(str(mixed / "checkpoints" / "step-000003" / "model.safetensors"))
     assert_same_weights(w1, w2)
+
+
+LOST = """
+import os, signal, torch, torch.distributed as dist
+import rlvr.run.distributed  # imported by every run: where user_error finds lost_rank
+from rlvr.cli.main import user_error
+dist.init_process_group("gloo")
+t = torch.zeros(1)
+dist.all_reduce(t)
+if dist.get_rank() == 1:
+    os.kill(os.getpid(), signal.SIGKILL)
+try:
+    dist.all_reduce(t)
+except RuntimeError as e:
+    print(user_error(e))
+"""
+
+
+def test_a_rank_whose_peer_is_killed_ends_with_one_line():
+    """Two gloo ranks, rank 1 SIGKILLed after a first all-reduce: rank 0's next collective
+    fails with gloo's own error, which `rlvr` prints as one line naming what happened
+    (`rlvr.run.distributed.lost_rank`), exit 1. Other errors are not taken for it."""
+    import socket
+
+    from rlvr.run.distributed import lost_rank
+
+    assert lost_rank(RuntimeError("a bug")) is None and lost_rank(ValueError("gloo/")) is None
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**_no_launcher(os.environ), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+           "WORLD_SIZE": "2", "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}  # fmt: skip
+    procs = [subprocess.Popen([sys.executable, "-c", LOST], env={**env, "RANK": str(r)},
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for r in (0, 1)]  # fmt: skip
+    try:
+        out, err = procs[0].communicate(timeout=120)
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    assert out.startswith("(1, 'torch.distributed: rank 0 lost contact with another rank ("), (out, err)  # fmt: skip
+    assert out.rstrip().endswith("); --resume continues from the last checkpoint')"), out
+    assert "by peer" in out, out  # gloo: "Connection closed by peer" or "reset by peer"

@@ -109,3 +109,17 @@ def test_every_module_the_text_names_exists():
             if _missing(parts):
                 missing.append(f"{f.relative_to(ROOT)}: rlvr.{'.'.join(parts)}")
     assert not missing, "\n".join(sorted(set(missing)))
+
+
+SCRIPT_PATH = re.compile(r"(?<![\w/.-])((?:bench|scripts|examples)/[\w./-]*\w)")
+
+
+def test_every_script_and_example_the_docs_name_exists():
+    """A path under bench/, scripts/ or examples/ in README.md or docs/ names a file or folder
+    of the repository: a command the reader copies runs what it says."""
+    missing = []
+    for f in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]:
+        for m in SCRIPT_PATH.finditer(f.read_text()):
+            if not (ROOT / m.group(1)).exists():
+                missing.append(f"{f.relative_to(ROOT)}: {m.group(1)}")
+    assert not missing, "\n".join(sorted(set(missing)))

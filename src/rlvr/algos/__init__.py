@@ -60,7 +60,7 @@ _WHERE = {
     "KLKind": "settings",
     "last_valid_index": "kl_reward",
     "LossInputs": "objectives",
-    "LossOutput": "losses",
+    "LossOutput": "loss_inputs",
     "LossSettings": "settings",
     "masked_moments": "gae",
     "masked_whiten": "gae",

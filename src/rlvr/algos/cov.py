@@ -35,7 +35,9 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from .losses import LossOutput, _check, _metrics, kl_and_aggregate, masked_inputs
+from .loss_inputs import LossOutput
+from .objectives.registry import register_objective
+from .objectives.toolkit import check_inputs, kl_and_aggregate, masked_inputs, policy_metrics
 from .settings import LossSettings, setting
 
 if TYPE_CHECKING:
@@ -215,18 +217,25 @@ def kl_cov_stages(settings: KLCovSettings):
 def _finish(per_token, logp, clean, mask, inputs, s, rho, low, high, cut):
     loss, kl3 = kl_and_aggregate(per_token, logp, clean, mask, inputs, s)
     none = torch.zeros((), dtype=logp.dtype, device=logp.device)
-    metrics = _metrics(rho, mask, low, high, torch.zeros_like(mask), kl3, none)
+    metrics = policy_metrics(rho, mask, low, high, torch.zeros_like(mask), kl3, none)
     n = max(metrics["num_tokens"], 1.0)
     metrics["cov_frac"] = float(cut.sum()) / n
     return LossOutput(loss=loss, metrics=metrics)
 
 
+@register_objective(
+    "clip_cov",
+    settings=ClipCovSettings,
+    unused=("ratio", "dual_clip", "log_ratio_clamp"),
+    stages=clip_cov_stages,
+    rollout_weights="own",
+)
 def clip_cov_loss(inputs: LossInputs, settings: ClipCovSettings) -> LossOutput:
     """Clip-Cov's loss (module docstring); `inputs.batch_stats` holds both stages' totals.
     Metrics as `clip`'s, plus cov_frac: the share of loss tokens Clip-Cov cut (verl's
     pg_clipfrac under clip_cov)."""
     s, totals = settings, inputs.batch_stats
-    _check(inputs, s.kl_coef)
+    check_inputs(inputs, s.kl_coef)
     logp, _, adv, mask, clean, rho, pg1, pg2 = _clip_parts(inputs, s)
     eligible = clip_cov_eligible(inputs, totals, s)
     cut = selected(eligible, uniform_keys(inputs), token_ids(inputs), totals[TOP])
@@ -237,11 +246,18 @@ def clip_cov_loss(inputs: LossInputs, settings: ClipCovSettings) -> LossOutput:
     return _finish(per_token, logp, clean, mask, inputs, s, rho, low, high, cut)
 
 
+@register_objective(
+    "kl_cov",
+    settings=KLCovSettings,
+    unused=("clip_low", "clip_high", "ratio", "dual_clip", "log_ratio_clamp"),
+    stages=kl_cov_stages,
+    rollout_weights="own",
+)
 def kl_cov_loss(inputs: LossInputs, settings: KLCovSettings) -> LossOutput:
     """KL-Cov's loss (module docstring). Metrics as `clip`'s (no bound fires: clip_frac_*
     are 0), plus cov_frac: the share of loss tokens given the |log rho| penalty."""
     s, totals = settings, inputs.batch_stats
-    _check(inputs, s.kl_coef)
+    check_inputs(inputs, s.kl_coef)
     logp, old, adv, mask, clean = masked_inputs(inputs)
     log_ratio = logp - old
     rho = torch.exp(log_ratio)

@@ -31,8 +31,15 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from .loss_inputs import LossInputs, LossSettings
-from .losses import LossOutput, _check, _log_ratio, _metrics, kl_and_aggregate, masked_inputs
+from .loss_inputs import LossInputs, LossOutput, LossSettings
+from .objectives.registry import register_objective
+from .objectives.toolkit import (
+    check_inputs,
+    kl_and_aggregate,
+    log_ratio,
+    masked_inputs,
+    policy_metrics,
+)
 
 Divergence = Literal["tv", "kl"]
 EPS_KL = 1e-8  # verl's, inside the binary KL's second log
@@ -67,10 +74,10 @@ def dppo_loss(inputs: LossInputs, settings: LossSettings, divergence: Divergence
     dppo_masked_frac their sum (verl's pg_clipfrac), dual_clip_frac the share of kept tokens
     whose weight the cap C cut (verl's pg_clipfrac_lower)."""
     s = settings
-    _check(inputs, s.kl_coef)
+    check_inputs(inputs, s.kl_coef)
     logp, old, adv, mask, clean = masked_inputs(inputs)
-    log_ratio, clamped = _log_ratio(logp.detach(), old, mask, "token", s.log_ratio_clamp)
-    rho = torch.exp(log_ratio)  # (B, T), no graph
+    log_rho, clamped = log_ratio(logp.detach(), old, mask, "token", s.log_ratio_clamp)
+    rho = torch.exp(log_rho)  # (B, T), no graph
     high, low = dropped(logp.detach(), old, adv, s, divergence)
     high, low = high & mask, low & mask
     keep = ~(high | low)
@@ -81,6 +88,19 @@ def dppo_loss(inputs: LossInputs, settings: LossSettings, divergence: Divergence
         weight = rho.clamp(max=s.dual_clip)
     per_token = -adv * weight * logp * keep.to(logp.dtype)
     loss, kl3 = kl_and_aggregate(per_token, logp, clean, mask, inputs, s)
-    metrics = _metrics(rho, mask, low, high, capped, kl3, clamped)
+    metrics = policy_metrics(rho, mask, low, high, capped, kl3, clamped)
     metrics["dppo_masked_frac"] = metrics["clip_frac_low"] + metrics["clip_frac_high"]
     return LossOutput(loss=loss, metrics=metrics)
+
+
+@register_objective("dppo_tv", unused=("ratio",), rollout_weights="own")
+def dppo_tv(inputs: LossInputs, settings: LossSettings) -> LossOutput:
+    """DPPO-Binary-TV (arXiv 2602.04879): -A sg(min(rho, C)) logp where |p - p_old| is
+    within the threshold on the advantage's side, 0 elsewhere."""
+    return dppo_loss(inputs, settings, "tv")
+
+
+@register_objective("dppo_kl", unused=("ratio",), rollout_weights="own")
+def dppo_kl(inputs: LossInputs, settings: LossSettings) -> LossOutput:
+    """DPPO-Binary-KL (arXiv 2602.04879): as dppo_tv with the binary KL of p_old and p."""
+    return dppo_loss(inputs, settings, "kl")

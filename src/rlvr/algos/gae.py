@@ -21,7 +21,7 @@ GlobalSum = Callable[[list[float]], list[float]]
 all-reduce); None means the tensors given are the whole batch."""
 
 
-def _prepare(mask: Tensor, *named: tuple[str, Tensor]) -> tuple[Tensor, list[Tensor]]:
+def masked_floats(mask: Tensor, *named: tuple[str, Tensor]) -> tuple[Tensor, list[Tensor]]:
     """The bool mask and each tensor as float (>= fp32) with masked entries set to 0."""
     if mask.dim() != 2:
         raise ValueError(f"mask must be (B, T), got shape {tuple(mask.shape)}")
@@ -60,7 +60,7 @@ def gae(
     """
     if not (0.0 <= gamma <= 1.0 and 0.0 <= lam <= 1.0):
         raise ValueError(f"need gamma and lam in [0, 1], got gamma={gamma}, lam={lam}")
-    m, (r, v) = _prepare(mask, ("token_rewards", token_rewards), ("values", values))
+    m, (r, v) = masked_floats(mask, ("token_rewards", token_rewards), ("values", values))
     B, T = m.shape
     next_value = r.new_zeros(B)
     next_adv = r.new_zeros(B)
@@ -84,7 +84,7 @@ def discounted_returns(token_rewards: Tensor, mask: Tensor, *, gamma: float) -> 
     """
     if not 0.0 <= gamma <= 1.0:
         raise ValueError(f"need gamma in [0, 1], got {gamma}")
-    m, (r,) = _prepare(mask, ("token_rewards", token_rewards))
+    m, (r,) = masked_floats(mask, ("token_rewards", token_rewards))
     out = torch.zeros_like(r)
     running = r.new_zeros(m.shape[0])
     for t in reversed(range(m.shape[1])):
@@ -99,7 +99,7 @@ def masked_moments(
     """(mean, variance, count) of x over the valid entries of the whole batch (all ranks when
     `global_sum` is given; two reductions, in float64). The variance is 0 for fewer than two
     entries (unbiased) or none."""
-    m, (v,) = _prepare(mask, ("x", x))
+    m, (v,) = masked_floats(mask, ("x", x))
     total = global_sum or (lambda vals: vals)
     s, n = total([float(v.double().sum()), float(m.sum())])
     mean = s / n if n > 0 else 0.0
@@ -125,7 +125,7 @@ def masked_whiten(
     Masked entries are 0 in the output; a batch whose valid entries are all equal (or a
     single entry) has variance 0, and with shift_mean its output is exactly 0."""
     mean, var, _ = masked_moments(x, mask, unbiased=unbiased, global_sum=global_sum)
-    m, (v,) = _prepare(mask, ("x", x))
+    m, (v,) = masked_floats(mask, ("x", x))
     if var == 0.0 and shift_mean:  # x - mean is rounding noise here; eps would magnify it
         return torch.zeros_like(v)
     out = (v - mean) * (var + eps) ** -0.5

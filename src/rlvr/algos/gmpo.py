@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import torch
 
-from .loss_inputs import LossInputs, LossSettings
-from .losses import LossOutput, _check, _metrics, kl_and_aggregate, masked_inputs
+from .loss_inputs import LossInputs, LossOutput, LossSettings
+from .objectives.registry import register_objective
+from .objectives.toolkit import check_inputs, kl_and_aggregate, masked_inputs, policy_metrics
 
 
 def check_gmpo(settings: LossSettings) -> None:
@@ -34,13 +35,19 @@ def check_gmpo(settings: LossSettings) -> None:
         )
 
 
+@register_objective(
+    "gmpo",
+    unused=("ratio", "dual_clip", "log_ratio_clamp"),
+    check=check_gmpo,
+    rollout_weights="own",
+)
 def gmpo_loss(inputs: LossInputs, settings: LossSettings) -> LossOutput:
     """GMPO's loss (module docstring). Metrics as `clip`'s (LossOutput): clip_frac_high /
     clip_frac_low are the shares of valid tokens the bound on their advantage's side took out
     of the gradient; ratio_mean / ratio_max are of R_i, per token (as GSPO's s_i)."""
     s = settings
     check_gmpo(s)
-    _check(inputs, s.kl_coef)
+    check_inputs(inputs, s.kl_coef)
     logp, old, adv, mask, clean = masked_inputs(inputs)
     x = logp - old  # (B, T), 0 at masked positions
     sign = torch.sign(adv)
@@ -55,5 +62,7 @@ def gmpo_loss(inputs: LossInputs, settings: LossSettings) -> LossOutput:
     low_hit = mask & (adv < 0) & (x.detach() < -s.clip_low)
     none = torch.zeros_like(mask)
     rho = ratio.detach().unsqueeze(1).expand_as(x)
-    metrics = _metrics(rho, mask, low_hit, high_hit, none, kl3, torch.zeros((), dtype=x.dtype))
+    metrics = policy_metrics(
+        rho, mask, low_hit, high_hit, none, kl3, torch.zeros((), dtype=x.dtype)
+    )
     return LossOutput(loss=loss, metrics=metrics)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .gae import _prepare
+from .gae import masked_floats
 from .kl import KL_ESTIMATORS, KLKind
 
 
@@ -69,7 +69,9 @@ def kl_penalized_rewards(
     if log_probs is None:
         kl = torch.zeros(m.shape, dtype=torch.float32, device=m.device)
     else:
-        m, (lp, ref) = _prepare(mask, ("log_probs", log_probs), ("ref_log_probs", ref_log_probs))
+        m, (lp, ref) = masked_floats(
+            mask, ("log_probs", log_probs), ("ref_log_probs", ref_log_probs)
+        )
         kl = torch.where(m, KL_ESTIMATORS[kl_kind](lp, ref), torch.zeros((), dtype=lp.dtype))
     rewards = -kl_coef * kl
     last = last_valid_index(m)

@@ -1,7 +1,8 @@
 """What every policy objective is called with (`rlvr.algos.objectives`): one micro-batch's
 tensors (`LossInputs`) and the objective's parameters (`LossSettings`, declared with their
-defaults and ranges in `rlvr.algos.settings`). The objectives' own modules (`losses`, `cispo`)
-and their registry import both from here."""
+defaults and ranges in `rlvr.algos.settings`); and what it returns (`LossOutput`). The
+objectives' own modules (`losses`, `cispo`), their toolkit and their registry import all three
+from here."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from torch import Tensor
 from .aggregate import Count
 from .settings import LossSettings, Ratio
 
-__all__ = ["LossInputs", "LossSettings", "Ratio"]
+__all__ = ["LossInputs", "LossOutput", "LossSettings", "Ratio"]
 
 
 @dataclass(frozen=True)
@@ -38,7 +39,10 @@ class LossInputs:
     rollout_weights: rollout correction's detached per-token weights (B, T) (w = pi_old / mu,
         truncated or masked), times the off-policy sequence mask's 0/1 where it is on
         (`off_policy_mask`), or None; they multiply the policy term of every objective's
-        per-token loss before aggregation (`losses.kl_and_aggregate`), never the KL term.
+        per-token loss before aggregation, never the KL term, exactly once: an objective
+        that applies them itself (`objectives.toolkit.kl_and_aggregate`) declares so, any
+        other is called with them folded into `advantages` and this field None
+        (`objectives.registry`).
     row_ids: (B,) int64 each row's id in the optimiser step (its group x 4096 + its place in
         the group), the same however the step is split; None where not known.
     draw_seed: the update's seed for an objective's random choices (run seed, optimiser
@@ -60,3 +64,29 @@ class LossInputs:
     rollout_weights: Tensor | None = None
     row_ids: Tensor | None = None
     draw_seed: int | None = None
+
+
+@dataclass(frozen=True)
+class LossOutput:
+    """What policy_loss and every objective (rlvr.algos.objectives) return.
+
+    loss: 0-d tensor to minimise (carries the graph back to log_probs).
+    metrics: floats about this call's valid tokens (all 0.0 when there are none):
+        clip_frac_low, clip_frac_high  fraction of valid tokens whose gradient the lower /
+                                       upper bound zeroed
+        dual_clip_frac                 fraction zeroed by the dual clip (0 if off)
+        ratio_mean, ratio_max          of rho over valid tokens (GSPO: of s_i, per token)
+        kl                             mean k3 over valid tokens; present only when
+                                       ref_log_probs is given (also with kl_coef = 0).
+                                       Always k3 whatever kl_kind, so runs stay comparable.
+        log_ratio_clamped              how many log-ratios log_ratio_clamp cut (tokens for
+                                       ratio="token", sequences for ratio="sequence")
+        num_tokens                     valid tokens in this call
+      Combining micro-batches / ranks exactly: the fractions, ratio_mean and kl are means
+      over valid tokens, so their num_tokens-weighted mean is the whole step's value;
+      ratio_max combines by max (0.0, the value of an empty call, is neutral);
+      log_ratio_clamped and num_tokens by sum (they are counts, not means).
+    """
+
+    loss: Tensor
+    metrics: dict[str, float]

@@ -10,102 +10,30 @@ Per valid token, with rho = exp(logp - logp_old) and bounds [1 - clip_low, 1 + c
 
 Which bound zeroes a token's gradient: the upper only when A > 0 and rho > 1 + clip_high,
 the lower only when A < 0 and rho < 1 - clip_low; dual clip only when A < 0 and rho > c.
+
+Registered here: `clip` (the token ratio, or GSPO's with `ratio="sequence"`; its normaliser
+`agg="token_sum_norm"` is Dr. GRPO) and `gspo` (the sequence ratio whatever `ratio` says).
+`policy_loss` is `clip` with keyword arguments.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import replace
 
 import torch
 from torch import Tensor
 
-from .aggregate import AggMode, Count, aggregate
-from .kl import KL_ESTIMATORS, KLKind, kl_k3
-from .loss_inputs import LossInputs, LossSettings, Ratio
-
-
-@dataclass(frozen=True)
-class LossOutput:
-    """What policy_loss and every objective (rlvr.algos.objectives) return.
-
-    loss: 0-d tensor to minimise (carries the graph back to log_probs).
-    metrics: floats about this call's valid tokens (all 0.0 when there are none):
-        clip_frac_low, clip_frac_high  fraction of valid tokens whose gradient the lower /
-                                       upper bound zeroed
-        dual_clip_frac                 fraction zeroed by the dual clip (0 if off)
-        ratio_mean, ratio_max          of rho over valid tokens (GSPO: of s_i, per token)
-        kl                             mean k3 over valid tokens; present only when
-                                       ref_log_probs is given (also with kl_coef = 0).
-                                       Always k3 whatever kl_kind, so runs stay comparable.
-        log_ratio_clamped              how many log-ratios log_ratio_clamp cut (tokens for
-                                       ratio="token", sequences for ratio="sequence")
-        num_tokens                     valid tokens in this call
-      Combining micro-batches / ranks exactly: the fractions, ratio_mean and kl are means
-      over valid tokens, so their num_tokens-weighted mean is the whole step's value;
-      ratio_max combines by max (0.0, the value of an empty call, is neutral);
-      log_ratio_clamped and num_tokens by sum (they are counts, not means).
-    """
-
-    loss: Tensor
-    metrics: dict[str, float]
-
-
-def _check(inputs: LossInputs, kl_coef: float) -> None:
-    """The tensors' shapes (the settings' ranges are LossSettings' own check)."""
-    log_probs, ref_log_probs = inputs.log_probs, inputs.ref_log_probs
-    shape = tuple(log_probs.shape)
-    if len(shape) != 2:
-        raise ValueError(f"log_probs must be (B, T), got {shape}")
-    named = {"old_log_probs": inputs.old_log_probs, "response_mask": inputs.response_mask}
-    if ref_log_probs is not None:
-        named["ref_log_probs"] = ref_log_probs
-    for name, t in named.items():
-        if tuple(t.shape) != shape:
-            raise ValueError(f"{name} has shape {tuple(t.shape)}, expected {shape}")
-    advantages = inputs.advantages
-    if tuple(advantages.shape) not in (shape[:1], shape):
-        raise ValueError(
-            f"advantages has shape {tuple(advantages.shape)}, expected {shape[:1]} or {shape}"
-        )
-    if kl_coef > 0 and ref_log_probs is None:
-        raise ValueError("kl_coef > 0 needs ref_log_probs")
-
-
-def masked_inputs(inputs: LossInputs):
-    """(logp, old, adv, mask, clean) of a token objective: fp32 for half-precision log-probs,
-    masked entries replaced by 0 before any arithmetic (`clean`), advantages as (B, T)."""
-    m = inputs.response_mask
-    mask = m if m.dtype == torch.bool else m != 0
-    lp = inputs.log_probs
-    dtype = torch.float32 if lp.dtype in (torch.float16, torch.bfloat16) else lp.dtype
-
-    def clean(t: Tensor) -> Tensor:
-        return torch.where(mask, t.to(dtype), torch.zeros((), dtype=dtype, device=t.device))
-
-    logp, old = clean(lp), clean(inputs.old_log_probs)
-    adv = inputs.advantages.to(dtype)
-    adv = clean(adv.unsqueeze(1).expand_as(logp) if adv.dim() == 1 else adv)
-    return logp, old, adv, mask, clean
-
-
-def _log_ratio(
-    logp: Tensor, old: Tensor, mask: Tensor, ratio: Ratio, clamp: float | None
-) -> tuple[Tensor, Tensor]:
-    """(B, T) log importance ratio and the number of clamped log-ratios (0-d)."""
-    clamped = torch.zeros((), dtype=logp.dtype, device=logp.device)
-    if ratio == "token":
-        log_ratio = logp - old
-        if clamp is not None:
-            clamped = ((log_ratio.abs() > clamp) & mask).sum().to(logp.dtype)
-            log_ratio = log_ratio.clamp(-clamp, clamp)
-        return log_ratio, clamped
-    lengths = mask.sum(dim=1)
-    seq = (logp - old).detach().sum(dim=1) / lengths.clamp_min(1).to(logp.dtype)  # (B,)
-    if clamp is not None:
-        clamped = ((seq.abs() > clamp) & (lengths > 0)).sum().to(logp.dtype)
-        seq = seq.clamp(-clamp, clamp)
-    # GSPO-token: value log s_i on every token, gradient that of logp_t alone.
-    return seq.unsqueeze(1) + logp - logp.detach(), clamped
+from .aggregate import AggMode, Count
+from .kl import KLKind
+from .loss_inputs import LossInputs, LossOutput, LossSettings, Ratio
+from .objectives.registry import register_objective
+from .objectives.toolkit import (
+    check_inputs,
+    kl_and_aggregate,
+    log_ratio,
+    masked_inputs,
+    policy_metrics,
+)
 
 
 def _clipped_surrogate(
@@ -188,79 +116,24 @@ def policy_loss(
     return clipped_surrogate_loss(inputs, settings)
 
 
+@register_objective("clip", rollout_weights="own")
 def clipped_surrogate_loss(inputs: LossInputs, settings: LossSettings) -> LossOutput:
-    """The registered `clip` objective (`rlvr.algos.objectives`); `policy_loss` documents it."""
+    """The `clip` objective: PPO's clipped surrogate with DAPO's decoupled bounds, per
+    settings.ratio; `policy_loss` documents it."""
     s = settings
-    _check(inputs, s.kl_coef)
-    response_mask = inputs.response_mask
-    log_probs = inputs.log_probs
-    mask = response_mask if response_mask.dtype == torch.bool else response_mask != 0
-    dtype = torch.float32 if log_probs.dtype in (torch.float16, torch.bfloat16) else log_probs.dtype
-
-    def clean(t: Tensor) -> Tensor:
-        # Replace masked entries *before* any arithmetic: NaN * 0 is NaN, and torch.where's
-        # gradient to the unused branch is 0 only if that branch's own gradient is finite.
-        return torch.where(mask, t.to(dtype), torch.zeros((), dtype=dtype, device=t.device))
-
-    logp, old = clean(log_probs), clean(inputs.old_log_probs)
-    adv = inputs.advantages.to(dtype)
-    adv = clean(adv.unsqueeze(1).expand_as(logp) if adv.dim() == 1 else adv)  # (B, T)
-
-    log_ratio, clamped = _log_ratio(logp, old, mask, s.ratio, s.log_ratio_clamp)
-    rho = torch.exp(log_ratio)  # (B, T)
+    check_inputs(inputs, s.kl_coef)
+    logp, old, adv, mask, clean = masked_inputs(inputs)
+    log_rho, clamped = log_ratio(logp, old, mask, s.ratio, s.log_ratio_clamp)
+    rho = torch.exp(log_rho)  # (B, T)
     per_token, low_hit, high_hit, dual_hit = _clipped_surrogate(
         rho, adv, mask, 1.0 - s.clip_low, 1.0 + s.clip_high, s.dual_clip
     )
     loss, kl3 = kl_and_aggregate(per_token, logp, clean, mask, inputs, s)
-    metrics = _metrics(rho, mask, low_hit, high_hit, dual_hit, kl3, clamped)
+    metrics = policy_metrics(rho, mask, low_hit, high_hit, dual_hit, kl3, clamped)
     return LossOutput(loss=loss, metrics=metrics)
 
 
-def kl_and_aggregate(
-    per_token: Tensor, logp: Tensor, clean, mask: Tensor, inputs: LossInputs, s: LossSettings
-) -> tuple[Tensor, Tensor | None]:
-    """An objective's common tail: the loss's KL to the reference added to `per_token` (where
-    `s.kl_coef` > 0), aggregated by `s.agg`; and the k3 estimate for the metrics (None without
-    reference log-probs). `clean`: the objective's masking of its inputs. Rollout correction's
-    weights (`inputs.rollout_weights`, detached) scale the policy term, before the KL joins."""
-    if inputs.rollout_weights is not None:
-        per_token = per_token * clean(inputs.rollout_weights.detach())
-    kl3 = None
-    if inputs.ref_log_probs is not None:
-        ref = clean(inputs.ref_log_probs)
-        if s.kl_coef > 0:
-            per_token = per_token + s.kl_coef * KL_ESTIMATORS[s.kl_kind](logp, ref)
-        kl3 = kl_k3(logp.detach(), ref)
-    loss = aggregate(
-        per_token, mask, s.agg, num_tokens=inputs.num_tokens,
-        num_sequences=inputs.num_sequences, norm_constant=inputs.norm_constant,
-    )  # fmt: skip
-    return loss, kl3
-
-
-def _metrics(
-    rho: Tensor,
-    mask: Tensor,
-    clip_low_hit: Tensor,
-    clip_high_hit: Tensor,
-    dual_hit: Tensor,
-    kl3: Tensor | None,
-    clamped: Tensor,
-) -> dict[str, float]:
-    rho = rho.detach()
-    zero = torch.zeros((), dtype=rho.dtype, device=rho.device)
-    n = mask.sum().to(rho.dtype)
-    denom = n.clamp_min(1)  # an empty call reports 0.0 everywhere
-    values = {
-        "clip_frac_low": clip_low_hit.sum() / denom,
-        "clip_frac_high": clip_high_hit.sum() / denom,
-        "dual_clip_frac": dual_hit.sum() / denom,
-        "ratio_mean": torch.where(mask, rho, zero).sum() / denom,
-        "ratio_max": torch.where(mask, rho, zero).amax() if rho.numel() else zero,
-        "log_ratio_clamped": clamped,
-        "num_tokens": n,
-    }
-    if kl3 is not None:
-        values["kl"] = torch.where(mask, kl3, zero).sum() / denom
-    # One device-to-host transfer for all metrics instead of a sync per .item().
-    return dict(zip(values, torch.stack(list(values.values())).tolist()))
+@register_objective("gspo", rollout_weights="own")
+def gspo_loss(inputs: LossInputs, settings: LossSettings) -> LossOutput:
+    """GSPO (arXiv 2507.18071): the clipped surrogate over the sequence ratio s_i."""
+    return clipped_surrogate_loss(inputs, replace(settings, ratio="sequence"))

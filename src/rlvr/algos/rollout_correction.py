@@ -11,8 +11,8 @@ sample as pi_old's. Per valid token (m_t = 1), with l_t = log pi_old(o_t) - log 
 
 The clamp of the log-ratio at +-20 (verl's SAFETY_BOUND) only keeps exp finite. Masking is
 decided on the untruncated weight and comes first, so a masked token is never "truncated".
-The weights are detached; `losses.kl_and_aggregate` multiplies every objective's policy term
-by them before aggregation (never the KL term). A masked token keeps its place in the
+The weights are detached; they multiply every objective's policy term before aggregation,
+never the KL term, exactly once (`rlvr.algos.objectives.registry`). A masked token keeps its place in the
 normaliser (its weight is 0, its token still counted), as verl's IcePop weights and
 OpenRLHF's ICEPOP do; verl's `rollout_rs` instead removes it from the response mask.
 

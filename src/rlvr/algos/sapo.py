@@ -22,8 +22,15 @@ from dataclasses import dataclass
 
 import torch
 
-from .loss_inputs import LossInputs, LossSettings
-from .losses import LossOutput, _check, _log_ratio, _metrics, kl_and_aggregate, masked_inputs
+from .loss_inputs import LossInputs, LossOutput, LossSettings
+from .objectives.registry import register_objective
+from .objectives.toolkit import (
+    check_inputs,
+    kl_and_aggregate,
+    log_ratio,
+    masked_inputs,
+    policy_metrics,
+)
 from .settings import setting
 
 
@@ -44,18 +51,24 @@ def sapo_gate(rho, tau):
     return torch.sigmoid(tau * (rho - 1.0)) * (4.0 / tau)
 
 
+@register_objective(
+    "sapo",
+    settings=SapoSettings,
+    unused=("clip_low", "clip_high", "ratio", "dual_clip"),
+    rollout_weights="own",
+)
 def sapo_loss(inputs: LossInputs, settings: SapoSettings) -> LossOutput:
     """SAPO's loss (module docstring). Metrics as `clip`'s (LossOutput); nothing is clipped,
     so the clip fractions are 0."""
     s = settings
-    _check(inputs, s.kl_coef)
+    check_inputs(inputs, s.kl_coef)
     logp, old, adv, mask, clean = masked_inputs(inputs)
-    log_ratio, clamped = _log_ratio(logp, old, mask, "token", s.log_ratio_clamp)
-    rho = torch.exp(log_ratio)  # (B, T), with the graph
+    log_rho, clamped = log_ratio(logp, old, mask, "token", s.log_ratio_clamp)
+    rho = torch.exp(log_rho)  # (B, T), with the graph
     taus = torch.tensor([s.tau_neg, s.tau_pos], dtype=rho.dtype, device=rho.device)
     tau = taus[(adv > 0).long()]  # in rho's dtype: 1.05 is not a float32 number
     per_token = -sapo_gate(rho, tau) * adv
     loss, kl3 = kl_and_aggregate(per_token, logp, clean, mask, inputs, s)
     none = torch.zeros_like(mask)
-    metrics = _metrics(rho, mask, none, none, none, kl3, clamped)
+    metrics = policy_metrics(rho, mask, none, none, none, kl3, clamped)
     return LossOutput(loss=loss, metrics=metrics)

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from .losses import LossOutput
+from .loss_inputs import LossOutput
 
 if TYPE_CHECKING:
     from .objectives import LossInputs, LossSettings, Objective

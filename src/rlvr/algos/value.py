@@ -8,8 +8,8 @@ import torch
 from torch import Tensor
 
 from .aggregate import AGGREGATIONS, AggMode, Count, aggregate
-from .gae import GlobalSum, _prepare
-from .losses import LossOutput
+from .gae import GlobalSum, masked_floats
+from .loss_inputs import LossOutput
 
 
 def value_loss(
@@ -54,7 +54,7 @@ def value_loss(
         raise ValueError(f"clip must be > 0 or None, got {clip}")
     if agg not in AGGREGATIONS or agg == "token_sum_norm":
         raise ValueError(f"value_loss agg must be 'token_mean' or 'sample_mean', got {agg!r}")
-    m, (v, v_old, ret) = _prepare(
+    m, (v, v_old, ret) = masked_floats(
         mask, ("values", values), ("old_values", old_values), ("returns", returns)
     )
     unclipped = (v - ret).square()
@@ -81,7 +81,7 @@ def variance_parts(
     """(n, Var(R), Var(R - V)) over the n valid tokens of the batch (all ranks with
     `global_sum`; float64 sums; variances 0 when n is 0). Steps pool by their n-weighted
     variances: over a window, 1 - sum(n Var(R - V)) / sum(n Var(R))."""
-    m, (v, ret) = _prepare(mask, ("values", values), ("returns", returns))
+    m, (v, ret) = masked_floats(mask, ("values", values), ("returns", returns))
     r64, e64 = ret.double(), (ret - v).double()
     total = global_sum or (lambda vals: vals)
     n, sr, sr2, se, se2 = total(

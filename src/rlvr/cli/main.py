@@ -88,6 +88,9 @@ def user_error(e: BaseException) -> tuple[int, str] | None:
         cls = getattr(sys.modules.get(module), name, None)
         if cls is not None and isinstance(e, cls):
             return rc, f"{e}{hint}"
+    lost = getattr(sys.modules.get("rlvr.run.distributed"), "lost_rank", None)
+    if lost is not None and (line := lost(e)) is not None:  # another rank gone mid-collective
+        return 1, line
     if isinstance(e, FileNotFoundError):
         return 2, str(e)
     if isinstance(e, OSError):  # a read-only or full output directory, a file removed mid-run

@@ -15,7 +15,8 @@ update and the config checks instead of each testing config strings
     correction, bypass  rollout correction's weights (None = off) and whether the engine's
                      log-probs are pi_old (docs/algorithms.md#rollout-correction)
     sequence_mask    off-policy sequence masking's threshold, any objective (None = off;
-                     docs/algorithms.md#off-policy-sequence-masking)
+                     docs/algorithms.md#off-policy-sequence-masking); both refused with an
+                     objective that declares it cannot take rollout weights
     gdpo_terms       under advantage gdpo: the reward terms it normalises one by one, with
                      their weights in the total (docs/algorithms.md#gdpo)
     adaptive_refill  dynamic sampling's refill batch: sized from the keep rate, or whole
@@ -94,9 +95,9 @@ class Algorithm:
             or (a.kl_in_reward and a.kl_coef > 0),
             norm_constant=float(cfg.rollout.max_new_tokens),
             adaptive_refill=a.refill == "adaptive",
-            correction=_correction(cfg),
+            correction=_correction(cfg, objective),
             bypass=a.rollout_bypass,
-            sequence_mask=_sequence_mask(cfg),
+            sequence_mask=_sequence_mask(cfg, objective),
             gdpo_terms=_gdpo_terms(cfg),
             distill_coef=_distill_coef(cfg),
         )
@@ -127,11 +128,12 @@ class Algorithm:
         return ADVANTAGES[self.advantage](inputs)
 
     def loss(self, inputs: LossInputs) -> LossOutput:
-        """The objective on one micro-batch; no KL term where it has no reference (a dummy)."""
+        """The objective on one micro-batch, its rollout weights applied once
+        (`Objective.__call__`); no KL term where it has no reference (a dummy)."""
         settings = self.settings
         if inputs.ref_log_probs is None and settings.kl_coef > 0:
             settings = replace(settings, kl_coef=0.0)
-        return self.objective.fn(inputs, settings)
+        return self.objective(inputs, settings)
 
 
 def _check_consistency(cfg: Config) -> None:
@@ -187,13 +189,27 @@ def _distill_coef(cfg: Config) -> float:
     return float(c)
 
 
-def _correction(cfg: Config) -> CorrectionSettings | None:
+def _takes_weights(cfg: Config, objective: Objective, key: str, on: bool, off: str) -> None:
+    """ConfigError on `algo.<key>` when it is on (its value other than `off`) and the objective
+    declares it cannot take rollout weights."""
+    check(
+        not on or objective.rollout_weights != "refused",
+        f"algo.{key}",
+        f"{off} with algo.loss={cfg.algo.loss} (it declares rollout_weights='refused': "
+        "it cannot take rollout weights)",
+        getattr(cfg.algo, key),
+    )
+
+
+def _correction(cfg: Config, objective: Objective) -> CorrectionSettings | None:
     """Rollout correction's settings (None when off), and what it and bypass need: an engine
     that reports its sampling log-probs (`RolloutEngine.reports_log_probs`), or staleness,
-    under which the producer computes them (rlvr.training.pipeline)."""
+    under which the producer computes them (rlvr.training.pipeline); and an objective that
+    takes rollout weights."""
     from rlvr.rollout.registry import ENGINES, reporting_log_probs
 
     a, engine = cfg.algo, cfg.rollout.engine
+    _takes_weights(cfg, objective, "rollout_correction", a.rollout_correction != "none", "none")
     reports = engine not in ENGINES or ENGINES[engine].reports_log_probs
     for key, on in (("rollout_correction", a.rollout_correction != "none"),
                     ("rollout_bypass", a.rollout_bypass)):  # fmt: skip
@@ -234,10 +250,11 @@ def _correction(cfg: Config) -> CorrectionSettings | None:
         raise ConfigError(f"algo.{key}:{str(e).split(':', 1)[1]}") from None
 
 
-def _sequence_mask(cfg: Config) -> float | None:
+def _sequence_mask(cfg: Config, objective: Objective) -> float | None:
     """Off-policy sequence masking's threshold (None = off)."""
     t = cfg.algo.off_policy_mask_threshold
     check(t is None or t >= 0, "algo.off_policy_mask_threshold", "none or >= 0 (TRL's: 0.5)", t)
+    _takes_weights(cfg, objective, "off_policy_mask_threshold", t is not None, "none")
     return t
 
 

@@ -64,7 +64,7 @@ def declared_names() -> list[str]:
 def resolve_objective(name: str, ratio: str = "token") -> Objective:
     """The registered objective `name` (`clip` with `ratio=sequence` is `gspo`), or the one a
     "module:function" names: registered by its module (with its settings), or a bare function
-    of the shared settings (its `stats` / `check` attributes taken)."""
+    of the shared settings (its `stats` / `check` / `rollout_weights` attributes taken)."""
     from rlvr.algos.objectives import OBJECTIVES, Objective
 
     if name in OBJECTIVES:
@@ -83,7 +83,14 @@ def resolve_objective(name: str, ratio: str = "token") -> Objective:
     for objective in OBJECTIVES.values():
         if objective.fn is fn:
             return objective
-    return Objective(name, fn, getattr(fn, "stats", None), getattr(fn, "check", None))
+    weights = getattr(fn, "rollout_weights", "framework")
+    try:
+        return Objective(
+            name, fn, getattr(fn, "stats", None), getattr(fn, "check", None),
+            rollout_weights=weights,
+        )  # fmt: skip
+    except ValueError as e:
+        raise ConfigError(f"algo.loss: {e}") from None
 
 
 def loss_settings(objective: Objective, algo: AlgoConfig, kl_coef: float) -> LossSettings:

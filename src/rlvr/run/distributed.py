@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 from dataclasses import dataclass
 
 import torch
@@ -71,6 +72,21 @@ class Dist:
     def barrier(self) -> None:
         if self.enabled:
             dist.barrier()
+
+
+def lost_rank(e: BaseException) -> str | None:
+    """The one line for a collective that failed because another rank is gone (its process
+    killed, its node lost: gloo's connection to it closed or reset, or torch's `DistError`);
+    None for any other error. Each rank ends with it; the last checkpoint is whole (rank 0
+    writes it between collectives), so `--resume` continues."""
+    text = str(e)
+    if not (isinstance(e, dist.DistError) or (isinstance(e, RuntimeError) and "gloo/" in text)):
+        return None
+    reason = re.sub(r"^\[[^\]]*\]\s*", "", text).split(". ")[0]  # gloo's [file:line] off
+    return (
+        f"torch.distributed: rank {os.environ.get('RANK', '?')} lost contact with another rank "
+        f"({reason}); --resume continues from the last checkpoint"
+    )
 
 
 def _comm_device() -> torch.device:
