@@ -7,7 +7,10 @@
 # launched servers); tests/test_vllm_inflight.py: weights updated in flight, each token's
 # version and log-prob; --slow adds the learning tests (default, staleness 1, LoRA, in flight)
 # and, as root, tests/test_multinode_sim.py's run of scripts/multinode_sim.sh in this venv (the
-# scale-out guide's commands across network namespaces, about 5 minutes).
+# scale-out guide's commands across network namespaces, about 5 minutes). Tool calls on the
+# endpoint and the built-in model's chat and response templates run here too
+# (tests/test_chat_template.py, tests/test_agent_tool_calls.py): vLLM pins transformers 5.19,
+# whose `parse_response` decodes a reply's ids to text before parsing them.
 #
 #   bash scripts/vllm_env.sh [--slow] [--install-only | --tests-only] [VENV]
 #                                        (default VENV: .ci-venv-vllm)
@@ -48,5 +51,6 @@ fi
 . "$venv/bin/activate"
 start=$SECONDS
 trap 'echo "ci-step: vllm tests $((SECONDS - start)) s"' EXIT
+pytest -q -p no:cacheprovider tests/test_chat_template.py tests/test_agent_tool_calls.py
 pytest -q -p no:cacheprovider --durations=15 -m "$marks" tests/test_vllm_engine.py tests/test_vllm_train.py \
   tests/test_vllm_server.py tests/test_vllm_inflight.py tests/test_multinode_sim.py

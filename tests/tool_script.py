@@ -63,6 +63,12 @@ def scripted_model(tokenizer, toolbox: Toolbox, max_steps: int = 300, hidden_siz
 
 
 def _train(tokenizer, toolbox: Toolbox, max_steps: int, hidden_size: int = 48):
+    return fit(tokenizer, script(tokenizer, toolbox), max_steps, hidden_size)
+
+
+def fit(tokenizer, seqs, max_steps: int = 300, hidden_size: int = 48, margin_to: float = 2.0):
+    """A 2-layer model trained until greedy decoding writes each (prompt ids, completion
+    ids) of `seqs`: every completion token the argmax by `margin_to`."""
     model = build_tiny_model(
         tokenizer,
         seed=0,
@@ -73,7 +79,6 @@ def _train(tokenizer, toolbox: Toolbox, max_steps: int, hidden_size: int = 48):
         intermediate_size=96,
         max_position_embeddings=512,
     )
-    seqs = script(tokenizer, toolbox)
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
     for _ in range(max_steps):
         loss, margin = 0.0, float("inf")
@@ -84,7 +89,7 @@ def _train(tokenizer, toolbox: Toolbox, max_steps: int, hidden_size: int = 48):
             right = logits.gather(1, target[:, None]).squeeze(1)
             other = logits.scatter(1, target[:, None], float("-inf")).max(1).values
             margin = min(margin, float((right - other).min().detach()))
-        if margin > 2.0:
+        if margin > margin_to:
             return model.eval()
         opt.zero_grad()
         loss.backward()

@@ -14,7 +14,9 @@ the request's `model` being the rollout id). Requests are generated in batches
 own are ignored, the trained policy is the one that samples) and a completion budget of the
 request's `max_tokens` (or `max_completion_tokens`), at most `rollout.max_new_tokens`. A chat
 request is rendered with the tokenizer's chat template (with its `tools`, if it has them) and
-spliced onto the rollout's earlier sampled ids (`Recorder.prompt_ids`); a completions request
+spliced onto the rollout's earlier sampled ids (`Recorder.prompt_ids`); the reply to a request
+with tools ends at its first call and is parsed into `tool_calls` (`rlvr.environments.chat`,
+`rlvr.tools.replies`); a completions request
 takes a prompt string or token ids. The response carries the sampled ids as `token_ids` and the
 prompt's as `prompt_token_ids` (vLLM's names) beside the text. `<base>/../inference/v1/generate`
 is vLLM's token route (ids in, ids and log-probs out), the one `verifiers`' training client
@@ -32,8 +34,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from rlvr.environments.batcher import Batcher
+from rlvr.environments.chat import BadRequest, ChatPrompt, chat_prompt, echo
 from rlvr.environments.recorder import AgentFault, Recorder, Turn
 from rlvr.rollout import derive_seed
+from rlvr.tools.replies import Reply, call_end, parse_reply
 
 ROUTE = re.compile(
     r"^/rollouts/([A-Za-z0-9_.-]+)/(?:v1/(chat/completions|completions|models)|inference/v1/(generate))$"
@@ -51,12 +55,6 @@ class _Server(ThreadingHTTPServer):
 
     request_queue_size = 1024
     daemon_threads = True
-
-
-class BadRequest(Exception):
-    def __init__(self, status: HTTPStatus, message: str):
-        super().__init__(message)
-        self.status = status
 
 
 class Endpoint:
@@ -190,7 +188,7 @@ class Endpoint:
             raise BadRequest(
                 HTTPStatus.BAD_REQUEST, f"max_tokens: expected an int >= 1, got {budget!r}"
             )
-        text, ids = self._prompt(kind, request)
+        text, ids, chat = self._prompt(kind, request)
         ids = self.recorder.prompt_ids(trace, text, ids)
         budget = min(budget, self.max_tokens)
         if self.context is not None:
@@ -202,14 +200,29 @@ class Endpoint:
                 )
         seed = derive_seed(trace.seed, "turn", len(trace.turns))
         done = self.batcher.submit(ids, budget, seed)
-        completion, lps, truncated = done.result()
-        eos = not truncated and completion and completion[-1] in self.recorder.eos_ids
-        shown = completion[:-1] if eos else completion
-        out = self.recorder.tokenizer.decode(shown, skip_special_tokens=False)
-        turn = Turn(text, ids, completion, lps, out, truncated)
+        turn = self._turn(text, ids, chat, *done.result())
         if not self.recorder.append(trace, turn):
             raise BadRequest(HTTPStatus.GONE, f"rollout {rid} is over")
         return self._reply(kind, turn)
+
+    def _turn(self, text, ids, chat: ChatPrompt | None, completion, lps, truncated) -> Turn:
+        """The request's record: a reply to tools ends at its first call's close (the
+        sampled tokens after it dropped, `rlvr.tools.replies`) and is parsed into tool calls;
+        any other is the sampled text."""
+        tokenizer = self.recorder.tokenizer
+        template = chat.template if chat is not None else None
+        if template is not None and (end := call_end(tokenizer, template, completion)) is not None:
+            completion, truncated = completion[:end], False
+            lps = None if lps is None else lps[:end]
+        eos = not truncated and completion and completion[-1] in self.recorder.eos_ids
+        shown = completion[:-1] if eos else completion
+        out = tokenizer.decode(shown, skip_special_tokens=False)
+        reply, said = None, None
+        if template is not None:
+            reply = parse_reply(tokenizer, template, ids, completion, out)
+            if reply.message != {"role": "assistant", "content": out}:
+                said = echo(tokenizer, chat, text, reply.message, self.recorder.eos_texts)
+        return Turn(text, ids, completion, lps, out, truncated, reply=reply, echo=said)
 
     def _generate_request(self, request: dict) -> dict:
         """vLLM's `/inference/v1/generate` body (`token_ids`, `sampling_params`) as the
@@ -232,42 +245,32 @@ class Endpoint:
             raise BadRequest(HTTPStatus.BAD_REQUEST, "token_ids: expected a list of token ids")
         return out
 
-    def _prompt(self, kind: str, request: dict) -> tuple[str | None, list[int] | None]:
+    def _prompt(
+        self, kind: str, request: dict
+    ) -> tuple[str | None, list[int] | None, ChatPrompt | None]:
+        """The prompt as text or ids, and for a chat request what it was rendered from."""
         tokenizer = self.recorder.tokenizer
         if kind in ("completions", "generate"):
             prompt = request.get("prompt")
             if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
                 prompt = prompt[0]
             if isinstance(prompt, str):
-                return prompt, None
+                return prompt, None, None
             if (
                 isinstance(prompt, list)
                 and prompt
                 and all(isinstance(t, int) and 0 <= t < len(tokenizer) for t in prompt)
             ):
-                return None, list(prompt)
+                return None, list(prompt), None
             raise BadRequest(
                 HTTPStatus.BAD_REQUEST, "prompt: expected a string or a list of token ids"
             )
-        messages = request.get("messages")
-        if not isinstance(messages, list) or not messages:
-            raise BadRequest(
-                HTTPStatus.BAD_REQUEST, "messages: expected a non-empty list of messages"
-            )
-        messages = [_plain(m) for m in messages]
-        extra = {"tools": request["tools"]} if request.get("tools") else {}
-        try:
-            text = tokenizer.apply_chat_template(
-                messages, add_generation_prompt=True, tokenize=False, **extra
-            )
-        except Exception as e:  # the template's own error (a role it does not know, ...)
-            raise BadRequest(
-                HTTPStatus.BAD_REQUEST, f"messages: the chat template refused them: {e}"
-            ) from None
-        return text, None
+        text, chat = chat_prompt(tokenizer, request)
+        return text, None, chat
 
     def _reply(self, kind: str, turn: Turn) -> dict[str, Any]:
-        finish = "length" if turn.truncated else "stop"
+        calls = turn.reply is not None and turn.reply.calls > 0
+        finish = "tool_calls" if calls else "length" if turn.truncated else "stop"
         if kind == "generate":
             return _generate_reply(turn, finish)
         usage = {
@@ -290,7 +293,8 @@ class Endpoint:
         }
         if kind == "completions":
             return {**head, "object": "text_completion", "choices": [{**choice, "text": turn.text}]}
-        message = {"role": "assistant", "content": turn.text}
+        reply = turn.reply or Reply({"role": "assistant", "content": turn.text})
+        message = reply.message
         return {**head, "object": "chat.completion", "choices": [{**choice, "message": message}]}
 
 
@@ -317,16 +321,3 @@ def _generate_reply(turn: Turn, finish: str) -> dict[str, Any]:
             "completion_tokens": len(turn.completion_ids),
         },
     }
-
-
-def _plain(message) -> dict[str, Any]:
-    """A chat message as the template reads it: content parts joined into one string."""
-    if not isinstance(message, dict) or "role" not in message:
-        raise BadRequest(
-            HTTPStatus.BAD_REQUEST,
-            f"messages: expected {{role, content}} objects, got {message!r:.200}",
-        )
-    content = message.get("content")
-    if isinstance(content, list):  # [{"type": "text", "text": ...}, ...]
-        content = "".join(part.get("text", "") for part in content if isinstance(part, dict))
-    return {**message, "content": content if content is not None else ""}

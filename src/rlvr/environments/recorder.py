@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import torch
 
 from rlvr.rollout import Rollout
+from rlvr.tools.replies import Reply
 
 
 class AgentFault(RuntimeError):
@@ -34,7 +35,10 @@ class AgentFault(RuntimeError):
 class Turn:
     """One request: the prompt as text (None for a token-id prompt) and ids, the sampled ids
     (EOS included when it ended the turn), their sampling log-probs (None: the engine has
-    none), the completion's text as returned, and whether it ended without EOS."""
+    none), the completion's text as returned, and whether it ended without EOS or a tool
+    call's close. `reply`: a reply to tools as parsed (its message, its calls, whether it
+    failed to parse); `echo`: what the chat template renders for that message, where it is
+    not `text` (the text the next turn's prompt holds in place of the sampled ids)."""
 
     prompt_text: str | None
     prompt_ids: list[int]
@@ -42,6 +46,8 @@ class Turn:
     log_probs: list[float] | None
     text: str
     truncated: bool
+    reply: Reply | None = None
+    echo: str | None = None
 
 
 @dataclass
@@ -60,6 +66,9 @@ class Recorder:
 
     def __init__(self, tokenizer, eos_ids: list[int]):
         self.tokenizer, self.eos_ids = tokenizer, set(eos_ids)
+        self.eos_texts = [
+            tokenizer.decode([i], skip_special_tokens=False) for i in sorted(self.eos_ids)
+        ]
         self._traces: dict[str, Trace] = {}
         self._lock = threading.Lock()
 
@@ -102,7 +111,7 @@ class Recorder:
         if text is not None:
             ids = None
             if prev is not None and prev.prompt_text is not None:
-                head = prev.prompt_text + prev.text
+                head = prev.prompt_text + (prev.text if prev.echo is None else prev.echo)
                 if text.startswith(head):
                     ids = self._spliced(prev, text[len(head) :])
             if ids is None:
@@ -127,7 +136,7 @@ class Recorder:
     def _spliced(self, prev: Turn, rest: str) -> list[int]:
         """The previous turn's ids, then `rest` encoded: the text after the returned
         completion, less the EOS's own text where the sampled EOS stands for it."""
-        if not prev.truncated and prev.completion_ids:
+        if prev.completion_ids and prev.completion_ids[-1] in self.eos_ids:
             eos_text = self.tokenizer.decode([prev.completion_ids[-1]], skip_special_tokens=False)
             if rest.startswith(eos_text):
                 rest = rest[len(eos_text) :]

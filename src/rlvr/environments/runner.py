@@ -159,11 +159,13 @@ class AgentRunner:
                 self.recorder.close(rid)
             failure, self.endpoint.failure = self.endpoint.failure, None
             raise RuntimeError(f"the run's endpoint failed: {failure}") from failure
-        sums: Counter[str] = Counter({"env/dropped": 0.0})
+        sums: Counter[str] = Counter({"env/dropped": 0.0, "env/tool_parse_failures": 0.0})
         trajectories, rewards, dropped = [], [], []
         terms: dict[str, list[float]] = {k: [] for k in self.reward_weights or {}}
         traces = [self.recorder.close(rid) for rid in rids]  # later requests are refused
         for i, (trace, result) in enumerate(zip(traces, results)):
+            replies = [t.reply for t in trace.turns if t.reply is not None]
+            sums["env/tool_parse_failures"] += sum(r.failed for r in replies)
             # the endpoint's record first: the agent's error is often its consequence
             fault = trace.fault or (result if isinstance(result, AgentFault) else None)
             if fault is None and not trace.turns:
@@ -189,6 +191,7 @@ class AgentRunner:
             for name, values in terms.items():
                 values.append(named[name])
             sums["env/turns"] += len(trace.turns)
+            sums["env/tool_calls"] += sum(r.calls for r in replies)
         sums["env/rollouts"] += len(rows)
         sums["env/seconds"] += time.perf_counter() - t0
         sums["env/engine_calls"] += self.batcher.calls - calls0

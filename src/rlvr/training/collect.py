@@ -204,12 +204,16 @@ def tool_metrics(total: dict[str, float]) -> dict[str, float]:
 
 def env_metrics(total: dict[str, float]) -> dict[str, float]:
     """The agents' counts over a step (docs/environments.md#metrics): rollouts dropped, by
-    fault, the mean turns of a kept rollout, the seconds spent in agent calls and the requests
-    one engine call answered."""
+    fault, the mean turns and tool calls of a kept rollout, replies that did not parse, the
+    seconds spent in agent calls and the requests one engine call answered."""
     kept = max(total["env/rollouts"] - total["env/dropped"], 1.0)
     out = {k: v for k, v in total.items() if k.startswith("env/faults/")}
     out["env/dropped"] = total["env/dropped"]
     out["env/turns_per_rollout"] = total.get("env/turns", 0.0) / kept
+    # replies to requests with tools: the calls parsed, and those that opened a call that
+    # did not parse (returned as text)
+    out["env/tool_calls_per_rollout"] = total.get("env/tool_calls", 0.0) / kept
+    out["env/tool_parse_failures"] = total.get("env/tool_parse_failures", 0.0)
     out["time/agents"] = total["env/seconds"]
     # requests answered per engine call: how well the endpoint batches the agents' requests
     out["env/requests_per_batch"] = total["env/requests"] / max(total["env/engine_calls"], 1.0)
