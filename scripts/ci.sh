@@ -11,7 +11,8 @@
 #   install           torch (the CPU build on local disk) and rlvr with its dev extra
 #   lint-docs         ruff, the formatter's check, the documentation site (mkdocs --strict)
 #   fast              `pytest`: the fast suite
-#   slow              `pytest -m slow`: the learning tests, examples and 2-process tests
+#   slow              `pytest -m "slow and not long"`: the learning tests, examples and 2-process
+#                     tests (`long` marks the few learning tests run by hand, `pytest -m long`)
 #   cpu-capabilities  the numerically sensitive files under other CPUs' kernels, the engines
 #                     and the update with the C kernels off, the arithmetic guard
 #   venvs             waits for the vLLM and environment venvs, which build in the background
@@ -60,7 +61,7 @@ setsid bash -c 'bash scripts/vllm_env.sh --install-only && bash scripts/environm
 venvs_pid=$!
 part lint-docs bash -c 'ruff check . && ruff format --check . && mkdocs build --strict'
 part fast pytest "$durations"
-part slow pytest -m slow "$durations"
+part slow pytest -m "slow and not long" "$durations"
 part cpu-capabilities bash scripts/cpu_capabilities.sh
 part venvs wait_for_venvs
 part vllm bash scripts/vllm_env.sh --tests-only

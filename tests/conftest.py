@@ -178,6 +178,23 @@ def small_run(tiny_model_dir, tmp_path_factory):
     return run
 
 
+# `rlvr train` with no arguments (the DAPO preset, the built-in model and task, 100 steps) with
+# a 128-prompt held-out evaluation: tests/test_tasks_learn.py's arithmetic run
+DEFAULT_RUN_ARGS = ["train", "--train.eval_size=128", "--no-progress"]
+
+
+@pytest.fixture(scope="session")
+def default_run(tmp_path_factory):
+    """The default run's finished directory, trained once for the slow tests that read it: the
+    arithmetic task's learning test asserts on it, on-policy distillation takes it as the
+    teacher. Read it, never change it."""
+    from rlvr.cli.main import main
+
+    run = tmp_path_factory.mktemp("default-run") / "run"
+    assert main([*DEFAULT_RUN_ARGS, "--output-dir", str(run)]) == 0
+    return run
+
+
 SAME_RUN_HELPERS = {"assert_same_run", "assert_same_weights", "run_differences"}
 
 

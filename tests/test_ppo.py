@@ -193,18 +193,21 @@ def test_ppo_preset_takes_one_sample_per_prompt():
 @pytest.mark.slow
 def test_default_ppo_run_learns_and_its_critic_explains_the_return(tmp_path):
     """`rlvr train --preset ppo` as a user runs it, on the built-in model and task (its critic
-    `critic.arch=surprise`): 0.398 -> 0.953 held-out in 200 steps; the critic explains 0.55 of
-    the return's variance over the last quarter, pooled over its steps (0.56 and 0.973 on one
-    thread; the plain head explains 0.10 there, docs/ppo_vs_grpo.md). Margins for a noisy
-    machine."""
+    `critic.arch=surprise`), for the first half of its 200 steps (the schedule is constant
+    after its warm-up, so the first 100 steps are the default run's): docs/ppo_vs_grpo.md
+    measures 0.922 held-out (3 seeds' mean) by step 40 and seed means of 0.943-0.969 at every
+    later evaluation, and the critic explaining 0.43-0.49 of the return's variance over the
+    run's second quarter (steps 51-100, pooled; the plain head 0.10). The floors, 0.85 and
+    0.25, sit several standard errors under those (0.015 for 256 held-out prompts at 0.93)."""
     from rlvr.algos import pooled_explained_variance
     from rlvr.cli.main import main
 
     run = tmp_path / "run"
-    assert main(["train", "--preset", "ppo", "--output-dir", str(run), "--no-progress"]) == 0
+    argv = ["train", "--preset", "ppo", "--max-steps", "100", "--output-dir", str(run)]
+    assert main([*argv, "--no-progress"]) == 0
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
-    assert len(rows) == 200
-    last = rows[150:]
+    assert len(rows) == 100
+    last = rows[75:]
     assert pooled_explained_variance(last) > 0.25, [r["critic/explained_variance"] for r in last]
     summary = json.loads((run / "summary.json").read_text())
     assert summary["eval_after"]["accuracy"] >= 0.85, summary["eval_after"]
